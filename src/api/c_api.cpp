@@ -1,0 +1,84 @@
+// The C ABI: every entry point catches everything, records the message for expanse_last_error()
+// and returns a code. Nothing escapes into C (or PyTorch).
+#include "api/errors.hpp"
+#include "api/runtime.hpp"
+#include "expanse/expanse.h"
+
+#include <cstring>
+#include <string>
+
+using expanse::api::Runtime;
+using expanse::api::guarded;
+
+namespace {
+
+CUstream to_cu(struct CUstream_st* s) { return reinterpret_cast<CUstream>(s); }
+
+}  // namespace
+
+extern "C" {
+
+EXPANSE_C_API void* expanse_malloc(size_t size, int device, struct CUstream_st* stream) {
+  void* out = nullptr;
+  guarded([&] { out = Runtime::get().device(device).allocate(size, to_cu(stream)); });
+  return out;
+}
+
+EXPANSE_C_API int expanse_free_checked(void* ptr, size_t size, int device,
+                                       struct CUstream_st* stream) {
+  if (ptr == nullptr) return EXPANSE_OK;
+  return guarded([&] { expanse::api::free_on_device(ptr, size, device, to_cu(stream)); });
+}
+
+EXPANSE_C_API void expanse_free(void* ptr, size_t size, int device, struct CUstream_st* stream) {
+  (void)expanse_free_checked(ptr, size, device, stream);
+}
+
+EXPANSE_C_API int expanse_record_stream(void* ptr, struct CUstream_st* stream) {
+  return guarded([&] { expanse::api::owner_of(ptr, "record_stream").record_stream(ptr, to_cu(stream)); });
+}
+
+EXPANSE_C_API int expanse_release_cached(int device) {
+  return guarded([&] { Runtime::get().device(device).release_cached(); });
+}
+
+EXPANSE_C_API int expanse_set_limit(int device, size_t bytes) {
+  return guarded([&] { Runtime::get().device(device).set_limit(bytes); });
+}
+
+EXPANSE_C_API int expanse_get_stats(int device, expanse_stats* out) {
+  return guarded([&] { expanse::api::fill_stats(device, out); });
+}
+
+EXPANSE_C_API int expanse_reset_peak_stats(int device) {
+  return guarded([&] { Runtime::get().device(device).reset_peaks(); });
+}
+
+EXPANSE_C_API const char* expanse_entry_point_name(int i) {
+  if (i < 0 || i >= expanse::driver::kEntryPointCount) return nullptr;
+  return expanse::driver::entry_point_name(static_cast<expanse::driver::EntryPoint>(i));
+}
+
+EXPANSE_C_API const char* expanse_last_error(void) { return expanse::api::last_error().c_str(); }
+
+EXPANSE_C_API int expanse_init(const char* conf) {
+  return guarded([&] { Runtime::init(conf == nullptr ? std::string() : std::string(conf)); });
+}
+
+EXPANSE_C_API int expanse_shutdown(void) {
+  return guarded([&] { Runtime::shutdown(); });
+}
+
+EXPANSE_C_API const char* expanse_driver_description(void) {
+  const char* out = nullptr;
+  guarded([&] { out = Runtime::get().driver().description().c_str(); });
+  return out;
+}
+
+EXPANSE_C_API int expanse_device_count(void) {
+  int n = -1;
+  guarded([&] { n = Runtime::get().device_count(); });
+  return n;
+}
+
+}  // extern "C"

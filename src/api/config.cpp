@@ -1,0 +1,74 @@
+#include "api/config.hpp"
+
+#include "driver/env_config.hpp"
+#include "expanse/errors.hpp"
+#include "sim/sim.hpp"
+
+#include <cstdlib>
+
+namespace expanse::api {
+namespace {
+
+// "0.8" (a fraction of capacity) or a size.
+void parse_limit(const std::string& v, Config& c) {
+  const bool looks_fractional =
+      v.find('.') != std::string::npos && v.find_first_not_of("0123456789.") == std::string::npos;
+  if (looks_fractional) {
+    char* end = nullptr;
+    double f = std::strtod(v.c_str(), &end);
+    if (end == nullptr || *end != '\0' || !(f > 0.0) || f > 1.0) {
+      throw usage_error("EXPANSE_CONF: key 'limit': '" + v +
+                        "' is neither a size nor a fraction in (0, 1]");
+    }
+    c.limit_fraction = f;
+    return;
+  }
+  c.allocator.limit = conf::parse_size_for("limit", v);
+}
+
+}  // namespace
+
+Config parse_config(const std::string& text) {
+  Config c;
+  c.text = text;
+  try {
+    for (const auto& [key, value] : conf::parse_pairs(text)) {
+      if (key == "page_size") {
+        c.allocator.page_size = conf::parse_size_for(key, value);
+        if (c.allocator.page_size == 0) {
+          throw usage_error("EXPANSE_CONF: key 'page_size' must not be 0");
+        }
+      } else if (key == "limit") {
+        parse_limit(value, c);
+      } else if (key == "release_threshold") {
+        c.allocator.release_threshold = conf::parse_size_for(key, value);
+      } else if (key == "va_size") {
+        c.allocator.va_size = conf::parse_size_for(key, value);
+      } else if (key == "va_budget") {
+        c.allocator.va_budget = conf::parse_size_for(key, value);
+      } else if (key == "driver") {
+        if (value != "auto" && value != "cuda" && value != "sim") {
+          throw usage_error("EXPANSE_CONF: key 'driver': '" + value +
+                            "' is not one of auto, cuda, sim");
+        }
+      }
+      // driver_library is read by the driver loader; sim_* keys by the sim (validated below).
+    }
+    (void)sim::sim_config_from_string(text);
+  } catch (const usage_error&) {
+    throw;
+  } catch (const std::invalid_argument& e) {
+    throw usage_error(e.what());
+  }
+  return c;
+}
+
+core::AllocatorOptions options_for_device(const Config& c, size_t capacity) {
+  core::AllocatorOptions o = c.allocator;
+  if (c.limit_fraction > 0) {
+    o.limit = static_cast<size_t>(static_cast<double>(capacity) * c.limit_fraction);
+  }
+  return o;
+}
+
+}  // namespace expanse::api

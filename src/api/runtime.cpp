@@ -1,0 +1,112 @@
+#include "api/runtime.hpp"
+
+#include "driver/env_config.hpp"
+#include "expanse/errors.hpp"
+
+namespace expanse::api {
+namespace {
+
+// The runtime is never destroyed at exit: the CUDA driver (and the in-process sim) may already be
+// gone then. expanse_shutdown() destroys it explicitly.
+std::mutex g_mu;
+std::atomic<Runtime*> g_runtime{nullptr};
+
+}  // namespace
+
+Runtime::Runtime(const std::string& conf) : config_(parse_config(conf)) {
+  try {
+    driver_ = driver::select_driver(conf, /*allow_sim_fallback=*/false);
+  } catch (const driver::driver_error& e) {
+    throw driver_failure(std::string("expanse: ") + e.what() +
+                             " (set EXPANSE_CONF=driver:sim to use the software driver)",
+                         static_cast<int>(e.code()));
+  } catch (const std::invalid_argument& e) {
+    throw usage_error(e.what());
+  }
+  int n = 0;
+  driver_->check(driver_->table().device_get_count(&n), driver::EntryPoint::device_get_count);
+  slots_ = std::vector<std::atomic<core::DeviceAllocator*>>(static_cast<size_t>(n));
+  for (auto& s : slots_) s.store(nullptr);
+  owned_.resize(static_cast<size_t>(n));
+}
+
+Runtime::~Runtime() {
+  owned_.clear();  // allocators give everything back before the driver goes
+}
+
+Runtime& Runtime::get() {
+  Runtime* r = g_runtime.load(std::memory_order_acquire);
+  if (r != nullptr) return *r;
+  std::lock_guard<std::mutex> lock(g_mu);
+  r = g_runtime.load(std::memory_order_relaxed);
+  if (r == nullptr) {
+    r = new Runtime(conf::from_environment());
+    g_runtime.store(r, std::memory_order_release);
+  }
+  return *r;
+}
+
+bool Runtime::any_live() const {
+  for (const auto& a : owned_) {
+    if (a && a->stats().live_blocks != 0) return true;
+  }
+  return false;
+}
+
+void Runtime::init(const std::string& conf) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Runtime* old = g_runtime.load(std::memory_order_relaxed);
+  if (old != nullptr && old->any_live()) {
+    throw usage_error("expanse_init: blocks are still live; free them before reconfiguring");
+  }
+  Config checked = parse_config(conf);  // fail on a bad string before tearing anything down
+  (void)checked;
+  g_runtime.store(nullptr, std::memory_order_release);
+  delete old;
+  g_runtime.store(new Runtime(conf), std::memory_order_release);
+}
+
+void Runtime::shutdown() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Runtime* old = g_runtime.load(std::memory_order_relaxed);
+  if (old == nullptr) return;
+  if (old->any_live()) {
+    throw usage_error("expanse_shutdown: blocks are still live; free them first");
+  }
+  g_runtime.store(nullptr, std::memory_order_release);
+  delete old;
+}
+
+core::DeviceAllocator* Runtime::existing(int device) const {
+  if (device < 0 || device >= device_count()) return nullptr;
+  return slots_[static_cast<size_t>(device)].load(std::memory_order_acquire);
+}
+
+core::DeviceAllocator& Runtime::device(int device) {
+  if (core::DeviceAllocator* a = existing(device)) return *a;
+  if (device < 0 || device >= device_count()) {
+    throw usage_error("expanse: device " + std::to_string(device) + " does not exist (" +
+                      std::to_string(device_count()) + " device" +
+                      (device_count() == 1 ? "" : "s") + ", driver " + driver_->description() +
+                      ")");
+  }
+  std::lock_guard<std::mutex> lock(create_mu_);
+  auto& slot = slots_[static_cast<size_t>(device)];
+  if (core::DeviceAllocator* a = slot.load(std::memory_order_acquire)) return *a;
+  try {
+    size_t capacity = 0;
+    CUdevice dev = 0;
+    driver_->check(driver_->table().device_get(&dev, device), driver::EntryPoint::device_get);
+    driver_->check(driver_->table().device_total_mem(&capacity, dev),
+                   driver::EntryPoint::device_total_mem);
+    owned_[static_cast<size_t>(device)] = std::make_unique<core::DeviceAllocator>(
+        *driver_, device, options_for_device(config_, capacity));
+  } catch (const driver::driver_error& e) {
+    throw driver_failure("expanse: setting up device " + std::to_string(device) + ": " + e.what(),
+                         static_cast<int>(e.code()));
+  }
+  slot.store(owned_[static_cast<size_t>(device)].get(), std::memory_order_release);
+  return *owned_[static_cast<size_t>(device)];
+}
+
+}  // namespace expanse::api

@@ -1,0 +1,45 @@
+// The process-wide state behind the C ABI and the C++ free functions: the driver, chosen once
+// from EXPANSE_CONF, and one allocator per device, created on first use.
+#pragma once
+
+#include "api/config.hpp"
+#include "core/device_allocator.hpp"
+#include "driver/driver.hpp"
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace expanse::api {
+
+class Runtime {
+ public:
+  // The runtime, configured from EXPANSE_CONF on first use. Throws usage_error / driver_failure
+  // when configuration or driver loading fails (and tries again on the next call).
+  static Runtime& get();
+  // Replaces the runtime with one configured from conf. Throws usage_error if blocks are live.
+  static void init(const std::string& conf);
+  // Destroys the runtime (everything is given back to the driver). Throws if blocks are live.
+  static void shutdown();
+
+  core::DeviceAllocator& device(int device);
+  // The allocator of device d if it exists already, else nullptr.
+  core::DeviceAllocator* existing(int device) const;
+  int device_count() const noexcept { return static_cast<int>(slots_.size()); }
+  const driver::LoadedDriver& driver() const noexcept { return *driver_; }
+
+  ~Runtime();
+
+ private:
+  explicit Runtime(const std::string& conf);
+  bool any_live() const;
+
+  Config config_;
+  std::unique_ptr<driver::LoadedDriver> driver_;
+  std::mutex create_mu_;
+  std::vector<std::atomic<core::DeviceAllocator*>> slots_;
+  std::vector<std::unique_ptr<core::DeviceAllocator>> owned_;
+};
+
+}  // namespace expanse::api

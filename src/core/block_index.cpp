@@ -1,0 +1,163 @@
+#include "core/block_index.hpp"
+
+#include "core/options.hpp"
+
+#include <algorithm>
+#include <cassert>
+
+namespace expanse::core {
+
+void BlockIndex::add_reservation(const Reservation& r) {
+  auto [it, inserted] = blocks_.emplace(r.base, Block{});
+  assert(inserted);
+  it->second.size = r.size;
+  it->second.res = r.id;
+  index(r.arena, it);
+}
+
+void BlockIndex::remove_reservation(const Reservation& r) {
+  auto it = blocks_.find(r.base);
+  assert(it != blocks_.end() && it->second.size == r.size && it->second.state == BlockState::free);
+  unindex(r.arena, it);
+  blocks_.erase(it);
+}
+
+BlockIndex::SizeSet& BlockIndex::set_for(Arena a, const Block& b) {
+  int i = static_cast<int>(a);
+  return b.safe ? safe_[i] : owned_[i][b.stream];
+}
+
+void BlockIndex::index(Arena a, BlockIt it) {
+  it->second.state = BlockState::free;
+  set_for(a, it->second).emplace(it->second.size, it->first);
+}
+
+void BlockIndex::unindex(Arena a, BlockIt it) {
+  const Block& b = it->second;
+  assert(b.state == BlockState::free);
+  int i = static_cast<int>(a);
+  if (b.safe) {
+    safe_[i].erase({b.size, it->first});
+    return;
+  }
+  auto o = owned_[i].find(b.stream);
+  assert(o != owned_[i].end());
+  o->second.erase({b.size, it->first});
+  if (o->second.empty()) owned_[i].erase(o);
+}
+
+BlockIt BlockIndex::best_fit(Arena a, size_t bytes, CUstream stream) {
+  int i = static_cast<int>(a);
+  const std::pair<size_t, CUdeviceptr> key{bytes, 0};
+  auto s = safe_[i].lower_bound(key);
+  const std::pair<size_t, CUdeviceptr>* best = s != safe_[i].end() ? &*s : nullptr;
+  if (!owned_[i].empty()) {
+    auto o = owned_[i].find(stream);
+    if (o != owned_[i].end()) {
+      auto m = o->second.lower_bound(key);
+      // Prefer the stream's own recently freed memory on a tie: it is already warm.
+      if (m != o->second.end() && (best == nullptr || m->first <= best->first)) best = &*m;
+    }
+  }
+  return best == nullptr ? blocks_.end() : blocks_.find(best->second);
+}
+
+BlockIt BlockIndex::carve(BlockIt it, size_t bytes, Arena a) {
+  Block& b = it->second;
+  assert(b.state == BlockState::free && b.size >= bytes && bytes % kBlockAlignment == 0);
+  unindex(a, it);
+  if (b.size > bytes) {
+    Block rest;
+    rest.size = b.size - bytes;
+    rest.res = b.res;
+    rest.safe = b.safe;
+    rest.stream = b.stream;
+    rest.seq = b.seq;
+    auto r = blocks_.emplace_hint(std::next(it), it->first + bytes, std::move(rest));
+    index(a, r);
+    b.size = bytes;
+  }
+  return it;
+}
+
+bool BlockIndex::mergeable(const Block& x, const Block& y) const noexcept {
+  if (x.state != BlockState::free || y.state != BlockState::free || x.res != y.res) return false;
+  if (x.safe != y.safe) return false;
+  return x.safe || x.stream == y.stream;
+}
+
+BlockIt BlockIndex::insert_free(BlockIt it, Arena a) {
+  it->second.state = BlockState::free;
+  it->second.requested = 0;
+  it->second.users.clear();
+  it->second.events.clear();
+  // Merge with the previous block.
+  if (it != blocks_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second.size == it->first && mergeable(prev->second, it->second)) {
+      unindex(a, prev);
+      prev->second.size += it->second.size;
+      prev->second.seq = std::max(prev->second.seq, it->second.seq);
+      blocks_.erase(it);
+      it = prev;
+    }
+  }
+  // Merge with the next block.
+  auto next = std::next(it);
+  if (next != blocks_.end() && it->first + it->second.size == next->first &&
+      mergeable(it->second, next->second)) {
+    unindex(a, next);
+    it->second.size += next->second.size;
+    it->second.seq = std::max(it->second.seq, next->second.seq);
+    blocks_.erase(next);
+  }
+  index(a, it);
+  return it;
+}
+
+BlockIt BlockIndex::make_safe(BlockIt it, Arena a) {
+  unindex(a, it);
+  it->second.safe = true;
+  it->second.stream = nullptr;
+  it->second.seq = 0;
+  return insert_free(it, a);
+}
+
+std::vector<BlockIt> BlockIndex::owned_up_to(Arena a, CUstream stream, uint64_t upto) {
+  std::vector<BlockIt> out;
+  auto o = owned_[static_cast<int>(a)].find(stream);
+  if (o == owned_[static_cast<int>(a)].end()) return out;
+  for (const auto& [size, addr] : o->second) {
+    auto it = blocks_.find(addr);
+    if (it->second.seq <= upto) out.push_back(it);
+  }
+  return out;
+}
+
+bool BlockIndex::has_unsafe(CUstream stream) const {
+  for (const auto& m : owned_) {
+    if (m.count(stream) != 0) return true;
+  }
+  return false;
+}
+
+std::vector<CUstream> BlockIndex::streams_with_unsafe() const {
+  std::vector<CUstream> out;
+  for (const auto& m : owned_) {
+    for (const auto& [s, set] : m) {
+      if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+    }
+  }
+  return out;
+}
+
+size_t BlockIndex::free_blocks() const noexcept {
+  size_t n = 0;
+  for (const auto& s : safe_) n += s.size();
+  for (const auto& m : owned_) {
+    for (const auto& [k, set] : m) n += set.size();
+  }
+  return n;
+}
+
+}  // namespace expanse::core

@@ -1,0 +1,98 @@
+// Blocks carved out of the reservations, and the free-block index used for best-fit placement.
+//
+// Every byte of every reservation belongs to exactly one block. A free block is either "safe"
+// (all work that used it has completed: any stream may take it, its pages may be unmapped) or
+// owned by the stream it was freed on until a fence on that stream completes (only that stream
+// may reuse it at once; DESIGN.md invariant 3). Free neighbours coalesce when they have the same
+// owner; safe blocks always end up coalesced, so a page is reclaimable exactly when it lies
+// wholly inside one safe free block.
+#pragma once
+
+#include "core/reservation.hpp"
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace expanse::core {
+
+enum class BlockState : uint8_t {
+  free,     // in the free index
+  live,     // handed to the user
+  cached,   // freed, parked in its stream's LIFO for exact-size reuse (not in the index)
+  pending,  // freed, waiting for events on other streams that used it (record_stream)
+};
+
+struct Block {
+  size_t size = 0;          // bytes of VA (multiple of kBlockAlignment)
+  uint32_t res = 0;         // reservation id
+  BlockState state = BlockState::free;
+  bool safe = true;         // free/cached: reusable by any stream
+  CUstream stream = nullptr;  // live: allocation stream; unsafe free/cached/pending: owner
+  uint64_t seq = 0;         // unsafe: the owner stream's free sequence number at the free
+  size_t requested = 0;     // live: bytes asked for
+  std::vector<CUstream> users;  // live: other streams recorded with record_stream
+  std::vector<CUevent> events;  // pending: events recorded on those streams
+};
+
+using BlockMap = std::map<CUdeviceptr, Block>;
+using BlockIt = BlockMap::iterator;
+
+class BlockIndex {
+ public:
+  BlockMap& blocks() noexcept { return blocks_; }
+  const BlockMap& blocks() const noexcept { return blocks_; }
+
+  // A new reservation: one safe free block covering it.
+  void add_reservation(const Reservation& r);
+  // Drops the single free block covering r (r must be wholly free).
+  void remove_reservation(const Reservation& r);
+
+  // Smallest free block of arena `a` with size >= bytes that `stream` may use at once: safe
+  // blocks and blocks owned by `stream`. Returns end() if none.
+  BlockIt best_fit(Arena a, size_t bytes, CUstream stream);
+  BlockIt end() noexcept { return blocks_.end(); }
+
+  // Takes a free block out of the index and splits off anything past `bytes` as a free block with
+  // the same owner. The returned block is left in state free but unindexed; the caller sets it.
+  BlockIt carve(BlockIt it, size_t bytes, Arena a);
+  // Puts a block (any state) back in the index as free, coalescing with compatible neighbours.
+  BlockIt insert_free(BlockIt it, Arena a);
+  // Marks an unsafe free block safe (its owner's fence completed) and coalesces it.
+  BlockIt make_safe(BlockIt it, Arena a);
+
+  // Unsafe free blocks owned by `stream` in arena `a` with seq <= upto.
+  std::vector<BlockIt> owned_up_to(Arena a, CUstream stream, uint64_t upto);
+  bool has_unsafe(CUstream stream) const;
+  std::vector<CUstream> streams_with_unsafe() const;
+
+  // Safe free blocks of arena `a`, largest first (for reclaiming pages under them).
+  template <class F>
+  void for_each_safe_largest_first(Arena a, F&& f) {
+    auto& set = safe_[static_cast<int>(a)];
+    for (auto r = set.rbegin(); r != set.rend(); ++r) {
+      if (!f(blocks_.find(r->second))) return;
+    }
+  }
+
+  size_t free_blocks() const noexcept;
+
+ private:
+  using SizeSet = std::set<std::pair<size_t, CUdeviceptr>>;
+  SizeSet& set_for(Arena a, const Block& b);
+  void unindex(Arena a, BlockIt it);
+  void index(Arena a, BlockIt it);
+  bool mergeable(const Block& x, const Block& y) const noexcept;
+
+  BlockMap blocks_;
+  SizeSet safe_[kArenaCount];
+  std::unordered_map<CUstream, SizeSet> owned_[kArenaCount];
+};
+
+}  // namespace expanse::core

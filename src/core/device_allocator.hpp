@@ -1,0 +1,125 @@
+// One device's allocator: a VA space shared by every stream, a pool of physical pages, blocks
+// carved at 512 B, and compaction in VA space — pages under free memory anywhere are unmapped and
+// mapped again wherever a new block needs them (DESIGN.md invariant 1).
+//
+// Request flow: allocate() → the stream's LIFO (exact size) → best-fit free block → carve →
+// ensure_pages(): pool → reclaim cached pages → cuMemCreate → wait for streams, reclaim → OOM.
+#pragma once
+
+#include "core/block_index.hpp"
+#include "core/device_driver.hpp"
+#include "core/options.hpp"
+#include "core/reservation.hpp"
+#include "core/stats.hpp"
+
+#include <cuda.h>
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace expanse::core {
+
+class DeviceAllocator {
+ public:
+  DeviceAllocator(const driver::LoadedDriver& drv, int device, const AllocatorOptions& opts);
+  ~DeviceAllocator();
+  DeviceAllocator(const DeviceAllocator&) = delete;
+  DeviceAllocator& operator=(const DeviceAllocator&) = delete;
+
+  // nullptr for bytes == 0. Throws expanse::out_of_memory, expanse::usage_error (size overflow),
+  // expanse::driver_failure. On any throw nothing changed.
+  void* allocate(size_t bytes, CUstream stream);
+  // Throws expanse::usage_error for a pointer that is not a live block's start (double free,
+  // interior or foreign pointer) without changing anything. nullptr is ignored.
+  void deallocate(void* ptr, CUstream stream);
+  // `ptr` is used by work on `stream` too: its memory is reused only after that work completes.
+  void record_stream(void* ptr, CUstream stream);
+
+  // Waits for streams' work on free memory, then unmaps and releases every cached page.
+  void release_cached();
+  // Caps physical memory held (mapped + pooled); kNoLimit removes the cap. Trims at once what it
+  // can (cached pages and pool); never touches live blocks.
+  void set_limit(size_t bytes);
+  size_t limit() const;
+
+  // True if ptr is the start of a live block here; *size gets its requested size.
+  bool owns(const void* ptr, size_t* size = nullptr) const;
+  // "live block 0x... of 1.00 MiB", "interior of live block ...", "free memory", or "" (foreign).
+  std::string describe_pointer(const void* ptr) const;
+
+  DeviceStats stats() const;
+  void reset_peaks();
+  int device() const noexcept { return drv_.device(); }
+  size_t page_size() const noexcept { return page_; }
+  size_t capacity() const noexcept { return drv_.total_memory(); }
+  const DeviceDriver& driver() const noexcept { return drv_; }
+
+  // Checks every internal invariant (block tiling, index, page counts); for tests. Returns "" or
+  // a description of the first violation.
+  std::string check_invariants() const;
+
+ private:
+  struct Fence {
+    CUevent event;
+    uint64_t seq;
+  };
+  struct StreamState {
+    uint64_t free_seq = 0;   // incremented at every free on this stream
+    uint64_t safe_seq = 0;   // frees with seq <= this are known complete
+    std::deque<Fence> fences;
+    std::vector<BlockIt> lifo;  // cached blocks, most recent last
+  };
+  struct PageRequest;  // bookkeeping of one ensure_pages() call, for the OOM message
+
+  Reservation& res(uint32_t id) { return *reservations_[id]; }
+  const Reservation& res(uint32_t id) const { return *reservations_[id]; }
+  Arena arena_for(size_t bytes) const noexcept {
+    return bytes <= opts_.small_max ? Arena::small : Arena::large;
+  }
+  StreamState& stream_state(CUstream s);
+
+  BlockIt find_block(size_t bytes, Arena a, CUstream stream, PageRequest& req);
+  Reservation* add_reservation(Arena a, size_t min_bytes);
+  void ensure_pages(Reservation& r, size_t first, size_t last, PageRequest& req);
+  size_t reclaim(size_t want, std::vector<CUmemGenericAllocationHandle>& out);
+  CUmemGenericAllocationHandle take_pool();
+  void flush_lifos();
+  void flush_lifo_entry(StreamState& ss, size_t i);
+  void poll(bool wait);
+  void free_block(BlockIt it);
+  void make_live(BlockIt it, size_t requested, CUstream stream);
+  void trim_to(size_t max_held_pages, bool release_reservations);
+  void release_empty_reservations();
+  [[noreturn]] void throw_oom(const PageRequest& req);
+  void update_peaks();
+  size_t held_pages() const noexcept { return mapped_pages_ + pool_.size(); }
+  CUevent get_event();
+  void put_event(CUevent e);
+
+  mutable std::mutex mu_;
+  DeviceDriver drv_;
+  AllocatorOptions opts_;
+  size_t page_;
+  size_t limit_pages_;
+  size_t capacity_pages_;
+  size_t va_budget_;
+
+  std::vector<std::unique_ptr<Reservation>> reservations_;
+  BlockIndex index_;
+  std::vector<CUmemGenericAllocationHandle> pool_;
+  std::unordered_map<CUstream, StreamState> streams_;
+  std::vector<BlockIt> pending_;
+  std::vector<CUevent> event_pool_;
+  std::vector<CUevent> all_events_;
+
+  size_t mapped_pages_ = 0;
+  size_t touched_pages_ = 0;
+  size_t va_reserved_ = 0;
+  DeviceStats stats_;
+};
+
+}  // namespace expanse::core

@@ -1,0 +1,23 @@
+// Per-device allocator tuning. Zero means "derive from the device".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace expanse::core {
+
+inline constexpr size_t kBlockAlignment = 512;          // every block is carved at this granularity
+inline constexpr size_t kNoLimit = SIZE_MAX;
+
+struct AllocatorOptions {
+  size_t page_size = 0;          // physical page (handle) size; 0 = device granularity
+  size_t limit = kNoLimit;       // most physical memory held (mapped + pooled), bytes
+  size_t release_threshold = kNoLimit;  // cached memory above this is returned to the driver
+  size_t small_max = size_t{1} << 20;   // requests up to this size go to the small-block arena
+  size_t va_size = 0;            // VA per large-arena reservation; 0 = 2 x capacity
+  size_t small_va_size = 0;      // VA per small-arena reservation; 0 = capacity / 4 (>= 1 GiB)
+  size_t va_budget = 0;          // most VA reserved on this device; 0 = 64 x capacity
+  size_t lifo_depth = 16;        // recently freed blocks kept per stream for exact-size reuse
+};
+
+}  // namespace expanse::core

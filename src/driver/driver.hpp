@@ -1,0 +1,65 @@
+// Choosing and loading a driver: the real libcuda.so.1 or the in-process sim.
+#pragma once
+
+#include "driver/driver_table.hpp"
+#include "sim/sim.hpp"
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace expanse::driver {
+
+enum class DriverKind { cuda, sim };
+
+// A failing driver call: names the entry point and the CUresult's name and description.
+class driver_error : public std::runtime_error {
+ public:
+  driver_error(const std::string& what, CUresult code) : std::runtime_error(what), code_(code) {}
+  CUresult code() const noexcept { return code_; }
+
+ private:
+  CUresult code_;
+};
+
+// A filled table plus where it came from. Owns the dlopen handle (closed on destruction).
+class LoadedDriver {
+ public:
+  LoadedDriver(DriverTable table, DriverKind kind, std::string description, void* dl_handle)
+      : table_(table), kind_(kind), description_(std::move(description)), dl_(dl_handle) {}
+  ~LoadedDriver();
+  LoadedDriver(const LoadedDriver&) = delete;
+  LoadedDriver& operator=(const LoadedDriver&) = delete;
+
+  const DriverTable& table() const noexcept { return table_; }
+  DriverKind kind() const noexcept { return kind_; }
+  // "cuda: libcuda.so.1, driver 13.0" / "sim: EXPANSE_CONF driver:sim, 1 device x 80 GiB".
+  const std::string& description() const noexcept { return description_; }
+
+  // "cuMemMap: CUDA_ERROR_INVALID_VALUE (invalid argument)" for a failing call.
+  std::string describe_error(EntryPoint e, CUresult r) const;
+  // Throws driver_error for r != CUDA_SUCCESS, with describe_error's text plus context.
+  void check(CUresult r, EntryPoint e, const char* context = nullptr) const;
+
+ private:
+  DriverTable table_;
+  DriverKind kind_;
+  std::string description_;
+  void* dl_;
+};
+
+// Opens a libcuda-compatible library with dlopen (default "libcuda.so.1"), resolves every entry
+// point through cuGetProcAddress_v2 (falling back to dlsym of the exported symbol), and calls
+// cuInit(0). Throws driver_error carrying the dlopen error, the missing symbol, or cuInit's code.
+std::unique_ptr<LoadedDriver> load_cuda(const std::string& library = "libcuda.so.1");
+
+// Resets the in-process sim with cfg and returns its table (cuInit already called).
+std::unique_ptr<LoadedDriver> load_sim(const sim::SimConfig& cfg, const std::string& why);
+
+// EXPANSE_CONF's driver selection. mode: "auto" | "cuda" | "sim". With "auto", a working
+// libcuda.so.1 is used; otherwise, if allow_sim_fallback, the sim (the CLI's choice, which it
+// reports), else the load_cuda error is thrown (a library never hands host memory to a CUDA
+// application silently). conf is the whole EXPANSE_CONF text (for sim_* and driver_library).
+std::unique_ptr<LoadedDriver> select_driver(const std::string& conf, bool allow_sim_fallback);
+
+}  // namespace expanse::driver

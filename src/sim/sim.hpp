@@ -1,0 +1,101 @@
+// sim/ — a software CUDA driver for the VMM subset (see ../shared/reference/cuda_vmm_spec.md).
+//
+// Same C signatures and the same CUresult codes for the same misuse as the real driver. Physical
+// pages are host memory (one sparse memfd per device): a device pointer is readable and writable
+// from the host after cuMemSetAccess, faults when unmapped or never granted. Every entry point
+// counts its calls, failures can be injected at the Nth call of any entry point, and a cost model
+// turns the calls into a modeled GPU driver time.
+//
+// This header is the in-process control surface used by driver/ (to get the table) and by tests.
+// The same functions are exported with C linkage from libexpanse_simcuda.so (see sim_control.h).
+#pragma once
+
+#include "driver/driver_table.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace expanse::sim {
+
+struct SimConfig {
+  int devices = 1;
+  size_t capacity = size_t{80} << 30;    // physical bytes per device
+  size_t granularity = size_t{2} << 20;  // minimum == recommended granularity
+  // false: physical pages have no host memory behind them and mapped VA stays PROT_NONE, so a
+  // trace peaking at 55 GiB replays on a small host (replay never touches the memory).
+  bool backing = true;
+  int driver_version = 13000;
+};
+
+// Parses the sim_* keys of an EXPANSE_CONF string (other known keys are accepted and ignored;
+// unknown keys and bad values throw std::invalid_argument naming them).
+SimConfig sim_config_from_string(const std::string& conf);
+
+// Replaces the whole sim state with a fresh one using cfg. Everything outstanding (reservations,
+// handles, mappings, contexts, streams, events, counters, injections) is dropped. Tests call it
+// between cases; the driver loader calls it once when the sim is selected.
+void reset(const SimConfig& cfg = SimConfig{});
+const SimConfig& config();
+
+// The in-process sim's entry points, every slot filled.
+const driver::DriverTable& table();
+
+// --- call accounting -------------------------------------------------------------------------
+uint64_t call_count(driver::EntryPoint e);
+uint64_t total_calls();
+void reset_counts();
+
+// --- failure injection -----------------------------------------------------------------------
+// The nth call of e from now on (1 = the very next call) returns code without doing anything.
+void inject_failure(driver::EntryPoint e, uint64_t nth, CUresult code);
+void clear_injections();
+
+// --- modeled GPU driver time -----------------------------------------------------------------
+// Per-call costs in nanoseconds; map/unmap/set_access/create scale with the number of
+// granularity pages they touch. Defaults: the A100 figures of DESIGN.md.
+struct CostTable {
+  double per_call_ns[driver::kEntryPointCount] = {};
+  // For these entry points the cost is per granularity page touched (times devices for access).
+  bool per_page[driver::kEntryPointCount] = {};
+  static CostTable a100();
+};
+void set_cost_table(const CostTable& t);
+double modeled_seconds();
+
+// --- streams and events: holding work pending -------------------------------------------------
+// Work recorded on a held stream (cuEventRecord) stays incomplete: cuEventQuery / cuStreamQuery
+// answer CUDA_ERROR_NOT_READY until release_stream(). cuStreamSynchronize / cuEventSynchronize /
+// cuCtxSynchronize wait for the work, i.e. they complete it (a held stream's work finishes when
+// somebody waits for it, as on a GPU). stream may be NULL (the legacy default stream).
+void hold_stream(CUstream stream);
+void release_stream(CUstream stream);
+// Number of events recorded but not complete, over all streams.
+size_t pending_events();
+
+// --- what is outstanding ---------------------------------------------------------------------
+struct Outstanding {
+  size_t reservations = 0;
+  size_t reserved_bytes = 0;
+  size_t allocations = 0;      // physical allocations not yet freed
+  size_t physical_bytes = 0;   // bytes counted as used by cuMemGetInfo
+  size_t mappings = 0;
+  size_t mapped_bytes = 0;
+  size_t streams = 0;
+  size_t events = 0;
+  bool empty() const noexcept {
+    return reservations == 0 && allocations == 0 && mappings == 0 && physical_bytes == 0;
+  }
+};
+Outstanding outstanding(int device = -1);  // -1: all devices
+std::string describe_outstanding();
+
+// Strictness switches for undocumented corners (spec §10). Defaults are the strict policies.
+struct Policy {
+  bool free_with_mappings_is_error = true;   // cuMemAddressFree over live mappings → INVALID_VALUE
+  bool map_across_reservations_is_error = true;
+  bool require_context_for_vmm = false;      // VMM calls with no current context are allowed
+};
+void set_policy(const Policy& p);
+
+}  // namespace expanse::sim
