@@ -1,0 +1,241 @@
+// Rules for cuMemSetAccess / cuMemGetAccess (spec §6.8, §6.9, §7 #26-#29) and for handles:
+// cuMemRetainAllocationHandle, cuMemGetAllocationPropertiesFromHandle (§6.12, §6.13, §7 #30).
+#include "conformance.hpp"
+
+#include "fault_probe.hpp"
+
+namespace expanse::conformance {
+namespace {
+
+constexpr unsigned long long kNone = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+constexpr unsigned long long kRead = CU_MEM_ACCESS_FLAGS_PROT_READ;
+constexpr unsigned long long kReadWrite = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+
+// §6.8 / §7 #26 / §8.5: the range must be fully mapped; a hole → INVALID_VALUE.
+TEST_P(Conformance, SetAccessOverHoleIsInvalidValue) {
+  const CUdeviceptr p = reserve(3 * gran());
+  const CUmemGenericAllocationHandle a = create(gran());
+  const CUmemGenericAllocationHandle c = create(gran());
+  map(p, gran(), a);
+  map(p + 2 * gran(), gran(), c);
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, set_access(p, 3 * gran()));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, set_access(p + gran(), gran()));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, set_access(p, 2 * gran()));
+  // Nothing was granted by the failed calls.
+  EXPECT_EQ(get_access(p), kNone);
+  EXPECT_EQ(get_access(p + 2 * gran()), kNone);
+  // A reservation with no mapping at all.
+  const CUdeviceptr empty = reserve(gran());
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, set_access(empty, gran()));
+}
+
+// §6.8 / §7 #27: a device descriptor with a bad ordinal → INVALID_DEVICE.
+TEST_P(Conformance, SetAccessBadDeviceIsInvalidDevice) {
+  const Block b = make_block(1);
+  EXPECT_CU(CUDA_ERROR_INVALID_DEVICE, set_access(b.ptr, b.size, device_count()));
+  EXPECT_CU(CUDA_ERROR_INVALID_DEVICE, set_access(b.ptr, b.size, -1));
+}
+
+// §6.8: flags outside {NONE, READ, READWRITE} → INVALID_VALUE.
+TEST_P(Conformance, SetAccessBadFlagsIsInvalidValue) {
+  const Block b = make_block(1);
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE,
+            set_access(b.ptr, b.size, 0, static_cast<CUmemAccess_flags>(0x2)));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE,
+            set_access(b.ptr, b.size, 0, static_cast<CUmemAccess_flags>(0x7)));
+  EXPECT_EQ(get_access(b.ptr), kReadWrite);
+}
+
+// §6.8: count 0 or NULL descriptors → INVALID_VALUE.
+TEST_P(Conformance, SetAccessCountZeroOrNullIsInvalidValue) {
+  const Block b = make_block(1);
+  const CUmemAccessDesc d = access_desc(0, CU_MEM_ACCESS_FLAGS_PROT_READ);
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().mem_set_access(b.ptr, b.size, &d, 0));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().mem_set_access(b.ptr, b.size, nullptr, 1));
+  EXPECT_EQ(get_access(b.ptr), kReadWrite);
+}
+
+// §6.8 / §8.4: mapping grants nothing; get access is 0 before cuMemSetAccess and the granted
+// flags after; the access is per device.
+TEST_P(Conformance, GetAccessBeforeAndAfterSet) {
+  const CUdeviceptr p = reserve(2 * gran());
+  const CUmemGenericAllocationHandle h = create(2 * gran());
+  map(p, 2 * gran(), h);
+  EXPECT_EQ(get_access(p), kNone);
+  EXPECT_EQ(get_access(p + gran() + 100), kNone);
+  ASSERT_CU(CUDA_SUCCESS, set_access(p, 2 * gran(), 0, CU_MEM_ACCESS_FLAGS_PROT_READ));
+  EXPECT_EQ(get_access(p), kRead);
+  ASSERT_CU(CUDA_SUCCESS, set_access(p, 2 * gran(), 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+  EXPECT_EQ(get_access(p + gran()), kReadWrite);
+  if (device_count() > 1) {
+    EXPECT_EQ(get_access(p, 1), kNone) << "granting device 0 grants nothing to device 1";
+  }
+  if (hooks() != nullptr) {
+    EXPECT_TRUE(probe_writable(host_ptr(p)));
+    // Revoking: PROT_NONE makes it fault again.
+    ASSERT_CU(CUDA_SUCCESS, set_access(p, 2 * gran(), 0, CU_MEM_ACCESS_FLAGS_PROT_NONE));
+    EXPECT_EQ(get_access(p), kNone);
+    EXPECT_FALSE(probe_readable(host_ptr(p)));
+  }
+}
+
+// §6.9 / §7 #29: cuMemGetAccess on an unmapped address, with NULL arguments → INVALID_VALUE; a
+// bad device → INVALID_DEVICE.
+TEST_P(Conformance, GetAccessMisuse) {
+  const CUdeviceptr p = reserve(2 * gran());
+  const CUmemGenericAllocationHandle h = create(gran());
+  map(p, gran(), h);
+  CUmemLocation loc;
+  loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  loc.id = 0;
+  unsigned long long flags = 0;
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().mem_get_access(&flags, &loc, p + gran()));  // reserved only
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().mem_get_access(nullptr, &loc, p));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().mem_get_access(&flags, nullptr, p));
+  loc.id = device_count();
+  EXPECT_CU(CUDA_ERROR_INVALID_DEVICE, t().mem_get_access(&flags, &loc, p));
+}
+
+// §5.4 / §6.8: PROT_READ makes the data readable but not writable (sim: host probes).
+TEST_P(Conformance, ReadOnlyAccessIsReadableNotWritable) {
+  const Block b = make_block(2);
+  if (hooks() != nullptr) {
+    for (size_t i = 0; i < b.size; i += 4096) b.host()[i] = static_cast<unsigned char>(i >> 12);
+  }
+  ASSERT_CU(CUDA_SUCCESS, set_access(b.ptr, b.size, 0, CU_MEM_ACCESS_FLAGS_PROT_READ));
+  EXPECT_EQ(get_access(b.ptr), kRead);
+  if (hooks() == nullptr) return;
+  for (size_t i = 0; i < b.size; i += 4096) {
+    ASSERT_TRUE(probe_readable(b.host() + i));
+    EXPECT_EQ(b.host()[i], static_cast<unsigned char>(i >> 12)) << "offset " << i;
+  }
+  EXPECT_FALSE(probe_writable(b.host()));
+  EXPECT_FALSE(probe_writable(b.host() + b.size - 1));
+}
+
+// §5.4 / §8.4: unmap drops the access state; a re-map starts at PROT_NONE.
+TEST_P(Conformance, UnmapDropsAccess) {
+  const Block b = make_block(1);
+  EXPECT_EQ(get_access(b.ptr), kReadWrite);
+  ASSERT_CU(CUDA_SUCCESS, unmap(b.ptr, b.size));
+  map(b.ptr, b.size, b.handle);
+  EXPECT_EQ(get_access(b.ptr), kNone);
+  if (hooks() != nullptr) {
+    EXPECT_FALSE(probe_readable(b.host())) << "re-mapped memory is accessible";
+  }
+  ASSERT_CU(CUDA_SUCCESS, set_access(b.ptr, b.size));
+  if (hooks() != nullptr) {
+    EXPECT_TRUE(probe_writable(b.host()));
+  }
+}
+
+// §5.4 / §PG 14.7: mapped but never granted memory faults (sim: host probes).
+TEST_P(Conformance, MappedWithoutAccessFaults) {
+  CONFORMANCE_REQUIRE_SIM("probes device pointers from the host");
+  const CUdeviceptr p = reserve(gran());
+  const CUmemGenericAllocationHandle h = create(gran());
+  EXPECT_FALSE(probe_readable(host_ptr(p))) << "reserved VA is readable";
+  map(p, gran(), h);
+  EXPECT_FALSE(probe_readable(host_ptr(p))) << "mapping alone granted access";
+  ASSERT_CU(CUDA_SUCCESS, set_access(p, gran()));
+  EXPECT_TRUE(probe_writable(host_ptr(p)));
+}
+
+// §6.8: one cuMemSetAccess may cover several adjacent mappings.
+TEST_P(Conformance, SetAccessSpanningSeveralMappings) {
+  const CUdeviceptr p = reserve(3 * gran());
+  const CUmemGenericAllocationHandle a = create(gran());
+  const CUmemGenericAllocationHandle b = create(2 * gran());
+  map(p, gran(), a);
+  map(p + gran(), 2 * gran(), b);
+  EXPECT_CU(CUDA_SUCCESS, set_access(p, 3 * gran()));
+  EXPECT_EQ(get_access(p), kReadWrite);
+  EXPECT_EQ(get_access(p + 2 * gran()), kReadWrite);
+  if (hooks() != nullptr) {
+    EXPECT_TRUE(probe_writable(host_ptr(p)));
+    EXPECT_TRUE(probe_writable(host_ptr(p + 3 * gran() - 1)));
+  }
+}
+
+// §10 (sim policy): a granularity-aligned sub-range of one mapping may get its own access.
+TEST_P(Conformance, SetAccessOnSubRangeOfMappingAllowed) {
+  CONFORMANCE_REQUIRE_SIM("undocumented on the real driver (spec §6.8)");
+  const CUdeviceptr p = reserve(2 * gran());
+  const CUmemGenericAllocationHandle h = create(2 * gran());
+  map(p, 2 * gran(), h);
+  EXPECT_CU(CUDA_SUCCESS, set_access(p + gran(), gran()));
+  EXPECT_EQ(get_access(p), kNone);
+  EXPECT_EQ(get_access(p + gran()), kReadWrite);
+  EXPECT_FALSE(probe_readable(host_ptr(p)));
+  EXPECT_TRUE(probe_writable(host_ptr(p + gran())));
+}
+
+// §6.13: retain on any address inside a mapping returns the mapped handle and adds a reference
+// that needs its own cuMemRelease.
+TEST_P(Conformance, RetainOnInteriorAddressReturnsSameHandle) {
+  const size_t before = mem_free();
+  const Block b = make_block(2);
+  CUmemGenericAllocationHandle got = 0;
+  ASSERT_CU(CUDA_SUCCESS, retain(&got, b.ptr + gran() + 123));
+  EXPECT_EQ(got, b.handle);
+  CUmemGenericAllocationHandle got2 = 0;
+  ASSERT_CU(CUDA_SUCCESS, retain(&got2, b.ptr + b.size - 1));
+  EXPECT_EQ(got2, b.handle);
+  ASSERT_CU(CUDA_SUCCESS, release(got2));
+  // Drop the create reference and the mapping: the retained reference still holds the memory.
+  ASSERT_CU(CUDA_SUCCESS, release(b.handle));
+  ASSERT_CU(CUDA_SUCCESS, unmap(b.ptr, b.size));
+  if (hooks() != nullptr) {
+    EXPECT_EQ(mem_free(), before - b.size) << "the retained reference did not hold the memory";
+  }
+  CUmemAllocationProp prop;
+  EXPECT_CU(CUDA_SUCCESS, t().mem_get_allocation_properties_from_handle(&prop, got));
+  ASSERT_CU(CUDA_SUCCESS, release(got));
+  if (hooks() != nullptr) {
+    EXPECT_EQ(mem_free(), before);
+  }
+}
+
+// §6.13 / §7 #30: retain on an address that is not mapped → INVALID_VALUE.
+TEST_P(Conformance, RetainOnUnmappedAddressIsInvalidValue) {
+  const CUdeviceptr p = reserve(2 * gran());
+  const CUmemGenericAllocationHandle h = create(gran());
+  map(p, gran(), h);
+  CUmemGenericAllocationHandle got = 0;
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, retain(&got, p + gran()));  // reserved, not mapped
+  ASSERT_CU(CUDA_SUCCESS, unmap(p, gran()));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, retain(&got, p));  // unmapped again
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, retain(nullptr, p));
+}
+
+// §6.12: properties from a handle round-trip what cuMemCreate was given.
+TEST_P(Conformance, PropertiesFromHandleRoundTrip) {
+  for (int d = 0; d < device_count() && d < 2; ++d) {
+    const CUmemGenericAllocationHandle h = create(gran(), d);
+    CUmemAllocationProp got;
+    std::memset(&got, 0xab, sizeof got);
+    ASSERT_CU(CUDA_SUCCESS, t().mem_get_allocation_properties_from_handle(&got, h));
+    EXPECT_EQ(got.type, CU_MEM_ALLOCATION_TYPE_PINNED);
+    EXPECT_EQ(got.location.type, CU_MEM_LOCATION_TYPE_DEVICE);
+    EXPECT_EQ(got.location.id, d);
+    EXPECT_EQ(got.requestedHandleTypes, CU_MEM_HANDLE_TYPE_NONE);
+    EXPECT_EQ(got.win32HandleMetaData, nullptr);
+    EXPECT_EQ(got.allocFlags.compressionType, 0);
+    EXPECT_EQ(got.allocFlags.gpuDirectRDMACapable, 0);
+    EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().mem_get_allocation_properties_from_handle(nullptr, h));
+    EXPECT_CU(CUDA_SUCCESS, release(h));
+  }
+}
+
+// §6.12: properties of a released (or never-created) handle → INVALID_VALUE.
+TEST_P(Conformance, PropertiesFromReleasedHandleIsInvalidValue) {
+  CONFORMANCE_REQUIRE_SIM("a stale handle is undefined behaviour on the real driver");
+  const CUmemGenericAllocationHandle h = create(gran());
+  ASSERT_CU(CUDA_SUCCESS, release(h));
+  CUmemAllocationProp got;
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().mem_get_allocation_properties_from_handle(&got, h));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().mem_get_allocation_properties_from_handle(&got, 0));
+}
+
+}  // namespace
+}  // namespace expanse::conformance

@@ -1,0 +1,197 @@
+// The driver conformance suite: one set of rules (cuda_vmm_spec.md §3-§7, §10), checked with
+// exact CUresult codes against every driver the project can load:
+//
+//   sim_inprocess  the in-process sim's table (expanse::driver::load_sim)
+//   sim_dlopen     libexpanse_simcuda.so through the real loader (dlopen + cuGetProcAddress_v2)
+//   cuda           libcuda.so.1 when it loads, cuInit succeeds and a device exists (else skipped)
+//
+// Tests call the driver only through the DriverTable, so the same test runs on a real GPU. The
+// sim's extra controls (call counts, failure injection, held streams, outstanding state) come
+// through SimHooks, which is null on the real driver; tests that need it skip there.
+#pragma once
+
+#include "driver/driver.hpp"
+
+#include <cuda.h>
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace expanse::conformance {
+
+enum class Variant { sim_inprocess, sim_dlopen, cuda };
+const char* variant_name(Variant v);
+
+// The sim configuration every test starts from (for both sim variants).
+inline constexpr int kSimDevices = 2;
+inline constexpr size_t kSimCapacity = size_t{1} << 30;     // 1 GiB per device
+inline constexpr size_t kSimGranularity = size_t{2} << 20;  // 2 MiB
+inline constexpr const char* kSimConf = "sim_devices:2,sim_capacity:1GiB,sim_granularity:2MiB";
+
+struct SimOutstanding {
+  unsigned long long reservations = 0;
+  unsigned long long allocations = 0;
+  unsigned long long mappings = 0;
+  unsigned long long physical_bytes = 0;
+  bool empty() const {
+    return reservations == 0 && allocations == 0 && mappings == 0 && physical_bytes == 0;
+  }
+};
+std::string to_string(const SimOutstanding& o);
+
+// Sim-only controls, the same for the in-process sim and the exported C control functions.
+class SimHooks {
+ public:
+  virtual ~SimHooks() = default;
+  // A fresh sim (kSimConf) on which cuInit has not been called. Returns "" or what went wrong.
+  virtual std::string reset_uninitialized() = 0;
+  virtual unsigned long long call_count(const char* base_name) = 0;
+  // The nth call of base_name from now on (1 = the next one) returns code, doing nothing.
+  virtual void inject_failure(const char* base_name, unsigned long long nth, CUresult code) = 0;
+  virtual void hold_stream(CUstream stream) = 0;
+  virtual void release_stream(CUstream stream) = 0;
+  virtual SimOutstanding outstanding() = 0;
+};
+
+// A reserved, mapped, accessible block made by Conformance::make_block.
+struct Block {
+  CUdeviceptr ptr = 0;
+  size_t size = 0;
+  CUmemGenericAllocationHandle handle = 0;
+  unsigned char* host() const {
+    return reinterpret_cast<unsigned char*>(static_cast<uintptr_t>(ptr));
+  }
+};
+
+// An enum value outside the enumerators (to pass misuse through a typed signature).
+template <class E>
+E bad_enum(int value) {
+  static_assert(sizeof(E) == sizeof(int), "C enums in cuda.h are int-sized");
+  E e;
+  std::memcpy(&e, &value, sizeof e);
+  return e;
+}
+
+inline unsigned char* host_ptr(CUdeviceptr p) {
+  return reinterpret_cast<unsigned char*>(static_cast<uintptr_t>(p));
+}
+
+// "CUDA_ERROR_INVALID_VALUE (1)": readable CUresult in assertion messages.
+std::string result_name(CUresult r);
+
+class Conformance : public ::testing::TestWithParam<Variant> {
+ protected:
+  void SetUp() override;
+  void TearDown() override;
+
+  const driver::DriverTable& t() const { return *table_; }
+  SimHooks* hooks() const { return hooks_; }
+  Variant variant() const { return GetParam(); }
+  // The library path for the dlopen variants ("" in-process).
+  const std::string& library_path() const { return library_path_; }
+  // dlsym on the loaded driver library (dlopen variants only; nullptr otherwise).
+  void* library_symbol(const char* name) const;
+
+  // Device facts read through the table in SetUp.
+  size_t gran() const { return gran_; }
+  int device_count() const { return device_count_; }
+  size_t total_mem(int device = 0) const;
+
+  // The standard allocation properties: pinned device memory on `device`.
+  static CUmemAllocationProp device_prop(int device = 0);
+  static CUmemAccessDesc access_desc(int device = 0,
+                                     CUmemAccess_flags f = CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+
+  // Retains device 0's primary context (once per test) and makes it current.
+  CUcontext make_current();
+  // cuMemGetInfo_v2's free bytes for the current context (makes one current).
+  size_t mem_free();
+
+  // Sim state reset to "cuInit not called"; forgets every tracked resource.
+  void reset_uninitialized();
+
+  // ---- tracked driver calls: whatever succeeds is undone in TearDown --------------------------
+  // try_*: the driver's code, tracking the resource when it succeeded. The plain forms throw
+  // (failing the test with the call and its code) unless the call succeeds.
+  CUresult try_reserve(CUdeviceptr* ptr, size_t size, size_t alignment = 0, CUdeviceptr addr = 0,
+                       unsigned long long flags = 0);
+  CUdeviceptr reserve(size_t size, size_t alignment = 0, CUdeviceptr addr = 0);
+  CUresult address_free(CUdeviceptr ptr, size_t size);
+
+  CUresult try_create(CUmemGenericAllocationHandle* handle, size_t size,
+                      const CUmemAllocationProp& prop, unsigned long long flags = 0);
+  CUmemGenericAllocationHandle create(size_t size, int device = 0);
+  CUresult release(CUmemGenericAllocationHandle handle);
+  CUresult retain(CUmemGenericAllocationHandle* handle, CUdeviceptr addr);
+
+  CUresult try_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                   unsigned long long flags = 0);
+  void map(CUdeviceptr ptr, size_t size, CUmemGenericAllocationHandle h);
+  CUresult unmap(CUdeviceptr ptr, size_t size);
+
+  CUresult set_access(CUdeviceptr ptr, size_t size, int device = 0,
+                      CUmemAccess_flags f = CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  unsigned long long get_access(CUdeviceptr ptr, int device = 0);
+
+  CUstream make_stream(unsigned flags = 0);
+  CUevent make_event(unsigned flags = 0);
+  CUresult destroy_stream(CUstream s);
+  CUresult destroy_event(CUevent e);
+
+  // Two adjacent reservations of size bytes each (*a, then *b = *a + size): reserves 2*size,
+  // frees it and reserves both halves at hints. False when the driver placed them elsewhere
+  // (both are still tracked and freed in TearDown).
+  bool reserve_adjacent(size_t size, CUdeviceptr* a, CUdeviceptr* b);
+
+  // reserve(pages) + create(pages) + map + set_access(device 0, read-write).
+  Block make_block(size_t pages);
+
+  // Throws (failing the test) unless r is CUDA_SUCCESS.
+  void must(CUresult r, const std::string& what) const;
+
+ private:
+  const driver::DriverTable* table_ = nullptr;
+  SimHooks* hooks_ = nullptr;
+  std::string library_path_;
+  size_t gran_ = 0;
+  int device_count_ = 0;
+  CUcontext primary_ = nullptr;
+
+  std::vector<std::pair<CUdeviceptr, size_t>> reservations_;
+  std::vector<std::pair<CUdeviceptr, size_t>> mappings_;
+  std::vector<CUmemGenericAllocationHandle> refs_;  // one entry per reference we hold
+  std::vector<CUstream> streams_;
+  std::vector<CUevent> events_;
+  void forget_all();
+};
+
+// Sim-only rules: the real driver has no hooks, or the rule is a sim policy for a corner the
+// real driver leaves undefined (spec §10).
+#define CONFORMANCE_REQUIRE_SIM(why)                                   \
+  do {                                                                 \
+    if (hooks() == nullptr) GTEST_SKIP() << "sim-only rule: " << why;  \
+  } while (0)
+
+// Two adjacent reservations or: a failure on the sim (it honors free hints), a skip elsewhere.
+#define CONFORMANCE_RESERVE_ADJACENT(size, a, b)                                        \
+  do {                                                                                  \
+    if (!reserve_adjacent((size), (a), (b))) {                                          \
+      if (hooks() != nullptr) FAIL() << "the sim did not honor free reservation hints"; \
+      GTEST_SKIP() << "the driver did not place two reservations adjacently";           \
+    }                                                                                   \
+  } while (0)
+
+// EXPECT_EQ on CUresults with names in the message; further context can be streamed (<<).
+::testing::AssertionResult cu_result_is(const char* expected_expr, const char* call_expr,
+                                        CUresult expected, CUresult got);
+#define EXPECT_CU(expected, call) \
+  EXPECT_PRED_FORMAT2(::expanse::conformance::cu_result_is, expected, call)
+#define ASSERT_CU(expected, call) \
+  ASSERT_PRED_FORMAT2(::expanse::conformance::cu_result_is, expected, call)
+
+}  // namespace expanse::conformance

@@ -1,0 +1,189 @@
+// Rules for cuMemCreate, cuMemRelease and physical memory accounting (spec §6.4, §6.5, §7 #11-#17).
+#include "conformance.hpp"
+
+namespace expanse::conformance {
+namespace {
+
+// §6.4 / §7 #11: size not a multiple of the minimum granularity → INVALID_VALUE.
+TEST_P(Conformance, CreateUnalignedSizeIsInvalidValue) {
+  CUmemGenericAllocationHandle h = 0;
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, gran() + 4096, device_prop(0)));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, gran() / 2, device_prop(0)));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, 6912, device_prop(0)));
+}
+
+// §6.4: size 0 → INVALID_VALUE.
+TEST_P(Conformance, CreateSizeZeroIsInvalidValue) {
+  CUmemGenericAllocationHandle h = 0;
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, 0, device_prop(0)));
+}
+
+// §6.4 / §7 #12: flags must be 0.
+TEST_P(Conformance, CreateNonZeroFlagsIsInvalidValue) {
+  CUmemGenericAllocationHandle h = 0;
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, gran(), device_prop(0), 1));
+}
+
+// §6.4: NULL handle or NULL prop → INVALID_VALUE.
+TEST_P(Conformance, CreateNullArgumentsIsInvalidValue) {
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(nullptr, gran(), device_prop(0)));
+  CUmemGenericAllocationHandle h = 0;
+  const CUresult r = t().mem_create(&h, gran(), nullptr, 0);
+  if (r == CUDA_SUCCESS) release(h);
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, r);
+}
+
+// §6.4: type other than PINNED, unknown location type, unknown handle-type bits → INVALID_VALUE.
+TEST_P(Conformance, CreateBadPropertiesIsInvalidValue) {
+  CUmemGenericAllocationHandle h = 0;
+  CUmemAllocationProp prop = device_prop(0);
+  prop.type = CU_MEM_ALLOCATION_TYPE_INVALID;
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, gran(), prop));
+  prop = device_prop(0);
+  prop.location.type = CU_MEM_LOCATION_TYPE_INVALID;
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, gran(), prop));
+  prop = device_prop(0);
+  prop.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(0x100);
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, gran(), prop));
+}
+
+// §6.4 / §7 #13: DEVICE location with an ordinal out of range → INVALID_DEVICE.
+TEST_P(Conformance, CreateBadDeviceIsInvalidDevice) {
+  CUmemGenericAllocationHandle h = 0;
+  EXPECT_CU(CUDA_ERROR_INVALID_DEVICE, try_create(&h, gran(), device_prop(device_count())));
+  EXPECT_CU(CUDA_ERROR_INVALID_DEVICE, try_create(&h, gran(), device_prop(-1)));
+}
+
+// §6.4 / §7 #12: HOST_NUMA_CURRENT is not a creatable location → INVALID_VALUE.
+TEST_P(Conformance, CreateHostNumaCurrentIsInvalidValue) {
+  CUmemGenericAllocationHandle h = 0;
+  CUmemAllocationProp prop = device_prop(0);
+  prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+  prop.location.id = 0;
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, gran(), prop));
+}
+
+// §10: gpuDirectRDMACapable=1 succeeds where attribute 110 is 1 and is NOT_SUPPORTED where it
+// is 0.
+TEST_P(Conformance, CreateRdmaCapableFollowsAttribute110) {
+  int rdma = -1;
+  ASSERT_CU(CUDA_SUCCESS, t().device_get_attribute(
+                              &rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 0));
+  CUmemAllocationProp prop = device_prop(0);
+  prop.allocFlags.gpuDirectRDMACapable = 1;
+  CUmemGenericAllocationHandle h = 0;
+  if (rdma != 0) {
+    ASSERT_CU(CUDA_SUCCESS, try_create(&h, gran(), prop));
+    CUmemAllocationProp got;
+    std::memset(&got, 0xff, sizeof got);
+    EXPECT_CU(CUDA_SUCCESS, t().mem_get_allocation_properties_from_handle(&got, h));
+    EXPECT_EQ(got.allocFlags.gpuDirectRDMACapable, 1);
+    EXPECT_CU(CUDA_SUCCESS, release(h));
+  } else {
+    EXPECT_CU(CUDA_ERROR_NOT_SUPPORTED, try_create(&h, gran(), prop));
+  }
+}
+
+// §6.4 / §7 #14: a request larger than the device → OUT_OF_MEMORY (one call, so it is cheap on a
+// real GPU too).
+TEST_P(Conformance, CreateLargerThanDeviceIsOutOfMemory) {
+  const size_t total = total_mem(0);
+  const size_t size = (total / gran() + 1) * gran();
+  CUmemGenericAllocationHandle h = 0;
+  EXPECT_CU(CUDA_ERROR_OUT_OF_MEMORY, try_create(&h, size, device_prop(0)));
+}
+
+// §6.4 / §7 #14: filling the device exactly succeeds; one more page is OUT_OF_MEMORY; the failed
+// request takes nothing; releasing makes room again; devices are independent.
+TEST_P(Conformance, CreatePastCapacityIsOutOfMemory) {
+  CONFORMANCE_REQUIRE_SIM("fills the whole device (capacity known: 1 GiB)");
+  const CUmemGenericAllocationHandle all = create(kSimCapacity);
+  EXPECT_EQ(mem_free(), 0u);
+  CUmemGenericAllocationHandle h = 0;
+  EXPECT_CU(CUDA_ERROR_OUT_OF_MEMORY, try_create(&h, gran(), device_prop(0)));
+  EXPECT_EQ(mem_free(), 0u);
+  // The other device has its own memory.
+  const CUmemGenericAllocationHandle other = create(gran(), 1);
+  EXPECT_CU(CUDA_SUCCESS, release(other));
+  EXPECT_CU(CUDA_SUCCESS, release(all));
+  EXPECT_EQ(mem_free(), kSimCapacity);
+  // Many small handles up to capacity, then OOM.
+  std::vector<CUmemGenericAllocationHandle> pages;
+  for (size_t i = 0; i < kSimCapacity / gran(); ++i) pages.push_back(create(gran()));
+  EXPECT_CU(CUDA_ERROR_OUT_OF_MEMORY, try_create(&h, gran(), device_prop(0)));
+  EXPECT_CU(CUDA_SUCCESS, release(pages.back()));
+  pages.pop_back();
+  EXPECT_CU(CUDA_SUCCESS, try_create(&h, gran(), device_prop(0)));
+  pages.push_back(h);
+  for (CUmemGenericAllocationHandle p : pages) EXPECT_CU(CUDA_SUCCESS, release(p));
+}
+
+// §4 / §6.4 / §10: cuMemGetInfo's free drops at cuMemCreate (not at map), and comes back when the
+// last reference and the last mapping are gone.
+TEST_P(Conformance, MemGetInfoTracksCreateAndLastRelease) {
+  const size_t size = 3 * gran();
+  const size_t before = mem_free();
+  const CUmemGenericAllocationHandle h = create(size);
+  const size_t after_create = mem_free();
+  const CUdeviceptr p = reserve(size);
+  map(p, size, h);
+  ASSERT_CU(CUDA_SUCCESS, set_access(p, size));
+  const size_t after_map = mem_free();
+  ASSERT_CU(CUDA_SUCCESS, unmap(p, size));
+  const size_t after_unmap = mem_free();
+  ASSERT_CU(CUDA_SUCCESS, release(h));
+  const size_t after_release = mem_free();
+  if (hooks() != nullptr) {
+    EXPECT_EQ(after_create, before - size);
+    EXPECT_EQ(after_map, after_create);
+    EXPECT_EQ(after_unmap, after_create) << "the create reference still holds the memory";
+    EXPECT_EQ(after_release, before);
+  } else {
+    // A real GPU may be shared: only the direction is certain.
+    EXPECT_LE(after_create + size, before + size / 2);
+    EXPECT_GE(after_release + size / 2, after_create + size);
+  }
+  EXPECT_CU(CUDA_SUCCESS, address_free(p, size));
+}
+
+// §6.5 / §7 #17: releasing while mapped succeeds; the memory lives on (readable, counted) until
+// the last unmap.
+TEST_P(Conformance, ReleaseWhileMappedIsDeferred) {
+  const size_t before = mem_free();
+  Block b = make_block(2);
+  ASSERT_CU(CUDA_SUCCESS, release(b.handle));
+  if (hooks() != nullptr) {
+    EXPECT_EQ(mem_free(), before - b.size) << "memory freed while still mapped";
+    b.host()[0] = 7;
+    b.host()[b.size - 1] = 9;
+    EXPECT_EQ(b.host()[0], 7);
+    EXPECT_EQ(b.host()[b.size - 1], 9);
+    EXPECT_EQ(hooks()->outstanding().allocations, 1u);
+  }
+  // The mapping still identifies the allocation.
+  CUmemGenericAllocationHandle again = 0;
+  ASSERT_CU(CUDA_SUCCESS, retain(&again, b.ptr));
+  EXPECT_EQ(again, b.handle);
+  ASSERT_CU(CUDA_SUCCESS, release(again));
+  ASSERT_CU(CUDA_SUCCESS, unmap(b.ptr, b.size));
+  if (hooks() != nullptr) {
+    EXPECT_EQ(mem_free(), before) << "the last unmap frees a released allocation";
+    EXPECT_EQ(hooks()->outstanding().allocations, 0u);
+  }
+  EXPECT_CU(CUDA_SUCCESS, address_free(b.ptr, b.size));
+}
+
+// §6.5 / §7 #16 / §10 (sim policy; undefined behaviour on the real driver): releasing an unknown
+// or already-released handle is INVALID_VALUE.
+TEST_P(Conformance, DoubleReleaseIsInvalidValue) {
+  CONFORMANCE_REQUIRE_SIM("undefined behaviour on the real driver (spec §6.5)");
+  const CUmemGenericAllocationHandle h = create(gran());
+  EXPECT_CU(CUDA_SUCCESS, release(h));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, release(h));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, release(0));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, release(0x1234567));
+  EXPECT_EQ(mem_free(), kSimCapacity);
+}
+
+}  // namespace
+}  // namespace expanse::conformance
