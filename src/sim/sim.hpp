@@ -7,7 +7,8 @@
 // turns the calls into a modeled GPU driver time.
 //
 // This header is the in-process control surface used by driver/ (to get the table) and by tests.
-// The same functions are exported with C linkage from libexpanse_simcuda.so (see sim_control.h).
+// The same functions are exported with C linkage from libexpanse_simcuda.so (see
+// export/expanse_sim_control.h); the entry points themselves are declared in sim_entry.hpp.
 #pragma once
 
 #include "driver/driver_table.hpp"
@@ -33,8 +34,10 @@ struct SimConfig {
 SimConfig sim_config_from_string(const std::string& conf);
 
 // Replaces the whole sim state with a fresh one using cfg. Everything outstanding (reservations,
-// handles, mappings, contexts, streams, events, counters, injections) is dropped. Tests call it
-// between cases; the driver loader calls it once when the sim is selected.
+// handles, mappings, contexts, streams, events, counters, injections) is dropped, and the policy
+// and cost table go back to their defaults; the new sim is not initialized (cuInit first).
+// Tests call it between cases; the driver loader calls it once when the sim is selected.
+// Throws std::invalid_argument for an impossible cfg (then the old state stays).
 void reset(const SimConfig& cfg = SimConfig{});
 const SimConfig& config();
 
@@ -42,12 +45,16 @@ const SimConfig& config();
 const driver::DriverTable& table();
 
 // --- call accounting -------------------------------------------------------------------------
+// Every call counts, failing and injected ones included (legacy variants such as the 32-bit
+// cuMemGetInfo count under their base name's entry point).
 uint64_t call_count(driver::EntryPoint e);
 uint64_t total_calls();
+// Zeroes the counters and the modeled time.
 void reset_counts();
 
 // --- failure injection -----------------------------------------------------------------------
 // The nth call of e from now on (1 = the very next call) returns code without doing anything.
+// Throws std::invalid_argument for nth == 0.
 void inject_failure(driver::EntryPoint e, uint64_t nth, CUresult code);
 void clear_injections();
 
@@ -87,8 +94,13 @@ struct Outstanding {
     return reservations == 0 && allocations == 0 && mappings == 0 && physical_bytes == 0;
   }
 };
-Outstanding outstanding(int device = -1);  // -1: all devices
+// -1: all devices. Reservations belong to no device and are reported for every device.
+Outstanding outstanding(int device = -1);
+// One summary line plus one line per outstanding reservation/allocation/mapping (first 16 each).
 std::string describe_outstanding();
+
+// Bytes of host RAM behind the physical pages of device (-1: all): what the memfds hold now.
+size_t resident_bytes(int device = -1);
 
 // Strictness switches for undocumented corners (spec §10). Defaults are the strict policies.
 struct Policy {

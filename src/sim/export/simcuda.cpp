@@ -1,0 +1,366 @@
+// libexpanse_simcuda.so: the sim under the symbol names a CUDA 13 client links against
+// (cuda.h's #defines turn e.g. cuMemGetInfo into cuMemGetInfo_v2), plus cuGetProcAddress_v2, the
+// _ptsz stream variants and the C control functions of expanse_sim_control.h. The legacy
+// old-ABI names live in simcuda_legacy.cpp.
+#pragma GCC visibility push(default)
+#include <cuda.h>
+
+#include "sim/export/expanse_sim_control.h"
+#pragma GCC visibility pop
+
+#include "driver/env_config.hpp"
+#include "sim/export/simcuda_internal.hpp"
+#include "sim/sim.hpp"
+#include "sim/sim_entry.hpp"
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+
+#define EXPANSE_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace expanse::sim::exported {
+namespace {
+
+std::atomic<bool> g_configured{false};
+std::mutex g_configure_mutex;
+thread_local std::string t_last_error;
+thread_local std::string t_description;
+
+bool entry_point_by_name(const char* name, driver::EntryPoint* out) {
+  if (name == nullptr) return false;
+  for (int i = 0; i < driver::kEntryPointCount; ++i) {
+    const auto e = static_cast<driver::EntryPoint>(i);
+    if (std::strcmp(driver::entry_point_name(e), name) == 0 ||
+        std::strcmp(driver::entry_point_symbol(e), name) == 0) {
+      *out = e;
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+void ensure_configured() noexcept {
+  if (g_configured.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(g_configure_mutex);
+  if (g_configured.load(std::memory_order_relaxed)) return;
+  try {
+    reset(sim_config_from_string(conf::from_environment()));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "libexpanse_simcuda: %s; the sim has no devices\n", e.what());
+    try {
+      SimConfig none;
+      none.devices = 0;
+      reset(none);
+    } catch (...) {
+    }
+  }
+  g_configured.store(true, std::memory_order_release);
+}
+
+}  // namespace expanse::sim::exported
+
+using expanse::sim::exported::ensure_configured;
+namespace sim = expanse::sim;
+
+// ---- driver API (current ABI) ---------------------------------------------------------------------
+
+EXPANSE_EXPORT CUresult cuGetErrorName(CUresult error, const char** str) {
+  ensure_configured();
+  return sim::sim_get_error_name(error, str);
+}
+EXPANSE_EXPORT CUresult cuGetErrorString(CUresult error, const char** str) {
+  ensure_configured();
+  return sim::sim_get_error_string(error, str);
+}
+EXPANSE_EXPORT CUresult cuInit(unsigned int flags) {
+  ensure_configured();
+  return sim::sim_init(flags);
+}
+EXPANSE_EXPORT CUresult cuDriverGetVersion(int* version) {
+  ensure_configured();
+  return sim::sim_driver_get_version(version);
+}
+EXPANSE_EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+  ensure_configured();
+  return sim::sim_device_get(device, ordinal);
+}
+EXPANSE_EXPORT CUresult cuDeviceGetCount(int* count) {
+  ensure_configured();
+  return sim::sim_device_get_count(count);
+}
+EXPANSE_EXPORT CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attrib, CUdevice dev) {
+  ensure_configured();
+  return sim::sim_device_get_attribute(value, attrib, dev);
+}
+EXPANSE_EXPORT CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
+  ensure_configured();
+  return sim::sim_device_get_name(name, len, dev);
+}
+EXPANSE_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
+  ensure_configured();
+  return sim::sim_device_total_mem(bytes, dev);
+}
+EXPANSE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice dev) {
+  ensure_configured();
+  return sim::sim_device_primary_ctx_retain(ctx, dev);
+}
+EXPANSE_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  ensure_configured();
+  return sim::sim_device_primary_ctx_release(dev);
+}
+EXPANSE_EXPORT CUresult cuCtxGetCurrent(CUcontext* ctx) {
+  ensure_configured();
+  return sim::sim_ctx_get_current(ctx);
+}
+EXPANSE_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
+  ensure_configured();
+  return sim::sim_ctx_set_current(ctx);
+}
+EXPANSE_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+  ensure_configured();
+  return sim::sim_ctx_push_current(ctx);
+}
+EXPANSE_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext* ctx) {
+  ensure_configured();
+  return sim::sim_ctx_pop_current(ctx);
+}
+EXPANSE_EXPORT CUresult cuCtxSynchronize() {
+  ensure_configured();
+  return sim::sim_ctx_synchronize();
+}
+EXPANSE_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {
+  ensure_configured();
+  return sim::sim_ctx_synchronize_v2(ctx);
+}
+EXPANSE_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
+  ensure_configured();
+  return sim::sim_mem_get_info(free_bytes, total_bytes);
+}
+EXPANSE_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
+                                            CUdeviceptr addr, unsigned long long flags) {
+  ensure_configured();
+  return sim::sim_mem_address_reserve(ptr, size, alignment, addr, flags);
+}
+EXPANSE_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  ensure_configured();
+  return sim::sim_mem_address_free(ptr, size);
+}
+EXPANSE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                                    const CUmemAllocationProp* prop, unsigned long long flags) {
+  ensure_configured();
+  return sim::sim_mem_create(handle, size, prop, flags);
+}
+EXPANSE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  ensure_configured();
+  return sim::sim_mem_release(handle);
+}
+EXPANSE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                                 CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  ensure_configured();
+  return sim::sim_mem_map(ptr, size, offset, handle, flags);
+}
+EXPANSE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  ensure_configured();
+  return sim::sim_mem_unmap(ptr, size);
+}
+EXPANSE_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
+                                       size_t count) {
+  ensure_configured();
+  return sim::sim_mem_set_access(ptr, size, desc, count);
+}
+EXPANSE_EXPORT CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location,
+                                       CUdeviceptr ptr) {
+  ensure_configured();
+  return sim::sim_mem_get_access(flags, location, ptr);
+}
+EXPANSE_EXPORT CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
+                                                      CUmemAllocationGranularity_flags option) {
+  ensure_configured();
+  return sim::sim_mem_get_allocation_granularity(granularity, prop, option);
+}
+EXPANSE_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
+                                                               CUmemGenericAllocationHandle handle) {
+  ensure_configured();
+  return sim::sim_mem_get_allocation_properties_from_handle(prop, handle);
+}
+EXPANSE_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) {
+  ensure_configured();
+  return sim::sim_mem_retain_allocation_handle(handle, addr);
+}
+EXPANSE_EXPORT CUresult cuStreamCreate(CUstream* stream, unsigned int flags) {
+  ensure_configured();
+  return sim::sim_stream_create(stream, flags);
+}
+EXPANSE_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
+  ensure_configured();
+  return sim::sim_stream_destroy(stream);
+}
+EXPANSE_EXPORT CUresult cuStreamSynchronize(CUstream stream) {
+  ensure_configured();
+  return sim::sim_stream_synchronize(stream);
+}
+EXPANSE_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) {
+  ensure_configured();
+  return sim::sim_stream_synchronize(stream);
+}
+EXPANSE_EXPORT CUresult cuStreamQuery(CUstream stream) {
+  ensure_configured();
+  return sim::sim_stream_query(stream);
+}
+EXPANSE_EXPORT CUresult cuStreamQuery_ptsz(CUstream stream) {
+  ensure_configured();
+  return sim::sim_stream_query(stream);
+}
+EXPANSE_EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
+  ensure_configured();
+  return sim::sim_stream_wait_event(stream, event, flags);
+}
+EXPANSE_EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream stream, CUevent event, unsigned int flags) {
+  ensure_configured();
+  return sim::sim_stream_wait_event(stream, event, flags);
+}
+EXPANSE_EXPORT CUresult cuEventCreate(CUevent* event, unsigned int flags) {
+  ensure_configured();
+  return sim::sim_event_create(event, flags);
+}
+EXPANSE_EXPORT CUresult cuEventDestroy_v2(CUevent event) {
+  ensure_configured();
+  return sim::sim_event_destroy(event);
+}
+EXPANSE_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
+  ensure_configured();
+  return sim::sim_event_record(event, stream);
+}
+EXPANSE_EXPORT CUresult cuEventRecord_ptsz(CUevent event, CUstream stream) {
+  ensure_configured();
+  return sim::sim_event_record(event, stream);
+}
+EXPANSE_EXPORT CUresult cuEventQuery(CUevent event) {
+  ensure_configured();
+  return sim::sim_event_query(event);
+}
+EXPANSE_EXPORT CUresult cuEventSynchronize(CUevent event) {
+  ensure_configured();
+  return sim::sim_event_synchronize(event);
+}
+EXPANSE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
+                                            cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
+  ensure_configured();
+  return sim::sim_get_proc_address(symbol, pfn, cudaVersion, flags, status);
+}
+
+// ---- control ------------------------------------------------------------------------------------
+
+EXPANSE_EXPORT int expanse_sim_configure(const char* conf) {
+  using namespace expanse::sim::exported;
+  std::lock_guard<std::mutex> lock(g_configure_mutex);
+  try {
+    sim::reset(sim::sim_config_from_string(conf != nullptr ? conf : ""));
+  } catch (const std::exception& e) {
+    t_last_error = e.what();
+    return 1;
+  }
+  g_configured.store(true, std::memory_order_release);
+  t_last_error.clear();
+  return 0;
+}
+
+EXPANSE_EXPORT const char* expanse_sim_last_error(void) {
+  return expanse::sim::exported::t_last_error.c_str();
+}
+
+EXPANSE_EXPORT unsigned long long expanse_sim_call_count(const char* base_name) {
+  ensure_configured();
+  expanse::driver::EntryPoint e{};
+  if (!expanse::sim::exported::entry_point_by_name(base_name, &e)) {
+    expanse::sim::exported::t_last_error =
+        std::string("not a driver entry point: ") + (base_name != nullptr ? base_name : "(null)");
+    return 0;
+  }
+  return sim::call_count(e);
+}
+
+EXPANSE_EXPORT unsigned long long expanse_sim_total_calls(void) {
+  ensure_configured();
+  return sim::total_calls();
+}
+
+EXPANSE_EXPORT void expanse_sim_reset_counts(void) {
+  ensure_configured();
+  sim::reset_counts();
+}
+
+EXPANSE_EXPORT int expanse_sim_inject_failure(const char* base_name, unsigned long long nth, int code) {
+  ensure_configured();
+  expanse::driver::EntryPoint e{};
+  if (!expanse::sim::exported::entry_point_by_name(base_name, &e)) {
+    expanse::sim::exported::t_last_error =
+        std::string("not a driver entry point: ") + (base_name != nullptr ? base_name : "(null)");
+    return 1;
+  }
+  try {
+    sim::inject_failure(e, nth, static_cast<CUresult>(code));
+  } catch (const std::exception& ex) {
+    expanse::sim::exported::t_last_error = ex.what();
+    return 1;
+  }
+  return 0;
+}
+
+EXPANSE_EXPORT void expanse_sim_clear_injections(void) {
+  ensure_configured();
+  sim::clear_injections();
+}
+
+EXPANSE_EXPORT double expanse_sim_modeled_seconds(void) {
+  ensure_configured();
+  return sim::modeled_seconds();
+}
+
+EXPANSE_EXPORT void expanse_sim_hold_stream(void* stream) {
+  ensure_configured();
+  try {
+    sim::hold_stream(static_cast<CUstream>(stream));
+  } catch (const std::exception& e) {
+    expanse::sim::exported::t_last_error = e.what();
+  }
+}
+
+EXPANSE_EXPORT void expanse_sim_release_stream(void* stream) {
+  ensure_configured();
+  try {
+    sim::release_stream(static_cast<CUstream>(stream));
+  } catch (const std::exception& e) {
+    expanse::sim::exported::t_last_error = e.what();
+  }
+}
+
+EXPANSE_EXPORT unsigned long long expanse_sim_pending_events(void) {
+  ensure_configured();
+  return sim::pending_events();
+}
+
+EXPANSE_EXPORT int expanse_sim_outstanding(unsigned long long* reservations,
+                                           unsigned long long* allocations,
+                                           unsigned long long* mappings,
+                                           unsigned long long* physical_bytes) {
+  ensure_configured();
+  const sim::Outstanding o = sim::outstanding();
+  if (reservations != nullptr) *reservations = o.reservations;
+  if (allocations != nullptr) *allocations = o.allocations;
+  if (mappings != nullptr) *mappings = o.mappings;
+  if (physical_bytes != nullptr) *physical_bytes = o.physical_bytes;
+  return 0;
+}
+
+EXPANSE_EXPORT const char* expanse_sim_describe_outstanding(void) {
+  ensure_configured();
+  expanse::sim::exported::t_description = sim::describe_outstanding();
+  return expanse::sim::exported::t_description.c_str();
+}

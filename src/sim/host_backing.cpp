@@ -1,0 +1,165 @@
+#include "sim/host_backing.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace expanse::sim::detail {
+namespace {
+
+constexpr int kReserveFlags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+
+void* as_ptr(uintptr_t a) noexcept { return reinterpret_cast<void*>(a); }
+uintptr_t as_addr(void* p) noexcept { return reinterpret_cast<uintptr_t>(p); }
+
+}  // namespace
+
+size_t host_page_size() noexcept {
+  static const size_t page = [] {
+    long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? static_cast<size_t>(p) : size_t{4096};
+  }();
+  return page;
+}
+
+uintptr_t va_reserve(size_t size, size_t alignment, uintptr_t hint) noexcept {
+  if (size == 0 || alignment == 0) return 0;
+  if (hint != 0 && hint % alignment == 0 && hint + size > hint) {
+    void* p = mmap(as_ptr(hint), size, PROT_NONE, kReserveFlags | MAP_FIXED_NOREPLACE, -1, 0);
+    if (p != MAP_FAILED) {
+      if (as_addr(p) == hint) return hint;
+      munmap(p, size);  // a kernel that treats MAP_FIXED_NOREPLACE as a plain hint
+    }
+  }
+  if (size > SIZE_MAX - alignment) return 0;
+  const size_t span = size + alignment;
+  void* p = mmap(nullptr, span, PROT_NONE, kReserveFlags, -1, 0);
+  if (p == MAP_FAILED) return 0;
+  const uintptr_t raw = as_addr(p);
+  const uintptr_t aligned = (raw + alignment - 1) & ~(uintptr_t{alignment} - 1);
+  if (aligned > raw) munmap(p, aligned - raw);
+  const uintptr_t end = aligned + size;
+  const uintptr_t raw_end = raw + span;
+  if (raw_end > end) munmap(as_ptr(end), raw_end - end);
+  return aligned;
+}
+
+void va_release(uintptr_t base, size_t size) noexcept { munmap(as_ptr(base), size); }
+
+bool va_map_file(uintptr_t va, size_t size, int fd, uint64_t offset) noexcept {
+  void* p = mmap(as_ptr(va), size, PROT_NONE, MAP_SHARED | MAP_FIXED, fd,
+                 static_cast<off_t>(offset));
+  if (p == MAP_FAILED) {
+    va_unmap_to_reserved(va, size);
+    return false;
+  }
+  return true;
+}
+
+bool va_unmap_to_reserved(uintptr_t va, size_t size) noexcept {
+  void* p = mmap(as_ptr(va), size, PROT_NONE, kReserveFlags | MAP_FIXED, -1, 0);
+  return p != MAP_FAILED;
+}
+
+bool va_protect(uintptr_t va, size_t size, int access_flags) noexcept {
+  int prot = PROT_NONE;
+  if (access_flags == 1) prot = PROT_READ;
+  if (access_flags == 3) prot = PROT_READ | PROT_WRITE;
+  return mprotect(as_ptr(va), size, prot) == 0;
+}
+
+PhysicalStore::~PhysicalStore() {
+  if (fd_ >= 0) close(fd_);
+}
+
+bool PhysicalStore::ensure_open(const std::string& name, size_t initial_size,
+                                std::string* error) {
+  if (fd_ >= 0) return true;
+  int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (fd < 0) {
+    if (error != nullptr) *error = std::string("memfd_create: ") + std::strerror(errno);
+    return false;
+  }
+  if (ftruncate(fd, static_cast<off_t>(initial_size)) != 0) {
+    if (error != nullptr) *error = std::string("ftruncate: ") + std::strerror(errno);
+    close(fd);
+    return false;
+  }
+  fd_ = fd;
+  file_size_ = initial_size;
+  return true;
+}
+
+bool PhysicalStore::allocate(size_t size, uint64_t* offset) {
+  auto best = by_size_.lower_bound({size, 0});
+  if (best != by_size_.end()) {
+    const uint64_t off = best->second;
+    const uint64_t have = best->first;
+    erase_free(by_offset_.find(off));
+    if (have > size) insert_free(off + size, have - size);
+    *offset = off;
+    return true;
+  }
+  if (end_ + size > file_size_) {
+    uint64_t want = std::max<uint64_t>(end_ + size, file_size_ + file_size_ / 2);
+    if (ftruncate(fd_, static_cast<off_t>(want)) != 0) {
+      want = end_ + size;
+      if (ftruncate(fd_, static_cast<off_t>(want)) != 0) return false;
+    }
+    file_size_ = want;
+  }
+  *offset = end_;
+  end_ += size;
+  return true;
+}
+
+void PhysicalStore::free(uint64_t offset, size_t size) {
+  if (fd_ >= 0) {
+    fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+              static_cast<off_t>(size));
+  }
+  insert_free(offset, size);
+}
+
+size_t PhysicalStore::resident_bytes() const noexcept {
+  if (fd_ < 0) return 0;
+  struct stat st;
+  if (fstat(fd_, &st) != 0) return 0;
+  return static_cast<size_t>(st.st_blocks) * 512;
+}
+
+void PhysicalStore::insert_free(uint64_t offset, uint64_t size) {
+  // Coalesce with the free neighbours.
+  auto next = by_offset_.lower_bound(offset);
+  if (next != by_offset_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == offset) {
+      offset = prev->first;
+      size += prev->second;
+      erase_free(prev);
+    }
+  }
+  next = by_offset_.lower_bound(offset);
+  if (next != by_offset_.end() && offset + size == next->first) {
+    size += next->second;
+    erase_free(next);
+  }
+  if (offset + size == end_) {
+    end_ = offset;  // the tail comes back to the never-used region
+    return;
+  }
+  by_offset_.emplace(offset, size);
+  by_size_.emplace(size, offset);
+}
+
+void PhysicalStore::erase_free(std::map<uint64_t, uint64_t>::iterator it) {
+  by_size_.erase({it->second, it->first});
+  by_offset_.erase(it);
+}
+
+}  // namespace expanse::sim::detail

@@ -1,0 +1,479 @@
+// The sim's global state and its control surface (sim.hpp).
+#include "driver/env_config.hpp"
+#include "sim/sim_internal.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+#include <stdexcept>
+
+namespace expanse::sim {
+namespace detail {
+namespace {
+
+std::mutex g_mutex;
+State* g_state = nullptr;  // never destroyed: calls during static destruction still work
+std::atomic<uint64_t> g_counts[kEntryCount];
+std::atomic<uint64_t> g_next_generation{1};
+SimConfig g_config;
+
+struct ThreadContexts {
+  uint64_t generation = 0;
+  std::vector<Context*> stack;
+};
+thread_local ThreadContexts t_contexts;
+
+bool is_power_of_two(size_t v) noexcept { return v != 0 && (v & (v - 1)) == 0; }
+
+void validate(const SimConfig& c) {
+  if (c.devices < 0 || c.devices > kMaxDevices) {
+    throw std::invalid_argument("sim: devices must be in [0, 64], not " +
+                                std::to_string(c.devices));
+  }
+  if (!is_power_of_two(c.granularity) || c.granularity < host_page_size()) {
+    throw std::invalid_argument("sim: granularity " + std::to_string(c.granularity) +
+                                " is not a power of two >= the host page size");
+  }
+  if (c.capacity == 0 || c.capacity % c.granularity != 0) {
+    throw std::invalid_argument("sim: capacity " + std::to_string(c.capacity) +
+                                " is not a positive multiple of the granularity " +
+                                std::to_string(c.granularity));
+  }
+}
+
+}  // namespace
+
+State::State(const SimConfig& c) : cfg(c), costs(CostTable::a100()) {
+  generation = g_next_generation.fetch_add(1);
+  for (int d = 0; d < cfg.devices; ++d) {
+    auto dev = std::make_unique<Device>();
+    dev->ordinal = d;
+    dev->ctx.device = d;
+    dev->default_stream = std::make_shared<Stream>();
+    dev->default_stream->device = d;
+    dev->default_stream->is_default = true;
+    devices.push_back(std::move(dev));
+  }
+}
+
+State::~State() {
+  for (const auto& [base, r] : reservations) va_release(base, r.size);
+}
+
+std::mutex& state_mutex() noexcept { return g_mutex; }
+
+State& state_locked() {
+  if (g_state == nullptr) {
+    g_state = new State(SimConfig{});
+    g_config = g_state->cfg;
+  }
+  return *g_state;
+}
+
+std::atomic<uint64_t>* call_counters() noexcept { return g_counts; }
+
+std::vector<Context*>& context_stack(State& s) {
+  if (t_contexts.generation != s.generation) {
+    t_contexts.stack.clear();
+    t_contexts.generation = s.generation;
+  }
+  return t_contexts.stack;
+}
+
+Context* find_context(State& s, CUcontext ctx) noexcept {
+  if (ctx == nullptr) return nullptr;
+  for (auto& d : s.devices) {
+    if (reinterpret_cast<CUcontext>(&d->ctx) == ctx) return &d->ctx;
+  }
+  return nullptr;
+}
+
+int current_device(State& s) noexcept {
+  auto& stack = context_stack(s);
+  if (stack.empty()) return -1;
+  const int d = stack.back()->device;
+  return s.devices[static_cast<size_t>(d)]->primary_refs > 0 ? d : -1;
+}
+
+// ---- streams ----------------------------------------------------------------------------------
+
+Stream* resolve_stream(State& s, CUstream h, int default_device) noexcept {
+  const auto raw = reinterpret_cast<uintptr_t>(h);
+  if (raw == 0 || raw == 1 || raw == 2) {  // NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
+    if (default_device < 0 || default_device >= static_cast<int>(s.devices.size())) return nullptr;
+    return s.devices[static_cast<size_t>(default_device)]->default_stream.get();
+  }
+  auto it = s.streams.find(reinterpret_cast<const Stream*>(h));
+  return it == s.streams.end() ? nullptr : it->second.get();
+}
+
+void progress(State& s) {
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    for (auto it = s.busy.begin(); it != s.busy.end();) {
+      Stream& st = *it->second;
+      if (!st.held) {
+        while (!st.pending.empty()) {
+          const Stream::Item& item = st.pending.front();
+          const bool ready = std::all_of(item.deps.begin(), item.deps.end(), [](const Stream::Dep& d) {
+            return d.stream->done_seq >= d.seq;
+          });
+          if (!ready) break;
+          st.done_seq = item.seq;
+          st.pending.pop_front();
+          changed = true;
+        }
+      }
+      if (st.pending.empty()) {
+        it = s.busy.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+void force_complete(State& s, Stream& st, uint64_t upto) {
+  // Dependencies always point at items recorded earlier, so this recursion terminates.
+  while (!st.pending.empty() && st.pending.front().seq <= upto) {
+    Stream::Item item = std::move(st.pending.front());
+    st.pending.pop_front();
+    for (auto& d : item.deps) force_complete(s, *d.stream, d.seq);
+    st.done_seq = item.seq;
+  }
+}
+
+void complete_device(State& s, int device) {
+  std::vector<std::shared_ptr<Stream>> todo;
+  for (auto& [key, st] : s.busy) {
+    if (st->device == device) todo.push_back(st);
+  }
+  for (auto& st : todo) force_complete(s, *st, st->last_seq());
+  progress(s);
+}
+
+// ---- host protection ----------------------------------------------------------------------------
+
+bool sync_host_protection(State& s, uintptr_t va, size_t len) {
+  if (!s.cfg.backing || len == 0) return true;
+  const uintptr_t end = va + len;
+  auto it = s.mappings.upper_bound(va);
+  if (it != s.mappings.begin()) --it;
+  uintptr_t run_start = 0;
+  uintptr_t run_end = 0;
+  int run_flags = -1;
+  bool ok = true;
+  auto flush = [&] {
+    if (run_flags >= 0 && run_end > run_start) ok = va_protect(run_start, run_end - run_start, run_flags) && ok;
+    run_flags = -1;
+  };
+  for (; it != s.mappings.end() && it->first < end; ++it) {
+    const uintptr_t mbase = it->first;
+    const Mapping& m = it->second;
+    if (mbase + m.size <= va) continue;
+    for (auto a = m.access.begin(); a != m.access.end(); ++a) {
+      auto next = std::next(a);
+      uintptr_t lo = mbase + a->first;
+      uintptr_t hi = mbase + (next == m.access.end() ? m.size : next->first);
+      lo = std::max(lo, va);
+      hi = std::min(hi, end);
+      if (lo >= hi) continue;
+      const int f = a->second.host_flags();
+      if (f == run_flags && lo == run_end) {
+        run_end = hi;
+      } else {
+        flush();
+        run_start = lo;
+        run_end = hi;
+        run_flags = f;
+      }
+    }
+  }
+  flush();
+  return ok;
+}
+
+}  // namespace detail
+
+using detail::State;
+using detail::state_locked;
+using detail::state_mutex;
+
+// ---- configuration ------------------------------------------------------------------------------
+
+SimConfig sim_config_from_string(const std::string& conf) {
+  SimConfig cfg;
+  bool capacity_given = false;
+  for (const auto& [key, value] : conf::parse_pairs(conf)) {
+    if (key == "sim_devices") {
+      cfg.devices = static_cast<int>(conf::parse_int_for(key, value, 0, detail::kMaxDevices));
+    } else if (key == "sim_capacity") {
+      cfg.capacity = conf::parse_size_for(key, value);
+      if (cfg.capacity == 0) {
+        throw std::invalid_argument("EXPANSE_CONF: key 'sim_capacity': '" + value +
+                                    "' must be more than 0");
+      }
+      capacity_given = true;
+    } else if (key == "sim_granularity") {
+      cfg.granularity = conf::parse_size_for(key, value);
+      if (!detail::is_power_of_two(cfg.granularity) || cfg.granularity < 4096 ||
+          cfg.granularity < detail::host_page_size()) {
+        throw std::invalid_argument("EXPANSE_CONF: key 'sim_granularity': '" + value +
+                                    "' is not a power of two of at least 4096 bytes (and the "
+                                    "host page size)");
+      }
+    } else if (key == "sim_backing") {
+      cfg.backing = conf::parse_bool_for(key, value);
+    }
+  }
+  if (cfg.capacity % cfg.granularity != 0) {
+    throw std::invalid_argument(
+        std::string("EXPANSE_CONF: key 'sim_capacity': ") + conf::format_size(cfg.capacity) +
+        (capacity_given ? "" : " (the default)") + " is not a multiple of sim_granularity " +
+        conf::format_size(cfg.granularity));
+  }
+  return cfg;
+}
+
+void reset(const SimConfig& cfg) {
+  detail::validate(cfg);
+  std::lock_guard<std::mutex> lock(state_mutex());
+  // Build the new state first: if anything throws, the old one stays.
+  auto fresh = std::make_unique<State>(cfg);
+  delete detail::g_state;
+  detail::g_state = fresh.release();
+  detail::g_config = cfg;
+  for (auto& c : detail::g_counts) c.store(0);
+}
+
+const SimConfig& config() {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  state_locked();
+  return detail::g_config;
+}
+
+// ---- call accounting ----------------------------------------------------------------------------
+
+uint64_t call_count(driver::EntryPoint e) {
+  const int i = static_cast<int>(e);
+  if (i < 0 || i >= detail::kEntryCount) return 0;
+  return detail::g_counts[i].load();
+}
+
+uint64_t total_calls() {
+  uint64_t n = 0;
+  for (const auto& c : detail::g_counts) n += c.load();
+  return n;
+}
+
+void reset_counts() {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  for (auto& c : detail::g_counts) c.store(0);
+  state_locked().modeled_ns = 0;
+}
+
+// ---- failure injection --------------------------------------------------------------------------
+
+void inject_failure(driver::EntryPoint e, uint64_t nth, CUresult code) {
+  const int i = static_cast<int>(e);
+  if (i < 0 || i >= detail::kEntryCount) throw std::invalid_argument("inject_failure: bad entry point");
+  if (nth == 0) throw std::invalid_argument("inject_failure: nth counts from 1");
+  std::lock_guard<std::mutex> lock(state_mutex());
+  State& s = state_locked();
+  s.injections[static_cast<size_t>(i)][s.calls_seen[static_cast<size_t>(i)] + nth] = code;
+}
+
+void clear_injections() {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  for (auto& m : state_locked().injections) m.clear();
+}
+
+// ---- cost model ---------------------------------------------------------------------------------
+
+CostTable CostTable::a100() {
+  CostTable t;
+  using driver::EntryPoint;
+  for (double& c : t.per_call_ns) c = 500;  // bookkeeping calls: ~0.5 us
+  auto set = [&t](EntryPoint e, double ns, bool per_page) {
+    t.per_call_ns[static_cast<int>(e)] = ns;
+    t.per_page[static_cast<int>(e)] = per_page;
+  };
+  set(EntryPoint::get_error_name, 100, false);
+  set(EntryPoint::get_error_string, 100, false);
+  set(EntryPoint::driver_get_version, 100, false);
+  set(EntryPoint::init, 1000, false);
+  set(EntryPoint::mem_address_reserve, 20000, false);
+  set(EntryPoint::mem_address_free, 20000, false);  // unmeasured: assume reserve's order
+  set(EntryPoint::mem_create, 193000, true);
+  set(EntryPoint::mem_release, 26000, false);       // unmeasured: assume unmap's order
+  set(EntryPoint::mem_map, 1500, true);
+  set(EntryPoint::mem_unmap, 26000, true);
+  set(EntryPoint::mem_set_access, 36000, true);     // per page per descriptor
+  set(EntryPoint::mem_get_info, 10000, false);
+  set(EntryPoint::ctx_synchronize, 10000, false);
+  set(EntryPoint::stream_synchronize, 5000, false);
+  set(EntryPoint::event_synchronize, 5000, false);
+  set(EntryPoint::stream_query, 1000, false);
+  set(EntryPoint::event_query, 1000, false);
+  set(EntryPoint::event_record, 2000, false);
+  set(EntryPoint::stream_wait_event, 1000, false);
+  set(EntryPoint::stream_create, 1000, false);
+  set(EntryPoint::stream_destroy, 1000, false);
+  set(EntryPoint::event_create, 1000, false);
+  set(EntryPoint::event_destroy, 1000, false);
+  return t;
+}
+
+void set_cost_table(const CostTable& t) {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  state_locked().costs = t;
+}
+
+double modeled_seconds() {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  return state_locked().modeled_ns * 1e-9;
+}
+
+// ---- streams ------------------------------------------------------------------------------------
+
+namespace {
+
+detail::Stream* control_stream(State& s, CUstream stream, const char* what) {
+  int dev = detail::current_device(s);
+  if (dev < 0) dev = 0;
+  detail::Stream* st = detail::resolve_stream(s, stream, dev);
+  if (st == nullptr) {
+    // A destroyed stream whose work is still pending can still be released.
+    auto it = s.busy.find(reinterpret_cast<const detail::Stream*>(stream));
+    if (it != s.busy.end()) st = it->second.get();
+  }
+  if (st == nullptr) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%p", static_cast<void*>(stream));
+    throw std::invalid_argument(std::string(what) + ": " + buf + " is not a live sim stream");
+  }
+  return st;
+}
+
+}  // namespace
+
+void hold_stream(CUstream stream) {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  State& s = state_locked();
+  control_stream(s, stream, "hold_stream")->held = true;
+}
+
+void release_stream(CUstream stream) {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  State& s = state_locked();
+  control_stream(s, stream, "release_stream")->held = false;
+  detail::progress(s);
+}
+
+size_t pending_events() {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  State& s = state_locked();
+  size_t n = 0;
+  for (const auto& [key, e] : s.events) {
+    if (!e->complete()) ++n;
+  }
+  return n;
+}
+
+// ---- outstanding --------------------------------------------------------------------------------
+
+Outstanding outstanding(int device) {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  State& s = state_locked();
+  Outstanding o;
+  o.reservations = s.reservations.size();  // VA belongs to no device: counted for every device
+  for (const auto& [base, r] : s.reservations) o.reserved_bytes += r.size;
+  for (const auto& [h, a] : s.allocations) {
+    if (device >= 0 && a->device != device) continue;
+    ++o.allocations;
+    o.physical_bytes += a->size;
+  }
+  for (const auto& [va, m] : s.mappings) {
+    if (device >= 0 && m.alloc->device != device) continue;
+    ++o.mappings;
+    o.mapped_bytes += m.size;
+  }
+  for (const auto& [key, st] : s.streams) {
+    if (device < 0 || st->device == device) ++o.streams;
+  }
+  for (const auto& [key, e] : s.events) {
+    if (device < 0 || e->device == device) ++o.events;
+  }
+  return o;
+}
+
+std::string describe_outstanding() {
+  const Outstanding o = outstanding(-1);
+  std::lock_guard<std::mutex> lock(state_mutex());
+  State& s = state_locked();
+  std::ostringstream out;
+  out << o.reservations << " reservations (" << conf::format_size(o.reserved_bytes) << "), "
+      << o.allocations << " allocations (" << conf::format_size(o.physical_bytes) << "), "
+      << o.mappings << " mappings (" << conf::format_size(o.mapped_bytes) << "), " << o.streams
+      << " streams, " << o.events << " events";
+  constexpr size_t kShow = 16;
+  char buf[160];
+  size_t n = 0;
+  for (const auto& [base, r] : s.reservations) {
+    if (n++ == kShow) {
+      out << "\n  ... " << (s.reservations.size() - kShow) << " more reservations";
+      break;
+    }
+    std::snprintf(buf, sizeof buf, "\n  reservation 0x%llx + %s",
+                  static_cast<unsigned long long>(base), conf::format_size(r.size).c_str());
+    out << buf;
+  }
+  std::vector<const detail::Allocation*> allocs;
+  for (const auto& [h, a] : s.allocations) allocs.push_back(a.get());
+  std::sort(allocs.begin(), allocs.end(),
+            [](const detail::Allocation* a, const detail::Allocation* b) { return a->handle < b->handle; });
+  n = 0;
+  for (const detail::Allocation* a : allocs) {
+    if (n++ == kShow) {
+      out << "\n  ... " << (allocs.size() - kShow) << " more allocations";
+      break;
+    }
+    std::snprintf(buf, sizeof buf,
+                  "\n  allocation handle 0x%llx: device %d, %s, %llu handle references, %llu "
+                  "mappings",
+                  static_cast<unsigned long long>(a->handle), a->device,
+                  conf::format_size(a->size).c_str(), static_cast<unsigned long long>(a->user_refs),
+                  static_cast<unsigned long long>(a->map_refs));
+    out << buf;
+  }
+  n = 0;
+  for (const auto& [va, m] : s.mappings) {
+    if (n++ == kShow) {
+      out << "\n  ... " << (s.mappings.size() - kShow) << " more mappings";
+      break;
+    }
+    std::snprintf(buf, sizeof buf, "\n  mapping 0x%llx + %s -> handle 0x%llx",
+                  static_cast<unsigned long long>(va), conf::format_size(m.size).c_str(),
+                  static_cast<unsigned long long>(m.alloc->handle));
+    out << buf;
+  }
+  return out.str();
+}
+
+void set_policy(const Policy& p) {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  state_locked().policy = p;
+}
+
+size_t resident_bytes(int device) {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  State& s = state_locked();
+  size_t n = 0;
+  for (auto& d : s.devices) {
+    if (device < 0 || d->ordinal == device) n += d->store.resident_bytes();
+  }
+  return n;
+}
+
+}  // namespace expanse::sim
