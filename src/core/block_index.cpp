@@ -47,25 +47,22 @@ void BlockIndex::unindex(Arena a, BlockIt it) {
 }
 
 BlockIt BlockIndex::best_fit(Arena a, size_t bytes, CUstream stream) {
-  int i = static_cast<int>(a);
-  const std::pair<size_t, CUdeviceptr> key{bytes, 0};
-  auto s = safe_[i].lower_bound(key);
-  const std::pair<size_t, CUdeviceptr>* best = s != safe_[i].end() ? &*s : nullptr;
-  if (!owned_[i].empty()) {
-    auto o = owned_[i].find(stream);
-    if (o != owned_[i].end()) {
-      auto m = o->second.lower_bound(key);
-      // Prefer the stream's own recently freed memory on a tie: it is already warm.
-      if (m != o->second.end() && (best == nullptr || m->first <= best->first)) best = &*m;
-    }
-  }
-  return best == nullptr ? blocks_.end() : blocks_.find(best->second);
+  return first_fit_where(a, bytes, stream, 1, [](BlockIt) { return true; });
 }
 
-BlockIt BlockIndex::carve(BlockIt it, size_t bytes, Arena a) {
-  Block& b = it->second;
-  assert(b.state == BlockState::free && b.size >= bytes && bytes % kBlockAlignment == 0);
+BlockIt BlockIndex::carve(BlockIt it, size_t bytes, Arena a, size_t offset) {
+  assert(it->second.state == BlockState::free && it->second.size >= offset + bytes);
+  assert(bytes % kBlockAlignment == 0 && offset % kBlockAlignment == 0);
   unindex(a, it);
+  if (offset != 0) {
+    // Leave [start, start+offset) free with the same owner; carve from the rest.
+    Block tail = it->second;
+    tail.size -= offset;
+    it->second.size = offset;
+    index(a, it);
+    it = blocks_.emplace_hint(std::next(it), it->first + offset, std::move(tail));
+  }
+  Block& b = it->second;
   if (b.size > bytes) {
     Block rest;
     rest.size = b.size - bytes;
@@ -80,10 +77,22 @@ BlockIt BlockIndex::carve(BlockIt it, size_t bytes, Arena a) {
   return it;
 }
 
+// Free neighbours always merge unless they are owned by two different streams: a safe block
+// joining a block owned by S becomes owned by S (conservative: other streams wait for S's next
+// fence). Maximal coalescing keeps placement independent of when fences happen to complete, so a
+// repeated workload lands where it landed before.
 bool BlockIndex::mergeable(const Block& x, const Block& y) const noexcept {
   if (x.state != BlockState::free || y.state != BlockState::free || x.res != y.res) return false;
-  if (x.safe != y.safe) return false;
-  return x.safe || x.stream == y.stream;
+  return x.safe || y.safe || x.stream == y.stream;
+}
+
+// The owner of a merge of x and y (mergeable).
+static void merge_owner(Block& into, const Block& other) {
+  if (into.safe && !other.safe) {
+    into.safe = false;
+    into.stream = other.stream;
+  }
+  into.seq = std::max(into.seq, other.seq);
 }
 
 BlockIt BlockIndex::insert_free(BlockIt it, Arena a) {
@@ -97,7 +106,7 @@ BlockIt BlockIndex::insert_free(BlockIt it, Arena a) {
     if (prev->first + prev->second.size == it->first && mergeable(prev->second, it->second)) {
       unindex(a, prev);
       prev->second.size += it->second.size;
-      prev->second.seq = std::max(prev->second.seq, it->second.seq);
+      merge_owner(prev->second, it->second);
       blocks_.erase(it);
       it = prev;
     }
@@ -108,7 +117,7 @@ BlockIt BlockIndex::insert_free(BlockIt it, Arena a) {
       mergeable(it->second, next->second)) {
     unindex(a, next);
     it->second.size += next->second.size;
-    it->second.seq = std::max(it->second.seq, next->second.seq);
+    merge_owner(it->second, next->second);
     blocks_.erase(next);
   }
   index(a, it);

@@ -57,11 +57,40 @@ class BlockIndex {
   // Smallest free block of arena `a` with size >= bytes that `stream` may use at once: safe
   // blocks and blocks owned by `stream`. Returns end() if none.
   BlockIt best_fit(Arena a, size_t bytes, CUstream stream);
+  // Like best_fit, but the smallest block for which pred(it) holds, looking at no more than
+  // `budget` candidates in size order (the stream's own blocks win ties).
+  template <class Pred>
+  BlockIt first_fit_where(Arena a, size_t bytes, CUstream stream, size_t budget, Pred&& pred) {
+    const int i = static_cast<int>(a);
+    const std::pair<size_t, CUdeviceptr> key{bytes, 0};
+    auto s = safe_[i].lower_bound(key);
+    const SizeSet* own = nullptr;
+    if (!owned_[i].empty()) {
+      auto o = owned_[i].find(stream);
+      if (o != owned_[i].end()) own = &o->second;
+    }
+    SizeSet::const_iterator m = own != nullptr ? own->lower_bound(key) : s;
+    for (size_t n = 0; n < budget; ++n) {
+      const bool s_ok = s != safe_[i].end();
+      const bool m_ok = own != nullptr && m != own->end();
+      if (!s_ok && !m_ok) break;
+      const std::pair<size_t, CUdeviceptr>* cand;
+      if (m_ok && (!s_ok || m->first <= s->first)) {
+        cand = &*m++;
+      } else {
+        cand = &*s++;
+      }
+      BlockIt it = blocks_.find(cand->second);
+      if (pred(it)) return it;
+    }
+    return blocks_.end();
+  }
   BlockIt end() noexcept { return blocks_.end(); }
 
-  // Takes a free block out of the index and splits off anything past `bytes` as a free block with
-  // the same owner. The returned block is left in state free but unindexed; the caller sets it.
-  BlockIt carve(BlockIt it, size_t bytes, Arena a);
+  // Takes [start+offset, start+offset+bytes) of a free block out of the index; what lies before
+  // and after stays free with the same owner. The returned block is unindexed; the caller sets
+  // its state.
+  BlockIt carve(BlockIt it, size_t bytes, Arena a, size_t offset = 0);
   // Puts a block (any state) back in the index as free, coalescing with compatible neighbours.
   BlockIt insert_free(BlockIt it, Arena a);
   // Marks an unsafe free block safe (its owner's fence completed) and coalesces it.

@@ -14,6 +14,10 @@ namespace {
 
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
+// How many free blocks (in size order) placement inspects looking for one whose pages are all
+// mapped already, before settling for the best fit and mapping pages under it.
+constexpr size_t kMappedSearchBudget = 32;
+
 std::string hex(CUdeviceptr p) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "0x%" PRIx64, static_cast<uint64_t>(p));
@@ -121,7 +125,12 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
   // Hot path: an exact-size block this stream freed recently. Its pages are still mapped.
   for (size_t i = ss.lifo.size(); i-- > 0;) {
     BlockIt it = ss.lifo[i];
-    if (it->second.size == sz && res(it->second.res).arena == a) {
+    const Reservation& r = res(it->second.res);
+    // Reused only if that touches no more new pages than a fresh placement would.
+    if (it->second.size != sz || r.arena != a) continue;
+    const size_t fresh = untouched_pages(r, it->first, sz);
+    if (fresh <= (sz + page_ - 1) / page_ &&
+        (limit_pages_ == SIZE_MAX || touched_pages_ + fresh <= limit_pages_)) {
       ss.lifo.erase(ss.lifo.begin() + static_cast<std::ptrdiff_t>(i));
       make_live(it, bytes, stream);
       return reinterpret_cast<void*>(it->first);
@@ -132,11 +141,18 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
   req.bytes = bytes;
   req.stream = stream;
   try {
-    BlockIt it = find_block(sz, a, stream, req);
-    it = index_.carve(it, sz, a);
+    size_t offset = 0;
+    BlockIt it = find_block(sz, a, stream, req, &offset);
+    it = index_.carve(it, sz, a, offset);
     it->second.state = BlockState::live;  // out of the index: reclaim cannot pick its pages
     Reservation& r = res(it->second.res);
     try {
+      if (limit_pages_ != SIZE_MAX &&
+          touched_pages_ + untouched_pages(r, it->first, sz) > limit_pages_) {
+        req.limit_hit = true;
+        req.needed = untouched_pages(r, it->first, sz);
+        throw_oom(req);
+      }
       ensure_pages(r, r.first_page(it->first), r.last_page(it->first, sz), req);
     } catch (...) {
       index_.insert_free(it, a);
@@ -154,35 +170,72 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
   }
 }
 
-BlockIt DeviceAllocator::find_block(size_t sz, Arena a, CUstream stream, PageRequest& req) {
-  auto fully_mapped = [this, sz](BlockIt it) {
-    const Reservation& r = res(it->second.res);
-    return r.all_mapped(r.first_page(it->first), r.last_page(it->first, sz));
+// Pages of [addr, addr+bytes) in r that no live block touches. Only the first and last page can
+// be touched already (by neighbours); inner pages of a free range are touched by nobody.
+size_t DeviceAllocator::untouched_pages(const Reservation& r, CUdeviceptr addr, size_t bytes) const {
+  size_t a = r.first_page(addr), z = r.last_page(addr, bytes);
+  size_t n = z - a + 1;
+  if (r.edge_refs[a] != 0) --n;
+  if (z != a && r.edge_refs[z] != 0) --n;
+  return n;
+}
+
+// A placement of sz bytes inside free block c that needs at most ceil(sz / page) new pages
+// (invariant 1): at its start when the first page is shared with a live neighbour or the start is
+// page-aligned, else on the first page boundary inside c. False when c cannot hold either.
+bool DeviceAllocator::tight_offset(BlockIt c, size_t sz, size_t* off) const {
+  const Reservation& r = res(c->second.res);
+  if (untouched_pages(r, c->first, sz) <= (sz + page_ - 1) / page_) {
+    *off = 0;
+    return true;
+  }
+  const size_t rel = static_cast<size_t>(c->first - r.base);
+  const size_t skip = round_up(rel, page_) - rel;
+  if (skip + sz > c->second.size) return false;
+  *off = skip;
+  return true;
+}
+
+// Chooses where a block of sz bytes goes: a free block this stream may use, and the offset into
+// it. Already-mapped memory first (no driver call, no page held twice); then the best fit, whose
+// missing pages ensure_pages() provides; then fresh VA.
+BlockIt DeviceAllocator::find_block(size_t sz, Arena a, CUstream stream, PageRequest& req,
+                                    size_t* offset) {
+  auto mapped_and_tight = [&](BlockIt c) {
+    size_t off = 0;
+    if (!tight_offset(c, sz, &off)) return false;
+    const Reservation& r = res(c->second.res);
+    if (!r.all_mapped(r.first_page(c->first + off), r.last_page(c->first + off, sz))) {
+      return false;
+    }
+    *offset = off;
+    return true;
   };
-  BlockIt it = index_.best_fit(a, sz, stream);
-  if (it != index_.end() && fully_mapped(it)) return it;
+  auto tight = [&](BlockIt c) { return tight_offset(c, sz, offset); };
+
+  BlockIt it = index_.first_fit_where(a, sz, stream, kMappedSearchBudget, mapped_and_tight);
+  if (it != index_.end()) return it;
   // Other streams' frees may have completed since: make them usable before mapping more.
   if (!pending_.empty() || !index_.streams_with_unsafe().empty()) {
     poll(false);
-    BlockIt again = index_.best_fit(a, sz, stream);
-    if (again != index_.end()) it = again;
+    it = index_.first_fit_where(a, sz, stream, kMappedSearchBudget, mapped_and_tight);
+    if (it != index_.end()) return it;
   }
+  it = index_.first_fit_where(a, sz, stream, kMappedSearchBudget, tight);
   if (it != index_.end()) return it;
-  if (add_reservation(a, sz) == nullptr) {
-    // Out of VA budget: free memory owned by other streams may be all that is left.
-    flush_lifos();
-    poll(true);
-    req.waited = true;
-    it = index_.best_fit(a, sz, stream);
-    if (it == index_.end()) {
-      req.va_exhausted = true;
-      throw_oom(req);
-    }
-    return it;
+  Reservation* fresh = add_reservation(a, sz);
+  if (fresh != nullptr) {
+    *offset = 0;
+    return index_.blocks().find(fresh->base);
   }
-  it = index_.best_fit(a, sz, stream);
-  assert(it != index_.end());
-  return it;
+  // Out of VA budget: free memory owned by other streams may be all that is left.
+  flush_lifos();
+  poll(true);
+  req.waited = true;
+  it = index_.first_fit_where(a, sz, stream, SIZE_MAX, tight);
+  if (it != index_.end()) return it;
+  req.va_exhausted = true;
+  throw_oom(req);
 }
 
 Reservation* DeviceAllocator::add_reservation(Arena a, size_t min_bytes) {
@@ -216,17 +269,14 @@ void DeviceAllocator::ensure_pages(Reservation& r, size_t first, size_t last, Pa
   const size_t k = need.size();
   req.needed = k;
 
-  // Gather k physical pages: pool, then pages under free memory anywhere, then new ones.
+  // Gather k physical pages: the pool first; then new pages and pages reclaimed from under free
+  // memory anywhere, in the order the policy asks (AllocatorOptions::reclaim_before_create).
   std::vector<CUmemGenericAllocationHandle> hs;
   hs.reserve(k);
   try {
     while (hs.size() < k && !pool_.empty()) {
       hs.push_back(take_pool());
       ++req.from_pool;
-    }
-    if (hs.size() < k) {
-      if (!pending_.empty() || !index_.streams_with_unsafe().empty()) poll(false);
-      req.reclaimed += reclaim(k - hs.size(), hs);
     }
     auto create_more = [&] {
       while (hs.size() < k && !req.create_oom) {
@@ -244,7 +294,18 @@ void DeviceAllocator::ensure_pages(Reservation& r, size_t first, size_t last, Pa
         ++stats_.num_created_pages;
       }
     };
-    create_more();
+    auto reclaim_more = [&] {
+      if (hs.size() >= k) return;
+      if (!pending_.empty() || !index_.streams_with_unsafe().empty()) poll(false);
+      req.reclaimed += reclaim(k - hs.size(), hs);
+    };
+    if (opts_.reclaim_before_create) {
+      reclaim_more();
+      create_more();
+    } else {
+      create_more();
+      reclaim_more();
+    }
     if (hs.size() < k) {
       // Last resort: wait for every stream's work on freed memory, then reclaim under it.
       flush_lifos();
@@ -711,8 +772,8 @@ std::string DeviceAllocator::check_invariants() const {
       }
       if (b.state == BlockState::free) {
         ++free_indexed;
-        if (prev != nullptr && prev->state == BlockState::free && prev->safe == b.safe &&
-            (b.safe || prev->stream == b.stream)) {
+        if (prev != nullptr && prev->state == BlockState::free &&
+            (prev->safe || b.safe || prev->stream == b.stream)) {
           err << "free blocks at " << hex(it->first) << " and before it were not coalesced";
           return err.str();
         }

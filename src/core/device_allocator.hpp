@@ -82,7 +82,9 @@ class DeviceAllocator {
   }
   StreamState& stream_state(CUstream s);
 
-  BlockIt find_block(size_t bytes, Arena a, CUstream stream, PageRequest& req);
+  BlockIt find_block(size_t bytes, Arena a, CUstream stream, PageRequest& req, size_t* offset);
+  size_t untouched_pages(const Reservation& r, CUdeviceptr addr, size_t bytes) const;
+  bool tight_offset(BlockIt c, size_t sz, size_t* off) const;
   Reservation* add_reservation(Arena a, size_t min_bytes);
   void ensure_pages(Reservation& r, size_t first, size_t last, PageRequest& req);
   size_t reclaim(size_t want, std::vector<CUmemGenericAllocationHandle>& out);

@@ -53,8 +53,10 @@ void DeviceDriver::count(EntryPoint e, size_t bytes) {
 
 DeviceDriver::ScopedContext::ScopedContext(DeviceDriver& d) : d_(d) {
   CUcontext cur = nullptr;
-  d_.t_.ctx_get_current(&cur);
+  d_.count(EntryPoint::ctx_get_current, 0);
+  d_.check(d_.t_.ctx_get_current(&cur), EntryPoint::ctx_get_current);
   if (cur != d_.ctx_) {
+    d_.count(EntryPoint::ctx_push_current, 0);
     d_.check(d_.t_.ctx_push_current(d_.ctx_), EntryPoint::ctx_push_current);
     pushed_ = true;
   }
@@ -63,6 +65,7 @@ DeviceDriver::ScopedContext::ScopedContext(DeviceDriver& d) : d_(d) {
 DeviceDriver::ScopedContext::~ScopedContext() {
   if (pushed_) {
     CUcontext popped = nullptr;
+    d_.count(EntryPoint::ctx_pop_current, 0);
     d_.t_.ctx_pop_current(&popped);
   }
 }

@@ -1,0 +1,108 @@
+// A DeviceAllocator on a fresh in-process sim, plus helpers to make streams and to write and
+// check data patterns through the pointers it returns.
+#pragma once
+
+#include "core/device_allocator.hpp"
+#include "driver/driver.hpp"
+#include "sim/sim.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+namespace expanse::test {
+
+inline constexpr size_t KiB = size_t{1} << 10;
+inline constexpr size_t MiB = size_t{1} << 20;
+inline constexpr size_t GiB = size_t{1} << 30;
+
+inline sim::SimConfig sim_config(size_t capacity, bool backing = true, int devices = 1) {
+  sim::SimConfig c;
+  c.capacity = capacity;
+  c.backing = backing;
+  c.devices = devices;
+  return c;
+}
+
+class CoreTest : public ::testing::Test {
+ protected:
+  void make(const sim::SimConfig& cfg, const core::AllocatorOptions& opts = {}) {
+    alloc_.reset();
+    drv_ = driver::load_sim(cfg, "test");
+    alloc_ = std::make_unique<core::DeviceAllocator>(*drv_, 0, opts);
+  }
+  void TearDown() override {
+    if (alloc_) {
+      EXPECT_EQ(alloc_->check_invariants(), "");
+    }
+    alloc_.reset();
+    for (CUstream s : streams_) drv_->table().stream_destroy(s);
+    streams_.clear();
+    if (drv_) {
+      sim::Outstanding o = sim::outstanding();
+      EXPECT_EQ(o.reservations, 0u) << sim::describe_outstanding();
+      EXPECT_EQ(o.allocations, 0u) << sim::describe_outstanding();
+      EXPECT_EQ(o.mappings, 0u) << sim::describe_outstanding();
+    }
+    drv_.reset();
+  }
+
+  // A new stream on device 0 (created in its primary context).
+  CUstream new_stream(int device = 0) {
+    const auto& t = drv_->table();
+    CUdevice dev = 0;
+    t.device_get(&dev, device);
+    CUcontext ctx = nullptr;
+    EXPECT_EQ(t.device_primary_ctx_retain(&ctx, dev), CUDA_SUCCESS);
+    EXPECT_EQ(t.ctx_push_current(ctx), CUDA_SUCCESS);
+    CUstream s = nullptr;
+    EXPECT_EQ(t.stream_create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUcontext popped = nullptr;
+    t.ctx_pop_current(&popped);
+    t.device_primary_ctx_release(dev);
+    streams_.push_back(s);
+    return s;
+  }
+
+  std::unique_ptr<driver::LoadedDriver> drv_;
+  std::unique_ptr<core::DeviceAllocator> alloc_;
+  std::vector<CUstream> streams_;
+};
+
+// Writes a pattern derived from seed at up to 19 spots of [p, p+n): both ends, and spread
+// pages in between, so a 32 GiB block does not need 32 GiB of host RAM.
+inline std::vector<size_t> pattern_offsets(size_t n) {
+  std::vector<size_t> offs;
+  if (n == 0) return offs;
+  offs.push_back(0);
+  offs.push_back(n - 1);
+  const size_t spots = 16;
+  for (size_t i = 1; i <= spots && n > 2; ++i) offs.push_back((n / (spots + 1)) * i);
+  offs.push_back(n / 2);
+  return offs;
+}
+
+inline uint8_t pattern_byte(uint64_t seed, size_t off) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + off * 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 31;
+  return static_cast<uint8_t>(x ^ (x >> 17));
+}
+
+inline void fill_pattern(void* p, size_t n, uint64_t seed) {
+  auto* b = static_cast<volatile uint8_t*>(p);
+  for (size_t off : pattern_offsets(n)) b[off] = pattern_byte(seed, off);
+}
+
+// Returns the first offset whose byte differs, or SIZE_MAX when intact.
+inline size_t check_pattern(const void* p, size_t n, uint64_t seed) {
+  const auto* b = static_cast<const volatile uint8_t*>(p);
+  for (size_t off : pattern_offsets(n)) {
+    if (b[off] != pattern_byte(seed, off)) return off;
+  }
+  return SIZE_MAX;
+}
+
+}  // namespace expanse::test

@@ -1,0 +1,106 @@
+// Invariant 4: a driver call that fails leaves the allocator consistent — no leaked handle,
+// mapping or VA, the failing request gets a clear error, later requests work, data survives.
+#include "core_fixture.hpp"
+#include "expanse/errors.hpp"
+
+#include <random>
+
+namespace expanse::test {
+namespace {
+
+using driver::EntryPoint;
+
+struct Injection {
+  EntryPoint entry;
+  CUresult code;
+};
+
+class FailureInjectionTest : public CoreTest,
+                             public ::testing::WithParamInterface<Injection> {};
+
+TEST_P(FailureInjectionTest, EveryNthCallFailingLeavesAConsistentAllocator) {
+  const Injection inj = GetParam();
+  make(sim_config(2 * GiB));
+  CUstream s1 = new_stream(), s2 = new_stream();
+  std::mt19937_64 rng(static_cast<uint64_t>(inj.entry) * 31 + 7);
+  struct Live {
+    void* p;
+    size_t n;
+    uint64_t seed;
+  };
+  std::vector<Live> live;
+  size_t failures = 0;
+  for (uint64_t nth = 1; nth <= 40; ++nth) {
+    sim::inject_failure(inj.entry, nth % 7 + 1, inj.code);
+    for (int op = 0; op < 30; ++op) {
+      if (live.empty() || rng() % 3 != 0) {
+        size_t n = 1 + rng() % (rng() % 4 == 0 ? 300 * MiB : 3 * MiB);
+        CUstream s = rng() % 2 ? s1 : s2;
+        try {
+          void* p = alloc_->allocate(n, s);
+          fill_pattern(p, n, nth * 100 + static_cast<uint64_t>(op));
+          live.push_back({p, n, nth * 100 + static_cast<uint64_t>(op)});
+        } catch (const driver_failure& e) {
+          ++failures;
+          EXPECT_NE(std::string(e.what()).find(driver::entry_point_name(inj.entry)),
+                    std::string::npos)
+              << e.what();
+        } catch (const out_of_memory&) {
+          // Capacity reached (or cuMemCreate "ran out"): fine, as long as all stays consistent.
+          ++failures;
+        }
+      } else {
+        size_t i = rng() % live.size();
+        if (rng() % 4 == 0) alloc_->record_stream(live[i].p, s2);
+        try {
+          alloc_->deallocate(live[i].p, s1);
+          live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+        } catch (const driver_failure&) {
+          ++failures;  // the block stays live and usable
+        }
+      }
+      ASSERT_EQ(alloc_->check_invariants(), "");
+      core::DeviceStats st = alloc_->stats();
+      sim::Outstanding o = sim::outstanding();
+      ASSERT_EQ(st.mapped_bytes, o.mapped_bytes);
+      ASSERT_EQ(st.physical_bytes, o.physical_bytes);
+      for (const Live& b : live) ASSERT_EQ(check_pattern(b.p, b.n, b.seed), SIZE_MAX);
+    }
+    if (rng() % 5 == 0) {
+      try {
+        alloc_->release_cached();
+      } catch (const driver_failure&) {
+        ++failures;
+      }
+    }
+  }
+  sim::clear_injections();
+  EXPECT_GT(failures, 0u) << "the injected failure never hit a request";
+  // Afterwards everything works again.
+  for (const Live& b : live) alloc_->deallocate(b.p, s1);
+  void* p = alloc_->allocate(1 * GiB, s1);
+  ASSERT_NE(p, nullptr);
+  alloc_->deallocate(p, s1);
+  alloc_->release_cached();
+  EXPECT_EQ(alloc_->stats().physical_bytes, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    DriverEntryPoints, FailureInjectionTest,
+    ::testing::Values(Injection{EntryPoint::mem_create, CUDA_ERROR_OUT_OF_MEMORY},
+                      Injection{EntryPoint::mem_create, CUDA_ERROR_UNKNOWN},
+                      Injection{EntryPoint::mem_map, CUDA_ERROR_INVALID_VALUE},
+                      Injection{EntryPoint::mem_set_access, CUDA_ERROR_UNKNOWN},
+                      Injection{EntryPoint::mem_unmap, CUDA_ERROR_UNKNOWN},
+                      Injection{EntryPoint::mem_release, CUDA_ERROR_UNKNOWN},
+                      Injection{EntryPoint::mem_address_reserve, CUDA_ERROR_OUT_OF_MEMORY},
+                      Injection{EntryPoint::event_record, CUDA_ERROR_UNKNOWN},
+                      Injection{EntryPoint::event_query, CUDA_ERROR_UNKNOWN},
+                      Injection{EntryPoint::event_create, CUDA_ERROR_OUT_OF_MEMORY}),
+    [](const ::testing::TestParamInfo<Injection>& p) {
+      return std::string(driver::entry_point_name(p.param.entry)) + "_" +
+             std::to_string(static_cast<int>(p.param.code));
+    });
+
+}  // namespace
+}  // namespace expanse::test

@@ -1,0 +1,143 @@
+// Random operations against the reference model, checked after every step:
+//   invariant 1 both ways — an allocation fails only when the model says its pages do not exist,
+//   and one that succeeds never touches more new pages than exist;
+//   no two live blocks overlap; stats equal the model's and the sim's; every live block keeps
+//   the pattern written into it (invariant 2).
+// EXPANSE_PROPERTY_OPS overrides the number of operations (default 10^6).
+#include "core_fixture.hpp"
+#include "expanse/errors.hpp"
+#include "reference_model.hpp"
+
+#include <cstdlib>
+#include <random>
+
+namespace expanse::test {
+namespace {
+
+size_t ops_from_env(size_t dflt) {
+  const char* s = std::getenv("EXPANSE_PROPERTY_OPS");
+  return s != nullptr ? static_cast<size_t>(std::strtoull(s, nullptr, 10)) : dflt;
+}
+
+class PropertyTest : public CoreTest {};
+
+TEST_F(PropertyTest, RandomOperationsMatchReferenceModel) {
+  const size_t capacity = 80 * GiB;
+  make(sim_config(capacity));
+  const size_t P = alloc_->page_size();
+  ReferenceModel model(P, capacity);
+  std::vector<CUstream> streams = {nullptr, new_stream(), new_stream(), new_stream()};
+  std::mt19937_64 rng(12345);
+  auto pick = [&rng](size_t n) { return static_cast<size_t>(rng() % n); };
+  auto random_live = [&]() {
+    auto it = model.live().begin();
+    std::advance(it, static_cast<std::ptrdiff_t>(pick(model.live().size())));
+    return it;
+  };
+
+  const size_t ops = ops_from_env(1000000);
+  size_t n_alloc = 0, n_oom = 0, n_free = 0, n_hold = 0, n_limit = 0, n_bad = 0;
+  for (size_t step = 0; step < ops; ++step) {
+    const size_t dice = pick(1000);
+    if (dice < 450 || model.live().empty()) {
+      // Sizes 1 B .. 8 GiB, log-uniform.
+      size_t bits = pick(34);
+      size_t n = (size_t{1} << bits) + (bits == 0 ? 0 : rng() % (size_t{1} << bits));
+      n = std::min(n, 8 * GiB);
+      CUstream s = streams[pick(streams.size())];
+      const size_t avail = model.avail();
+      void* p = nullptr;
+      try {
+        p = alloc_->allocate(n, s);
+      } catch (const out_of_memory& e) {
+        ASSERT_GT(model.pages_for(n), avail)
+            << "step " << step << ": allocate(" << n << ") failed although " << avail
+            << " pages exist: " << e.what();
+        model.oom();
+        ++n_oom;
+      }
+      if (p != nullptr) {
+        auto a = reinterpret_cast<uintptr_t>(p);
+        size_t sz = (n + 511) / 512 * 512;
+        ASSERT_EQ(a % 512, 0u);
+        ASSERT_FALSE(model.overlaps(a, sz)) << "step " << step << ": overlap at " << p;
+        ASSERT_LE(model.new_pages(a, sz), avail)
+            << "step " << step << ": allocate(" << n << ") touched more pages than exist";
+        ASSERT_LE(model.new_pages(a, sz), model.pages_for(n)) << "step " << step;
+        fill_pattern(p, n, step);
+        model.add(a, ModelBlock{n, sz, s, step});
+        ++n_alloc;
+      }
+    } else if (dice < 830) {
+      auto it = random_live();
+      CUstream s = pick(5) == 0 ? streams[pick(streams.size())] : it->second.stream;
+      alloc_->deallocate(reinterpret_cast<void*>(it->first), s);
+      model.remove(it->first);
+      ++n_free;
+    } else if (dice < 880) {
+      auto it = random_live();
+      alloc_->record_stream(reinterpret_cast<void*>(it->first), streams[pick(streams.size())]);
+    } else if (dice < 920) {
+      sim::hold_stream(streams[pick(streams.size())]);
+      ++n_hold;
+    } else if (dice < 960) {
+      sim::release_stream(streams[pick(streams.size())]);
+    } else if (dice < 962) {
+      alloc_->release_cached();
+    } else if (dice < 972) {
+      size_t lim = pick(2) == 0 ? SIZE_MAX : (10 + pick(71)) * GiB;
+      alloc_->set_limit(lim);
+      model.set_limit(lim);
+      ++n_limit;
+    } else {
+      // Bad input: double free / interior pointer / foreign pointer. Nothing may change.
+      auto before = alloc_->stats();
+      auto it = random_live();
+      void* bad = pick(2) == 0 ? reinterpret_cast<void*>(it->first + 512)
+                               : reinterpret_cast<void*>(uintptr_t{0x1000} * (1 + pick(1000)));
+      if (it->second.size <= 512) bad = reinterpret_cast<void*>(uintptr_t{0x10});
+      EXPECT_THROW(alloc_->deallocate(bad, nullptr), usage_error);
+      auto after = alloc_->stats();
+      ASSERT_EQ(before.allocated_bytes, after.allocated_bytes);
+      ASSERT_EQ(before.live_blocks, after.live_blocks);
+      ++n_bad;
+    }
+
+    // Accounting is exact (invariant 5).
+    core::DeviceStats st = alloc_->stats();
+    ASSERT_EQ(st.requested_bytes, model.requested()) << "step " << step;
+    ASSERT_EQ(st.allocated_bytes, model.allocated()) << "step " << step;
+    ASSERT_EQ(st.live_blocks, model.live().size()) << "step " << step;
+    ASSERT_EQ(st.num_allocs, model.allocs()) << "step " << step;
+    ASSERT_EQ(st.num_frees, model.frees()) << "step " << step;
+    ASSERT_EQ(st.num_ooms, model.ooms()) << "step " << step;
+    ASSERT_EQ(st.touched_bytes, model.touched() * P) << "step " << step;
+    ASSERT_GE(st.mapped_bytes, st.touched_bytes) << "step " << step;
+    ASSERT_EQ(st.cached_bytes, st.mapped_bytes - st.touched_bytes);
+    sim::Outstanding o = sim::outstanding();
+    ASSERT_EQ(st.mapped_bytes, o.mapped_bytes) << "step " << step;
+    ASSERT_EQ(st.physical_bytes, o.physical_bytes) << "step " << step;
+    ASSERT_LE(st.physical_bytes, capacity);
+
+    // No data loss (invariant 2).
+    for (const auto& [a, b] : model.live()) {
+      ASSERT_EQ(check_pattern(reinterpret_cast<void*>(a), b.requested, b.seed), SIZE_MAX)
+          << "step " << step << ": live block " << reinterpret_cast<void*>(a) << " of "
+          << b.requested << " bytes (written at step " << b.seed << ") lost its data";
+    }
+    if (step % 4096 == 0) {
+      ASSERT_EQ(alloc_->check_invariants(), "") << "step " << step;
+    }
+  }
+  for (const auto& [a, b] : model.live()) alloc_->deallocate(reinterpret_cast<void*>(a), b.stream);
+  for (CUstream s : streams) sim::release_stream(s);
+  RecordProperty("allocs", static_cast<int>(n_alloc));
+  RecordProperty("ooms", static_cast<int>(n_oom));
+  std::printf("ops %zu: %zu allocs, %zu OOMs, %zu frees, %zu holds, %zu limit changes, %zu bad frees\n",
+              ops, n_alloc, n_oom, n_free, n_hold, n_limit, n_bad);
+  EXPECT_GT(n_oom, 0u) << "the workload never reached capacity; it tests too little";
+  EXPECT_GT(n_alloc, ops / 5);
+}
+
+}  // namespace
+}  // namespace expanse::test

@@ -1,0 +1,197 @@
+// The scenarios the product exists for: a fragmented device still serves one huge contiguous
+// block whenever the physical memory exists, and a repeated workload settles into zero driver
+// calls.
+#include "core_fixture.hpp"
+#include "expanse/errors.hpp"
+#include "reference_model.hpp"
+
+#include <random>
+
+namespace expanse::test {
+namespace {
+
+class ScenarioTest : public CoreTest {
+ protected:
+  struct Live {
+    void* p;
+    size_t n;
+    uint64_t seed;
+  };
+
+  // Allocates mixed blocks (64 MiB .. 1 GiB, plus small ones) until `fill` bytes are live, then
+  // frees blocks — never two neighbours, so no hole exceeds 1 GiB — until `keep` bytes are live.
+  std::vector<Live> fragment(size_t fill, size_t keep, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<Live> blocks;
+    size_t live = 0;
+    uint64_t tag = 1;
+    while (live < fill) {
+      size_t n = rng() % 4 == 0 ? 512 + rng() % (256 * KiB) : 64 * MiB + rng() % (960 * MiB);
+      n = std::min(n, fill - live + 512);
+      void* p = alloc_->allocate(n, nullptr);
+      fill_pattern(p, n, tag);
+      blocks.push_back({p, n, tag++});
+      live += n;
+    }
+    // Neighbours are neighbours in VA within one arena (small blocks have their own).
+    std::vector<size_t> by_addr(blocks.size());
+    for (size_t i = 0; i < by_addr.size(); ++i) by_addr[i] = i;
+    std::sort(by_addr.begin(), by_addr.end(), [&](size_t x, size_t y) {
+      bool sx = blocks[x].n <= MiB, sy = blocks[y].n <= MiB;
+      return sx != sy ? sx : blocks[x].p < blocks[y].p;
+    });
+    std::vector<char> freed(blocks.size(), 0);
+    std::vector<size_t> order(blocks.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), rng);
+    for (size_t i : order) {
+      if (live <= keep) break;
+      // Keep both VA neighbours live so no hole is larger than one block (<= 1 GiB).
+      const size_t b = by_addr[i];
+      if ((i > 0 && freed[by_addr[i - 1]]) || (i + 1 < blocks.size() && freed[by_addr[i + 1]])) {
+        continue;
+      }
+      alloc_->deallocate(blocks[b].p, nullptr);
+      freed[b] = 1;
+      live -= blocks[b].n;
+    }
+    std::vector<Live> out;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      if (!freed[i]) out.push_back(blocks[i]);
+    }
+    return out;
+  }
+
+  // The largest VA gap between consecutive live blocks (within one reservation's span).
+  // Small blocks (<= 1 MiB) live in an arena of their own; holes are measured among large ones.
+  static size_t largest_hole(std::vector<Live> all) {
+    std::vector<Live> live;
+    for (const Live& b : all) {
+      if (b.n > MiB) live.push_back(b);
+    }
+    std::sort(live.begin(), live.end(), [](const Live& a, const Live& b) { return a.p < b.p; });
+    size_t hole = 0;
+    for (size_t i = 1; i < live.size(); ++i) {
+      auto end = reinterpret_cast<uintptr_t>(live[i - 1].p) + (live[i - 1].n + 511) / 512 * 512;
+      auto gap = reinterpret_cast<uintptr_t>(live[i].p) - end;
+      if (gap < 64 * GiB) hole = std::max<size_t>(hole, gap);
+    }
+    return hole;
+  }
+
+  void expect_intact(const std::vector<Live>& live) {
+    for (const Live& b : live) {
+      ASSERT_EQ(check_pattern(b.p, b.n, b.seed), SIZE_MAX) << "block " << b.p << " lost data";
+    }
+  }
+
+  void huge_block_fits(size_t fill, size_t keep, size_t want) {
+    make(sim_config(80 * GiB));
+    std::vector<Live> live = fragment(fill, keep, 7);
+    size_t live_bytes = 0;
+    for (const Live& b : live) live_bytes += b.n;
+    ASSERT_GE(live_bytes, keep - GiB);
+    ASSERT_LE(live_bytes, keep + GiB);
+    EXPECT_LE(largest_hole(live), GiB);
+    ASSERT_GT(live.size(), 40u);
+
+    core::DeviceStats before = alloc_->stats();
+    // The free memory lies in holes of at most 1 GiB; the device has no more than `want` spare
+    // beyond what is mapped. The request must be served by remapping pages from the holes.
+    ASSERT_LT(80 * GiB - before.mapped_bytes, want);
+    void* big = alloc_->allocate(want, nullptr);
+    ASSERT_NE(big, nullptr);
+    core::DeviceStats after = alloc_->stats();
+    EXPECT_GT(after.num_reclaimed_pages, before.num_reclaimed_pages);
+    fill_pattern(big, want, 999);
+    EXPECT_EQ(check_pattern(big, want, 999), SIZE_MAX);
+    expect_intact(live);
+    alloc_->deallocate(big, nullptr);
+    for (const Live& b : live) alloc_->deallocate(b.p, nullptr);
+  }
+};
+
+TEST_F(ScenarioTest, SeventeenGiBFitsWithSixtyGiBLiveInSmallHoles) {
+  huge_block_fits(78 * GiB, 60 * GiB, 17 * GiB);
+}
+
+TEST_F(ScenarioTest, ThirtyTwoGiBFitsWithFortySevenGiBLiveInSmallHoles) {
+  huge_block_fits(78 * GiB, 47 * GiB, 32 * GiB);
+}
+
+TEST_F(ScenarioTest, FailsOnlyWhenThePagesDoNotExist) {
+  make(sim_config(8 * GiB));
+  std::vector<Live> live = fragment(7 * GiB, 5 * GiB, 3);
+  core::DeviceStats st = alloc_->stats();
+  size_t spare = 8 * GiB - st.touched_bytes;
+  // One page more than exists fails, and says why; exactly what exists succeeds.
+  try {
+    alloc_->allocate(spare + 1, nullptr);
+    ADD_FAILURE() << "allocation beyond the physical memory succeeded";
+  } catch (const out_of_memory& e) {
+    std::string m = e.what();
+    for (const char* word : {"asked for", "capacity", "live", "cached", "reclaimable", "limit",
+                             "tried", "cuMemCreate"}) {
+      EXPECT_NE(m.find(word), std::string::npos) << "OOM message lacks '" << word << "': " << m;
+    }
+  }
+  void* p = alloc_->allocate(spare, nullptr);
+  ASSERT_NE(p, nullptr);
+  expect_intact(live);
+  alloc_->deallocate(p, nullptr);
+  for (const Live& b : live) alloc_->deallocate(b.p, nullptr);
+}
+
+TEST_F(ScenarioTest, SecondReplayOfASequenceMakesNoDriverCalls) {
+  make(sim_config(16 * GiB));
+  CUstream s = new_stream();
+  // A training-step-like sequence: weights stay, activations come and go, a workspace grows.
+  std::mt19937_64 rng(99);
+  std::vector<size_t> sizes;
+  for (int i = 0; i < 400; ++i) sizes.push_back(512 + rng() % (rng() % 3 == 0 ? 96 * MiB : 2 * MiB));
+  auto run_step = [&]() {
+    std::vector<void*> acts;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      acts.push_back(alloc_->allocate(sizes[i], s));
+      if (i % 3 == 2) {  // free some activations early, in a fixed order
+        alloc_->deallocate(acts[i - 1], s);
+        acts[i - 1] = nullptr;
+      }
+    }
+    for (auto it = acts.rbegin(); it != acts.rend(); ++it) {
+      if (*it != nullptr) alloc_->deallocate(*it, s);
+    }
+  };
+  run_step();
+  run_step();  // warm-up: the first repeat may still settle placements
+  uint64_t calls_before = sim::total_calls();
+  core::DeviceStats before = alloc_->stats();
+  run_step();
+  core::DeviceStats after = alloc_->stats();
+  EXPECT_EQ(sim::total_calls() - calls_before, 0u);
+  EXPECT_EQ(after.total_driver_calls(), before.total_driver_calls());
+  for (int i = 0; i < driver::kEntryPointCount; ++i) {
+    EXPECT_EQ(after.driver_calls[static_cast<size_t>(i)], before.driver_calls[static_cast<size_t>(i)])
+        << driver::entry_point_name(static_cast<driver::EntryPoint>(i));
+  }
+  EXPECT_EQ(after.mapped_bytes, before.mapped_bytes);
+}
+
+TEST_F(ScenarioTest, MappedMemoryFollowsLiveMemory) {
+  // Grow to 6 GiB live, shrink to 1 GiB, grow a different shape: physical memory never exceeds
+  // the device (no cache blow-up), and the new shape reuses the pages.
+  make(sim_config(8 * GiB));
+  std::vector<void*> a;
+  for (int i = 0; i < 24; ++i) a.push_back(alloc_->allocate(256 * MiB, nullptr));
+  for (int i = 4; i < 24; ++i) alloc_->deallocate(a[static_cast<size_t>(i)], nullptr);
+  std::vector<void*> b;
+  for (int i = 0; i < 6; ++i) b.push_back(alloc_->allocate(1 * GiB + 3 * MiB, nullptr));
+  core::DeviceStats st = alloc_->stats();
+  EXPECT_LE(st.physical_bytes, 8 * GiB);
+  EXPECT_EQ(st.num_ooms, 0u);
+  for (void* p : b) alloc_->deallocate(p, nullptr);
+  for (int i = 0; i < 4; ++i) alloc_->deallocate(a[static_cast<size_t>(i)], nullptr);
+}
+
+}  // namespace
+}  // namespace expanse::test

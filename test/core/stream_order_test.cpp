@@ -1,0 +1,118 @@
+// Invariant 3: a block freed on stream S is reused at once on S, on other streams only after S's
+// work up to the free has completed; pages are never unmapped under pending work.
+#include "core_fixture.hpp"
+#include "expanse/errors.hpp"
+
+namespace expanse::test {
+namespace {
+
+class StreamOrderTest : public CoreTest {};
+
+bool overlaps(void* a, size_t an, void* b, size_t bn) {
+  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + bn && y < x + an;
+}
+
+TEST_F(StreamOrderTest, SameStreamReusesAtOnceWithoutDriverCalls) {
+  make(sim_config(4 * GiB));
+  CUstream s = new_stream();
+  void* a = alloc_->allocate(3 * MiB, s);
+  sim::hold_stream(s);  // work on s still running: irrelevant for reuse on s itself
+  alloc_->deallocate(a, s);
+  uint64_t calls = sim::total_calls();
+  void* b = alloc_->allocate(3 * MiB, s);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(sim::total_calls(), calls);
+  alloc_->deallocate(b, s);
+  sim::release_stream(s);
+}
+
+TEST_F(StreamOrderTest, OtherStreamWaitsForTheFreeingStreamsWork) {
+  make(sim_config(4 * GiB));
+  CUstream s1 = new_stream(), s2 = new_stream();
+  void* a = alloc_->allocate(8 * MiB, s1);
+  sim::hold_stream(s1);
+  alloc_->deallocate(a, s1);
+  // While s1's work is pending, nothing allocated on s2 may overlap a.
+  std::vector<void*> got;
+  for (int i = 0; i < 8; ++i) {
+    void* b = alloc_->allocate(8 * MiB, s2);
+    EXPECT_FALSE(overlaps(a, 8 * MiB, b, 8 * MiB)) << "reused on s2 before s1's work completed";
+    got.push_back(b);
+  }
+  for (void* b : got) alloc_->deallocate(b, s2);
+  sim::release_stream(s1);
+  // Once s1's work is done the memory is everyone's again: with the device otherwise full, s2
+  // gets it.
+  void* big = alloc_->allocate(4 * GiB - 8 * MiB, s2);
+  EXPECT_NE(big, nullptr);
+  alloc_->deallocate(big, s2);
+}
+
+TEST_F(StreamOrderTest, RecordStreamDefersReuseEvenOnTheOwningStream) {
+  make(sim_config(4 * GiB));
+  CUstream s1 = new_stream(), s2 = new_stream();
+  void* a = alloc_->allocate(4 * MiB, s1);
+  alloc_->record_stream(a, s2);
+  sim::hold_stream(s2);
+  alloc_->deallocate(a, s1);
+  EXPECT_GE(sim::pending_events(), 1u);
+  void* b = alloc_->allocate(4 * MiB, s1);
+  EXPECT_FALSE(overlaps(a, 4 * MiB, b, 4 * MiB)) << "reused while s2 may still use it";
+  alloc_->deallocate(b, s1);
+  sim::release_stream(s2);
+}
+
+TEST_F(StreamOrderTest, PagesUnderPendingWorkAreUnmappedOnlyAfterWaiting) {
+  make(sim_config(1 * GiB));
+  CUstream s1 = new_stream(), s2 = new_stream();
+  void* a = alloc_->allocate(768 * MiB, s1);
+  sim::hold_stream(s1);
+  alloc_->deallocate(a, s1);
+  uint64_t syncs = sim::call_count(driver::EntryPoint::event_synchronize);
+  // s2 needs pages that exist only under a's range: the allocator must wait for s1 first.
+  void* b = alloc_->allocate(900 * MiB, s2);
+  ASSERT_NE(b, nullptr);
+  EXPECT_GT(sim::call_count(driver::EntryPoint::event_synchronize), syncs);
+  EXPECT_EQ(sim::pending_events(), 0u);
+  fill_pattern(b, 900 * MiB, 5);
+  EXPECT_EQ(check_pattern(b, 900 * MiB, 5), SIZE_MAX);
+  alloc_->deallocate(b, s2);
+}
+
+TEST_F(StreamOrderTest, FreeOnAnotherStreamAlsoWaitsForTheAllocatingStream) {
+  make(sim_config(4 * GiB));
+  CUstream s1 = new_stream(), s2 = new_stream();
+  void* a = alloc_->allocate(2 * MiB, s1);
+  sim::hold_stream(s1);
+  alloc_->deallocate(a, s2);  // ordered on s2, but s1 may still be using it
+  void* b = alloc_->allocate(2 * MiB, s2);
+  EXPECT_FALSE(overlaps(a, 2 * MiB, b, 2 * MiB));
+  alloc_->deallocate(b, s2);
+  sim::release_stream(s1);
+}
+
+TEST_F(StreamOrderTest, CallsRunInTheDevicesContextWhateverTheThreadHasCurrent) {
+  sim::SimConfig cfg = sim_config(2 * GiB, true, 2);
+  alloc_.reset();
+  drv_ = driver::load_sim(cfg, "test");
+  alloc_ = std::make_unique<core::DeviceAllocator>(*drv_, 1, core::AllocatorOptions{});
+  CUstream s1 = new_stream(1), s1b = new_stream(1);
+  // Make device 0's context current on this thread.
+  const auto& t = drv_->table();
+  CUcontext ctx0 = nullptr;
+  ASSERT_EQ(t.device_primary_ctx_retain(&ctx0, 0), CUDA_SUCCESS);
+  ASSERT_EQ(t.ctx_set_current(ctx0), CUDA_SUCCESS);
+  void* a = alloc_->allocate(4 * MiB, s1);
+  alloc_->record_stream(a, s1b);
+  alloc_->deallocate(a, s1);  // records an event on s1b: must happen in device 1's context
+  alloc_->release_cached();   // waits on it
+  CUcontext cur = nullptr;
+  t.ctx_get_current(&cur);
+  EXPECT_EQ(cur, ctx0) << "the caller's current context was not restored";
+  t.ctx_set_current(nullptr);
+  t.device_primary_ctx_release(0);
+}
+
+}  // namespace
+}  // namespace expanse::test
