@@ -17,6 +17,28 @@ constexpr int kReserveFlags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
 void* as_ptr(uintptr_t a) noexcept { return reinterpret_cast<void*>(a); }
 uintptr_t as_addr(void* p) noexcept { return reinterpret_cast<uintptr_t>(p); }
 
+// Reservations are placed bottom-up from a cursor, like CUDA's VA allocator: consecutive
+// reservations are adjacent and a hint right after the last one is usually free (the kernel's
+// own placement is top-down, which would make every "grow in place" hint fail). The cursor area
+// starts above ASan's shadow; under TSan, whose layout allows no such area, only the kernel
+// places reservations. Anything already there is skipped (MAP_FIXED_NOREPLACE).
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kUseCursor = false;
+#else
+constexpr bool kUseCursor = sizeof(void*) == 8;
+#endif
+constexpr uintptr_t kCursorBase = uintptr_t{0x2000} << 32;   // 32 TiB
+constexpr uintptr_t kCursorLimit = uintptr_t{0x7000} << 32;  // 112 TiB
+uintptr_t g_cursor = kCursorBase;  // guarded by the sim's lock
+
+bool try_fixed(uintptr_t at, size_t size) noexcept {
+  void* p = mmap(as_ptr(at), size, PROT_NONE, kReserveFlags | MAP_FIXED_NOREPLACE, -1, 0);
+  if (p == MAP_FAILED) return false;
+  if (as_addr(p) == at) return true;
+  munmap(p, size);  // a kernel that treats MAP_FIXED_NOREPLACE as a plain hint
+  return false;
+}
+
 }  // namespace
 
 size_t host_page_size() noexcept {
@@ -29,14 +51,20 @@ size_t host_page_size() noexcept {
 
 uintptr_t va_reserve(size_t size, size_t alignment, uintptr_t hint) noexcept {
   if (size == 0 || alignment == 0) return 0;
-  if (hint != 0 && hint % alignment == 0 && hint + size > hint) {
-    void* p = mmap(as_ptr(hint), size, PROT_NONE, kReserveFlags | MAP_FIXED_NOREPLACE, -1, 0);
-    if (p != MAP_FAILED) {
-      if (as_addr(p) == hint) return hint;
-      munmap(p, size);  // a kernel that treats MAP_FIXED_NOREPLACE as a plain hint
-    }
+  if (hint != 0 && hint % alignment == 0 && hint + size > hint && try_fixed(hint, size)) {
+    if (hint + size > g_cursor && hint < kCursorLimit) g_cursor = hint + size;
+    return hint;
   }
   if (size > SIZE_MAX - alignment) return 0;
+  for (int attempt = 0; kUseCursor && attempt < 4; ++attempt) {
+    const uintptr_t at = (g_cursor + alignment - 1) & ~(uintptr_t{alignment} - 1);
+    if (at < g_cursor || at > kCursorLimit || size > kCursorLimit - at) break;
+    if (try_fixed(at, size)) {
+      g_cursor = at + size;
+      return at;
+    }
+    g_cursor = at + std::max<size_t>(size, size_t{1} << 30);  // something lives there: skip ahead
+  }
   const size_t span = size + alignment;
   void* p = mmap(nullptr, span, PROT_NONE, kReserveFlags, -1, 0);
   if (p == MAP_FAILED) return 0;
@@ -49,7 +77,10 @@ uintptr_t va_reserve(size_t size, size_t alignment, uintptr_t hint) noexcept {
   return aligned;
 }
 
-void va_release(uintptr_t base, size_t size) noexcept { munmap(as_ptr(base), size); }
+void va_release(uintptr_t base, size_t size) noexcept {
+  munmap(as_ptr(base), size);
+  if (base + size == g_cursor && base >= kCursorBase) g_cursor = base;  // the top comes back
+}
 
 bool va_map_file(uintptr_t va, size_t size, int fd, uint64_t offset) noexcept {
   void* p = mmap(as_ptr(va), size, PROT_NONE, MAP_SHARED | MAP_FIXED, fd,

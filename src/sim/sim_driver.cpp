@@ -351,7 +351,7 @@ void reset_device_context(State& s, int d) {
 CUresult sim_get_error_name(CUresult error, const char** str) {
   return run(EntryPoint::get_error_name, false, [&](State&, double&) {
     if (str == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    *str = detail::error_name(error);
+    *str = detail::error_name(detail::bits(error));
     return *str == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
   });
 }
@@ -359,7 +359,7 @@ CUresult sim_get_error_name(CUresult error, const char** str) {
 CUresult sim_get_error_string(CUresult error, const char** str) {
   return run(EntryPoint::get_error_string, false, [&](State&, double&) {
     if (str == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    *str = detail::error_string(error);
+    *str = detail::error_string(detail::bits(error));
     return *str == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
   });
 }
@@ -404,11 +404,11 @@ CUresult sim_device_get_attribute(int* value, CUdevice_attribute attrib, CUdevic
   return run(EntryPoint::device_get_attribute, true, [&](State& s, double&) {
     if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
-    const int a = static_cast<int>(attrib);
+    const int a = detail::bits(attrib);
     if (a <= 0 || a >= static_cast<int>(CU_DEVICE_ATTRIBUTE_MAX)) return CUDA_ERROR_INVALID_VALUE;
     int v = 0;
     if (!device_attribute(s, a, &v)) return CUDA_ERROR_INVALID_VALUE;
-    if (attrib == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) v = dev + 1;
+    if (a == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) v = dev + 1;
     *value = v;
     return CUDA_SUCCESS;
   });
@@ -610,11 +610,11 @@ CUresult sim_mem_create(CUmemGenericAllocationHandle* handle, size_t size,
   return run(EntryPoint::mem_create, true, [&](State& s, double& units) {
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     if (handle == nullptr || prop == nullptr || flags != 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
-    if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+    if (detail::bits(prop->type) != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
     constexpr unsigned kKnownHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR |
                                            CU_MEM_HANDLE_TYPE_WIN32 | CU_MEM_HANDLE_TYPE_WIN32_KMT |
                                            CU_MEM_HANDLE_TYPE_FABRIC;
-    const auto handle_types = static_cast<unsigned>(prop->requestedHandleTypes);
+    const auto handle_types = static_cast<unsigned>(detail::bits(prop->requestedHandleTypes));
     if ((handle_types & ~kKnownHandleTypes) != 0) return CUDA_ERROR_INVALID_VALUE;
     if (prop->win32HandleMetaData != nullptr) return CUDA_ERROR_INVALID_VALUE;
     const auto& af = prop->allocFlags;
@@ -625,7 +625,7 @@ CUresult sim_mem_create(CUmemGenericAllocationHandle* handle, size_t size,
     for (unsigned char r : af.reserved) {
       if (r != 0) return CUDA_ERROR_INVALID_VALUE;
     }
-    switch (prop->location.type) {
+    switch (detail::bits(prop->location.type)) {
       case CU_MEM_LOCATION_TYPE_DEVICE:
         if (!valid_device(s, prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
         break;
@@ -685,11 +685,13 @@ CUresult sim_mem_get_allocation_granularity(size_t* granularity, const CUmemAllo
   return run(EntryPoint::mem_get_allocation_granularity, true, [&](State& s, double&) {
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     if (granularity == nullptr || prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) {
+    const int opt = detail::bits(option);
+    if (opt != CU_MEM_ALLOC_GRANULARITY_MINIMUM && opt != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) {
       return CUDA_ERROR_INVALID_VALUE;
     }
-    if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
-    if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_device(s, prop->location.id)) {
+    if (detail::bits(prop->type) != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+    if (detail::bits(prop->location.type) != CU_MEM_LOCATION_TYPE_DEVICE ||
+        !valid_device(s, prop->location.id)) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     *granularity = s.cfg.granularity;
@@ -773,12 +775,13 @@ CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc*
     if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < count; ++i) {
       const CUmemAccessDesc& d = desc[i];
-      if (d.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && d.flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
-          d.flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+      const int f = detail::bits(d.flags);
+      if (f != CU_MEM_ACCESS_FLAGS_PROT_NONE && f != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+          f != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
         return CUDA_ERROR_INVALID_VALUE;
       }
       // All sim allocations are device memory: HOST/HOST_NUMA access descriptors are invalid.
-      if (d.location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+      if (detail::bits(d.location.type) != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
       if (!valid_device(s, d.location.id)) return CUDA_ERROR_INVALID_DEVICE;
     }
     const auto lo = static_cast<uintptr_t>(ptr);
@@ -806,7 +809,7 @@ CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc*
       split_run(m, off_hi);
       for (auto run_it = m.access.find(off_lo); run_it != m.access.end() && run_it->first < off_hi;
            ++run_it) {
-        for (size_t i = 0; i < count; ++i) run_it->second.set(desc[i].location.id, desc[i].flags);
+        for (size_t i = 0; i < count; ++i) run_it->second.set(desc[i].location.id, detail::bits(desc[i].flags));
       }
       merge_runs(m);
     }
@@ -824,7 +827,7 @@ CUresult sim_mem_get_access(unsigned long long* flags, const CUmemLocation* loca
   return run(EntryPoint::mem_get_access, true, [&](State& s, double&) {
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     if (flags == nullptr || location == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (location->type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    if (detail::bits(location->type) != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(s, location->id)) return CUDA_ERROR_INVALID_DEVICE;
     const auto va = static_cast<uintptr_t>(ptr);
     auto it = mapping_at(s, va);

@@ -5,12 +5,12 @@ namespace expanse::sim::detail {
 namespace {
 
 struct ErrorInfo {
-  CUresult code;
+  int code;
   const char* name;
   const char* text;
 };
 
-#define EXPANSE_E(code, text) {code, #code, text}
+#define EXPANSE_E(code, text) {static_cast<int>(code), #code, text}
 constexpr ErrorInfo kErrors[] = {
     EXPANSE_E(CUDA_SUCCESS, "no error"),
     EXPANSE_E(CUDA_ERROR_INVALID_VALUE, "invalid argument"),
@@ -116,7 +116,7 @@ constexpr ErrorInfo kErrors[] = {
 };
 #undef EXPANSE_E
 
-const ErrorInfo* find(CUresult code) noexcept {
+const ErrorInfo* find(int code) noexcept {
   for (const auto& e : kErrors) {
     if (e.code == code) return &e;
   }
@@ -125,12 +125,12 @@ const ErrorInfo* find(CUresult code) noexcept {
 
 }  // namespace
 
-const char* error_name(CUresult code) noexcept {
+const char* error_name(int code) noexcept {
   const ErrorInfo* e = find(code);
   return e == nullptr ? nullptr : e->name;
 }
 
-const char* error_string(CUresult code) noexcept {
+const char* error_string(int code) noexcept {
   const ErrorInfo* e = find(code);
   return e == nullptr ? nullptr : e->text;
 }

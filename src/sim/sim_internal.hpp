@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
@@ -18,6 +19,16 @@
 namespace expanse::sim::detail {
 
 constexpr int kMaxDevices = 64;
+
+// The value of an enum-typed argument as the caller passed it. A C caller may pass any int, which
+// C++ may not even load as the enum (UBSan: "not a valid value for type"), so read its bits.
+template <class E>
+int bits(const E& e) noexcept {
+  static_assert(sizeof(E) == sizeof(int), "enum with int representation");
+  int v = 0;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
 constexpr int kEntryCount = driver::kEntryPointCount;
 
 // Access granted to each device: one bit per device ordinal.
