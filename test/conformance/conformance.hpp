@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +27,8 @@ namespace expanse::conformance {
 
 enum class Variant { sim_inprocess, sim_dlopen, cuda };
 const char* variant_name(Variant v);
+// gtest prints parameters with this ("GetParam() = sim_dlopen").
+inline void PrintTo(Variant v, std::ostream* os) { *os << variant_name(v); }
 
 // The sim configuration every test starts from (for both sim variants).
 inline constexpr int kSimDevices = 2;

@@ -6,7 +6,8 @@
 namespace expanse::conformance {
 namespace {
 
-sigjmp_buf* g_jump = nullptr;
+// volatile: the stores around the access must not be moved or dropped by the optimizer.
+sigjmp_buf* volatile g_jump = nullptr;
 
 extern "C" void expanse_conformance_on_fault(int /*sig*/) {
   if (g_jump != nullptr) siglongjmp(*g_jump, 1);
