@@ -2,7 +2,7 @@
 // cuMemRetainAllocationHandle, cuMemGetAllocationPropertiesFromHandle (§6.12, §6.13, §7 #30).
 #include "conformance.hpp"
 
-#include "fault_probe.hpp"
+#include "support/fault_probe.hpp"
 
 namespace expanse::conformance {
 namespace {
@@ -71,11 +71,11 @@ TEST_P(Conformance, GetAccessBeforeAndAfterSet) {
     EXPECT_EQ(get_access(p, 1), kNone) << "granting device 0 grants nothing to device 1";
   }
   if (hooks() != nullptr) {
-    EXPECT_TRUE(probe_writable(host_ptr(p)));
+    EXPECT_TRUE(expanse::test::probe_writable(host_ptr(p)));
     // Revoking: PROT_NONE makes it fault again.
     ASSERT_CU(CUDA_SUCCESS, set_access(p, 2 * gran(), 0, CU_MEM_ACCESS_FLAGS_PROT_NONE));
     EXPECT_EQ(get_access(p), kNone);
-    EXPECT_FALSE(probe_readable(host_ptr(p)));
+    EXPECT_FALSE(expanse::test::probe_readable(host_ptr(p)));
   }
 }
 
@@ -106,11 +106,11 @@ TEST_P(Conformance, ReadOnlyAccessIsReadableNotWritable) {
   EXPECT_EQ(get_access(b.ptr), kRead);
   if (hooks() == nullptr) return;
   for (size_t i = 0; i < b.size; i += 4096) {
-    ASSERT_TRUE(probe_readable(b.host() + i));
+    ASSERT_TRUE(expanse::test::probe_readable(b.host() + i));
     EXPECT_EQ(b.host()[i], static_cast<unsigned char>(i >> 12)) << "offset " << i;
   }
-  EXPECT_FALSE(probe_writable(b.host()));
-  EXPECT_FALSE(probe_writable(b.host() + b.size - 1));
+  EXPECT_FALSE(expanse::test::probe_writable(b.host()));
+  EXPECT_FALSE(expanse::test::probe_writable(b.host() + b.size - 1));
 }
 
 // §5.4 / §8.4: unmap drops the access state; a re-map starts at PROT_NONE.
@@ -121,11 +121,11 @@ TEST_P(Conformance, UnmapDropsAccess) {
   map(b.ptr, b.size, b.handle);
   EXPECT_EQ(get_access(b.ptr), kNone);
   if (hooks() != nullptr) {
-    EXPECT_FALSE(probe_readable(b.host())) << "re-mapped memory is accessible";
+    EXPECT_FALSE(expanse::test::probe_readable(b.host())) << "re-mapped memory is accessible";
   }
   ASSERT_CU(CUDA_SUCCESS, set_access(b.ptr, b.size));
   if (hooks() != nullptr) {
-    EXPECT_TRUE(probe_writable(b.host()));
+    EXPECT_TRUE(expanse::test::probe_writable(b.host()));
   }
 }
 
@@ -134,11 +134,11 @@ TEST_P(Conformance, MappedWithoutAccessFaults) {
   CONFORMANCE_REQUIRE_SIM("probes device pointers from the host");
   const CUdeviceptr p = reserve(gran());
   const CUmemGenericAllocationHandle h = create(gran());
-  EXPECT_FALSE(probe_readable(host_ptr(p))) << "reserved VA is readable";
+  EXPECT_FALSE(expanse::test::probe_readable(host_ptr(p))) << "reserved VA is readable";
   map(p, gran(), h);
-  EXPECT_FALSE(probe_readable(host_ptr(p))) << "mapping alone granted access";
+  EXPECT_FALSE(expanse::test::probe_readable(host_ptr(p))) << "mapping alone granted access";
   ASSERT_CU(CUDA_SUCCESS, set_access(p, gran()));
-  EXPECT_TRUE(probe_writable(host_ptr(p)));
+  EXPECT_TRUE(expanse::test::probe_writable(host_ptr(p)));
 }
 
 // §6.8: one cuMemSetAccess may cover several adjacent mappings.
@@ -152,8 +152,8 @@ TEST_P(Conformance, SetAccessSpanningSeveralMappings) {
   EXPECT_EQ(get_access(p), kReadWrite);
   EXPECT_EQ(get_access(p + 2 * gran()), kReadWrite);
   if (hooks() != nullptr) {
-    EXPECT_TRUE(probe_writable(host_ptr(p)));
-    EXPECT_TRUE(probe_writable(host_ptr(p + 3 * gran() - 1)));
+    EXPECT_TRUE(expanse::test::probe_writable(host_ptr(p)));
+    EXPECT_TRUE(expanse::test::probe_writable(host_ptr(p + 3 * gran() - 1)));
   }
 }
 
@@ -166,8 +166,8 @@ TEST_P(Conformance, SetAccessOnSubRangeOfMappingAllowed) {
   EXPECT_CU(CUDA_SUCCESS, set_access(p + gran(), gran()));
   EXPECT_EQ(get_access(p), kNone);
   EXPECT_EQ(get_access(p + gran()), kReadWrite);
-  EXPECT_FALSE(probe_readable(host_ptr(p)));
-  EXPECT_TRUE(probe_writable(host_ptr(p + gran())));
+  EXPECT_FALSE(expanse::test::probe_readable(host_ptr(p)));
+  EXPECT_TRUE(expanse::test::probe_writable(host_ptr(p + gran())));
 }
 
 // §6.13: retain on any address inside a mapping returns the mapped handle and adds a reference

@@ -2,7 +2,7 @@
 // every call, can fail the Nth call of any entry point, and backs pages with host memory).
 #include "conformance.hpp"
 
-#include "fault_probe.hpp"
+#include "support/fault_probe.hpp"
 
 #include <cstdint>
 #include <vector>
@@ -116,14 +116,14 @@ TEST_P(Conformance, InjectedMapFailuresLeaveStateConsistent) {
   hooks()->inject_failure("cuMemSetAccess", 1, CUDA_ERROR_INVALID_VALUE);
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, set_access(p, 2 * gran()));
   EXPECT_EQ(get_access(p), static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_NONE));
-  EXPECT_FALSE(probe_readable(host_ptr(p)));
+  EXPECT_FALSE(expanse::test::probe_readable(host_ptr(p)));
   ASSERT_CU(CUDA_SUCCESS, set_access(p, 2 * gran()));
   host_ptr(p)[0] = 5;
 
   hooks()->inject_failure("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
   EXPECT_CU(CUDA_ERROR_UNKNOWN, unmap(p, 2 * gran()));
   EXPECT_EQ(hooks()->outstanding().mappings, 2u);
-  EXPECT_TRUE(probe_readable(host_ptr(p)));
+  EXPECT_TRUE(expanse::test::probe_readable(host_ptr(p)));
   EXPECT_EQ(host_ptr(p)[0], 5);
   EXPECT_CU(CUDA_SUCCESS, unmap(p, 2 * gran()));
 

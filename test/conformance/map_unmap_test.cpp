@@ -1,7 +1,7 @@
 // Rules for cuMemMap and cuMemUnmap (spec §6.6, §6.7, §7 #18-#25).
 #include "conformance.hpp"
 
-#include "fault_probe.hpp"
+#include "support/fault_probe.hpp"
 
 namespace expanse::conformance {
 namespace {
@@ -130,8 +130,8 @@ TEST_P(Conformance, UnmapSubRangeIsInvalidValue) {
   EXPECT_EQ(get_access(b.ptr + gran()),
             static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
   if (hooks() != nullptr) {
-    EXPECT_TRUE(probe_writable(b.host()));
-    EXPECT_TRUE(probe_writable(b.host() + b.size - 1));
+    EXPECT_TRUE(expanse::test::probe_writable(b.host()));
+    EXPECT_TRUE(expanse::test::probe_writable(b.host() + b.size - 1));
   }
   EXPECT_CU(CUDA_SUCCESS, unmap(b.ptr, b.size));
 }
@@ -198,10 +198,10 @@ TEST_P(Conformance, UnmapAcrossAdjacentReservationsSucceeds) {
 TEST_P(Conformance, UnmappedMemoryFaults) {
   CONFORMANCE_REQUIRE_SIM("probes device pointers from the host");
   const Block b = make_block(1);
-  EXPECT_TRUE(probe_writable(b.host()));
+  EXPECT_TRUE(expanse::test::probe_writable(b.host()));
   ASSERT_CU(CUDA_SUCCESS, unmap(b.ptr, b.size));
-  EXPECT_FALSE(probe_readable(b.host()));
-  EXPECT_FALSE(probe_readable(b.host() + b.size - 1));
+  EXPECT_FALSE(expanse::test::probe_readable(b.host()));
+  EXPECT_FALSE(expanse::test::probe_readable(b.host() + b.size - 1));
 }
 
 // §6.7: unmap of a range that was never mapped, or of an address outside any reservation →
