@@ -60,7 +60,13 @@ CUresult sim_device_total_mem_v1(unsigned int* bytes, CUdevice dev);        // c
 // before cudaVersion. Works before cuInit. Not counted (it is not a listed entry point).
 CUresult sim_get_proc_address(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
                               CUdriverProcAddressQueryResult* status);
-// The 4-argument CUDA 11.3 ABI (legacy cuGetProcAddress).
+// The same lookup, answering with the name of the exported symbol of the chosen variant
+// ("cuMemGetInfo_v2", "cuStreamSynchronize_ptsz"): libexpanse_simcuda.so returns its own
+// exported functions, so that cuGetProcAddress and dlsym agree.
+CUresult sim_get_proc_symbol(const char* symbol, const char** exported, int cuda_version,
+                             cuuint64_t flags, CUdriverProcAddressQueryResult* status);
+// The 4-argument CUDA 11.3 ABI (legacy cuGetProcAddress): a missing symbol or variant is
+// CUDA_ERROR_NOT_FOUND.
 CUresult sim_get_proc_address_v1(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags);
 
 }  // namespace expanse::sim

@@ -10,10 +10,11 @@ namespace expanse::sim {
 namespace {
 
 struct Variant {
-  const char* name;  // base name, as asked for
-  int version;       // CUDA version that introduced this ABI variant
-  bool per_thread;   // a _ptsz/_ptds variant (returned for CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
-  void* fn;
+  const char* name;    // base name, as asked for
+  int version;         // CUDA version that introduced this ABI variant
+  bool per_thread;     // a _ptsz/_ptds variant (returned for CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+  void* fn;            // the in-process implementation
+  const char* symbol;  // the symbol libcuda (and libexpanse_simcuda.so) exports for it
 };
 
 template <class F>
@@ -25,69 +26,68 @@ const Variant* variants(size_t* n) {
   // Streams: the sim's per-thread default stream is its legacy default stream, so the _ptsz
   // variants are the same functions.
   static const Variant v[] = {
-      {"cuGetErrorString", 6000, false, fp(&sim_get_error_string)},
-      {"cuGetErrorName", 6000, false, fp(&sim_get_error_name)},
-      {"cuInit", 2000, false, fp(&sim_init)},
-      {"cuDriverGetVersion", 2020, false, fp(&sim_driver_get_version)},
-      {"cuDeviceGet", 2000, false, fp(&sim_device_get)},
-      {"cuDeviceGetCount", 2000, false, fp(&sim_device_get_count)},
-      {"cuDeviceGetAttribute", 2000, false, fp(&sim_device_get_attribute)},
-      {"cuDeviceGetName", 2000, false, fp(&sim_device_get_name)},
-      {"cuDeviceTotalMem", 2000, false, fp(&sim_device_total_mem_v1)},
-      {"cuDeviceTotalMem", 3020, false, fp(&sim_device_total_mem)},
-      {"cuDevicePrimaryCtxRetain", 7000, false, fp(&sim_device_primary_ctx_retain)},
-      {"cuDevicePrimaryCtxRelease", 7000, false, fp(&sim_device_primary_ctx_release)},
-      {"cuDevicePrimaryCtxRelease", 11000, false, fp(&sim_device_primary_ctx_release)},
-      {"cuCtxGetCurrent", 4000, false, fp(&sim_ctx_get_current)},
-      {"cuCtxSetCurrent", 4000, false, fp(&sim_ctx_set_current)},
-      {"cuCtxPushCurrent", 2000, false, fp(&sim_ctx_push_current)},
-      {"cuCtxPushCurrent", 4000, false, fp(&sim_ctx_push_current)},
-      {"cuCtxPopCurrent", 2000, false, fp(&sim_ctx_pop_current)},
-      {"cuCtxPopCurrent", 4000, false, fp(&sim_ctx_pop_current)},
-      {"cuCtxSynchronize", 2000, false, fp(&sim_ctx_synchronize)},
-      {"cuCtxSynchronize", 13000, false, fp(&sim_ctx_synchronize_v2)},
-      {"cuMemGetInfo", 2000, false, fp(&sim_mem_get_info_v1)},
-      {"cuMemGetInfo", 3020, false, fp(&sim_mem_get_info)},
-      {"cuMemAddressReserve", 10020, false, fp(&sim_mem_address_reserve)},
-      {"cuMemAddressFree", 10020, false, fp(&sim_mem_address_free)},
-      {"cuMemCreate", 10020, false, fp(&sim_mem_create)},
-      {"cuMemRelease", 10020, false, fp(&sim_mem_release)},
-      {"cuMemMap", 10020, false, fp(&sim_mem_map)},
-      {"cuMemUnmap", 10020, false, fp(&sim_mem_unmap)},
-      {"cuMemSetAccess", 10020, false, fp(&sim_mem_set_access)},
-      {"cuMemGetAccess", 10020, false, fp(&sim_mem_get_access)},
-      {"cuMemGetAllocationGranularity", 10020, false, fp(&sim_mem_get_allocation_granularity)},
-      {"cuMemGetAllocationPropertiesFromHandle", 10020, false,
-       fp(&sim_mem_get_allocation_properties_from_handle)},
-      {"cuMemRetainAllocationHandle", 11000, false, fp(&sim_mem_retain_allocation_handle)},
-      {"cuStreamCreate", 2000, false, fp(&sim_stream_create)},
-      {"cuStreamDestroy", 2000, false, fp(&sim_stream_destroy)},
-      {"cuStreamDestroy", 4000, false, fp(&sim_stream_destroy)},
-      {"cuStreamSynchronize", 2000, false, fp(&sim_stream_synchronize)},
-      {"cuStreamSynchronize", 7000, true, fp(&sim_stream_synchronize)},
-      {"cuStreamQuery", 2000, false, fp(&sim_stream_query)},
-      {"cuStreamQuery", 7000, true, fp(&sim_stream_query)},
-      {"cuStreamWaitEvent", 3020, false, fp(&sim_stream_wait_event)},
-      {"cuStreamWaitEvent", 7000, true, fp(&sim_stream_wait_event)},
-      {"cuEventCreate", 2000, false, fp(&sim_event_create)},
-      {"cuEventDestroy", 2000, false, fp(&sim_event_destroy)},
-      {"cuEventDestroy", 4000, false, fp(&sim_event_destroy)},
-      {"cuEventRecord", 2000, false, fp(&sim_event_record)},
-      {"cuEventRecord", 7000, true, fp(&sim_event_record)},
-      {"cuEventQuery", 2000, false, fp(&sim_event_query)},
-      {"cuEventSynchronize", 2000, false, fp(&sim_event_synchronize)},
-      {"cuGetProcAddress", 11030, false, fp(&sim_get_proc_address_v1)},
-      {"cuGetProcAddress", 12000, false, fp(&sim_get_proc_address)},
+      {"cuGetErrorString", 6000, false, fp(&sim_get_error_string), "cuGetErrorString"},
+      {"cuGetErrorName", 6000, false, fp(&sim_get_error_name), "cuGetErrorName"},
+      {"cuInit", 2000, false, fp(&sim_init), "cuInit"},
+      {"cuDriverGetVersion", 2020, false, fp(&sim_driver_get_version), "cuDriverGetVersion"},
+      {"cuDeviceGet", 2000, false, fp(&sim_device_get), "cuDeviceGet"},
+      {"cuDeviceGetCount", 2000, false, fp(&sim_device_get_count), "cuDeviceGetCount"},
+      {"cuDeviceGetAttribute", 2000, false, fp(&sim_device_get_attribute), "cuDeviceGetAttribute"},
+      {"cuDeviceGetName", 2000, false, fp(&sim_device_get_name), "cuDeviceGetName"},
+      {"cuDeviceTotalMem", 2000, false, fp(&sim_device_total_mem_v1), "cuDeviceTotalMem"},
+      {"cuDeviceTotalMem", 3020, false, fp(&sim_device_total_mem), "cuDeviceTotalMem_v2"},
+      {"cuDevicePrimaryCtxRetain", 7000, false, fp(&sim_device_primary_ctx_retain), "cuDevicePrimaryCtxRetain"},
+      {"cuDevicePrimaryCtxRelease", 7000, false, fp(&sim_device_primary_ctx_release), "cuDevicePrimaryCtxRelease"},
+      {"cuDevicePrimaryCtxRelease", 11000, false, fp(&sim_device_primary_ctx_release), "cuDevicePrimaryCtxRelease_v2"},
+      {"cuCtxGetCurrent", 4000, false, fp(&sim_ctx_get_current), "cuCtxGetCurrent"},
+      {"cuCtxSetCurrent", 4000, false, fp(&sim_ctx_set_current), "cuCtxSetCurrent"},
+      {"cuCtxPushCurrent", 2000, false, fp(&sim_ctx_push_current), "cuCtxPushCurrent"},
+      {"cuCtxPushCurrent", 4000, false, fp(&sim_ctx_push_current), "cuCtxPushCurrent_v2"},
+      {"cuCtxPopCurrent", 2000, false, fp(&sim_ctx_pop_current), "cuCtxPopCurrent"},
+      {"cuCtxPopCurrent", 4000, false, fp(&sim_ctx_pop_current), "cuCtxPopCurrent_v2"},
+      {"cuCtxSynchronize", 2000, false, fp(&sim_ctx_synchronize), "cuCtxSynchronize"},
+      {"cuCtxSynchronize", 13000, false, fp(&sim_ctx_synchronize_v2), "cuCtxSynchronize_v2"},
+      {"cuMemGetInfo", 2000, false, fp(&sim_mem_get_info_v1), "cuMemGetInfo"},
+      {"cuMemGetInfo", 3020, false, fp(&sim_mem_get_info), "cuMemGetInfo_v2"},
+      {"cuMemAddressReserve", 10020, false, fp(&sim_mem_address_reserve), "cuMemAddressReserve"},
+      {"cuMemAddressFree", 10020, false, fp(&sim_mem_address_free), "cuMemAddressFree"},
+      {"cuMemCreate", 10020, false, fp(&sim_mem_create), "cuMemCreate"},
+      {"cuMemRelease", 10020, false, fp(&sim_mem_release), "cuMemRelease"},
+      {"cuMemMap", 10020, false, fp(&sim_mem_map), "cuMemMap"},
+      {"cuMemUnmap", 10020, false, fp(&sim_mem_unmap), "cuMemUnmap"},
+      {"cuMemSetAccess", 10020, false, fp(&sim_mem_set_access), "cuMemSetAccess"},
+      {"cuMemGetAccess", 10020, false, fp(&sim_mem_get_access), "cuMemGetAccess"},
+      {"cuMemGetAllocationGranularity", 10020, false, fp(&sim_mem_get_allocation_granularity), "cuMemGetAllocationGranularity"},
+      {"cuMemGetAllocationPropertiesFromHandle", 10020, false, fp(&sim_mem_get_allocation_properties_from_handle), "cuMemGetAllocationPropertiesFromHandle"},
+      {"cuMemRetainAllocationHandle", 11000, false, fp(&sim_mem_retain_allocation_handle), "cuMemRetainAllocationHandle"},
+      {"cuStreamCreate", 2000, false, fp(&sim_stream_create), "cuStreamCreate"},
+      {"cuStreamDestroy", 2000, false, fp(&sim_stream_destroy), "cuStreamDestroy"},
+      {"cuStreamDestroy", 4000, false, fp(&sim_stream_destroy), "cuStreamDestroy_v2"},
+      {"cuStreamSynchronize", 2000, false, fp(&sim_stream_synchronize), "cuStreamSynchronize"},
+      {"cuStreamSynchronize", 7000, true, fp(&sim_stream_synchronize), "cuStreamSynchronize_ptsz"},
+      {"cuStreamQuery", 2000, false, fp(&sim_stream_query), "cuStreamQuery"},
+      {"cuStreamQuery", 7000, true, fp(&sim_stream_query), "cuStreamQuery_ptsz"},
+      {"cuStreamWaitEvent", 3020, false, fp(&sim_stream_wait_event), "cuStreamWaitEvent"},
+      {"cuStreamWaitEvent", 7000, true, fp(&sim_stream_wait_event), "cuStreamWaitEvent_ptsz"},
+      {"cuEventCreate", 2000, false, fp(&sim_event_create), "cuEventCreate"},
+      {"cuEventDestroy", 2000, false, fp(&sim_event_destroy), "cuEventDestroy"},
+      {"cuEventDestroy", 4000, false, fp(&sim_event_destroy), "cuEventDestroy_v2"},
+      {"cuEventRecord", 2000, false, fp(&sim_event_record), "cuEventRecord"},
+      {"cuEventRecord", 7000, true, fp(&sim_event_record), "cuEventRecord_ptsz"},
+      {"cuEventQuery", 2000, false, fp(&sim_event_query), "cuEventQuery"},
+      {"cuEventSynchronize", 2000, false, fp(&sim_event_synchronize), "cuEventSynchronize"},
+      {"cuGetProcAddress", 11030, false, fp(&sim_get_proc_address_v1), "cuGetProcAddress"},
+      {"cuGetProcAddress", 12000, false, fp(&sim_get_proc_address), "cuGetProcAddress_v2"},
   };
   *n = sizeof v / sizeof v[0];
   return v;
 }
 
-}  // namespace
-
-CUresult sim_get_proc_address(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
-                              CUdriverProcAddressQueryResult* status) {
-  if (symbol == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+// The variant cuGetProcAddress_v2 returns (nullptr with *status saying why), or an error code.
+CUresult lookup(const char* symbol, int cuda_version, cuuint64_t flags, const Variant** out,
+                CUdriverProcAddressQueryResult* status) {
+  *out = nullptr;
+  if (symbol == nullptr) return CUDA_ERROR_INVALID_VALUE;
   constexpr cuuint64_t kKnownFlags =
       CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
   if ((flags & ~kKnownFlags) != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -111,12 +111,36 @@ CUresult sim_get_proc_address(const char* symbol, void** pfn, int cuda_version, 
     if (slot == nullptr || v[i].version > slot->version) slot = &v[i];
   }
   if (per_thread && best_pt != nullptr) best = best_pt;
-  *pfn = best != nullptr ? best->fn : nullptr;
-  if (status != nullptr) {
-    *status = best != nullptr ? CU_GET_PROC_ADDRESS_SUCCESS
-              : known         ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
-                              : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-  }
+  *out = best;
+  *status = best != nullptr ? CU_GET_PROC_ADDRESS_SUCCESS
+            : known         ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                            : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult sim_get_proc_address(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
+                              CUdriverProcAddressQueryResult* status) {
+  if (pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const Variant* v = nullptr;
+  CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  const CUresult r = lookup(symbol, cuda_version, flags, &v, &st);
+  if (r != CUDA_SUCCESS) return r;
+  *pfn = v != nullptr ? v->fn : nullptr;
+  if (status != nullptr) *status = st;
+  return CUDA_SUCCESS;
+}
+
+CUresult sim_get_proc_symbol(const char* symbol, const char** exported, int cuda_version,
+                             cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
+  if (exported == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const Variant* v = nullptr;
+  CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  const CUresult r = lookup(symbol, cuda_version, flags, &v, &st);
+  if (r != CUDA_SUCCESS) return r;
+  *exported = v != nullptr ? v->symbol : nullptr;
+  if (status != nullptr) *status = st;
   return CUDA_SUCCESS;
 }
 

@@ -158,6 +158,61 @@ TEST_F(SimExport, VmmThroughProcAddress) {
   EXPECT_EQ(0u, r + a + m + b);
 }
 
+TEST_F(SimExport, ProcAddressReturnsTheExportedSymbols) {
+  struct Case {
+    const char* base;
+    int version;
+    cuuint64_t flags;
+    const char* symbol;
+  };
+  const Case cases[] = {
+      {"cuMemGetInfo", 2000, 0, "cuMemGetInfo"},
+      {"cuMemGetInfo", 12000, 0, "cuMemGetInfo_v2"},
+      {"cuDeviceTotalMem", 3010, 0, "cuDeviceTotalMem"},
+      {"cuDeviceTotalMem", 3020, 0, "cuDeviceTotalMem_v2"},
+      {"cuStreamDestroy", 3000, 0, "cuStreamDestroy"},
+      {"cuStreamDestroy", 13000, 0, "cuStreamDestroy_v2"},
+      {"cuEventDestroy", 2000, 0, "cuEventDestroy"},
+      {"cuDevicePrimaryCtxRelease", 10020, 0, "cuDevicePrimaryCtxRelease"},
+      {"cuDevicePrimaryCtxRelease", 11000, 0, "cuDevicePrimaryCtxRelease_v2"},
+      {"cuCtxPushCurrent", 2000, 0, "cuCtxPushCurrent"},
+      {"cuCtxPopCurrent", 4000, 0, "cuCtxPopCurrent_v2"},
+      {"cuCtxSynchronize", 12000, 0, "cuCtxSynchronize"},
+      {"cuCtxSynchronize", 13000, 0, "cuCtxSynchronize_v2"},
+      {"cuStreamSynchronize", 13000, 0, "cuStreamSynchronize"},
+      {"cuStreamSynchronize", 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuStreamSynchronize_ptsz"},
+      {"cuEventRecord", 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuEventRecord_ptsz"},
+      {"cuEventRecord", 13000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, "cuEventRecord"},
+      {"cuGetProcAddress", 11030, 0, "cuGetProcAddress"},
+      {"cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2"},
+      {"cuMemMap", 13000, 0, "cuMemMap"},
+  };
+  for (const Case& c : cases) {
+    void* fn = nullptr;
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    ASSERT_EQ(CUDA_SUCCESS, get_proc_(c.base, &fn, c.version, c.flags, &st)) << c.base;
+    EXPECT_EQ(CU_GET_PROC_ADDRESS_SUCCESS, st) << c.base;
+    EXPECT_EQ(dlsym(lib().handle(), c.symbol), fn) << c.base << " at " << c.version;
+  }
+  void* fn = reinterpret_cast<void*>(1);
+  CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+  EXPECT_EQ(CUDA_SUCCESS, get_proc_("cuNotAThing", &fn, 13000, 0, &st));
+  EXPECT_EQ(nullptr, fn);
+  EXPECT_EQ(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, st);
+  EXPECT_EQ(CUDA_SUCCESS, get_proc_("cuMemRetainAllocationHandle", &fn, 10020, 0, &st));
+  EXPECT_EQ(nullptr, fn);
+  EXPECT_EQ(CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT, st);
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, get_proc_("cuMemMap", &fn, 13020, 0, &st));
+  // The 11.3 ABI.
+  using GetProcV1 = CUresult (*)(const char*, void**, int, cuuint64_t);
+  auto v1 = lib().sym<GetProcV1>("cuGetProcAddress");
+  ASSERT_NE(nullptr, v1);
+  EXPECT_EQ(CUDA_SUCCESS, v1("cuMemUnmap", &fn, 11030, 0));
+  EXPECT_EQ(dlsym(lib().handle(), "cuMemUnmap"), fn);
+  EXPECT_EQ(CUDA_ERROR_NOT_FOUND, v1("cuNotAThing", &fn, 11030, 0));
+  EXPECT_EQ(nullptr, fn);
+}
+
 TEST_F(SimExport, SeparateFromTheInProcessSim) {
   reset(SimConfig{});
   auto init = lib().sym<decltype(&::cuInit)>("cuInit");

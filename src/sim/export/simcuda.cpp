@@ -252,8 +252,94 @@ EXPANSE_EXPORT CUresult cuEventSynchronize(CUevent event) {
 EXPANSE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
                                             cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
   ensure_configured();
-  return sim::sim_get_proc_address(symbol, pfn, cudaVersion, flags, status);
+  return expanse::sim::exported::proc_address(symbol, pfn, cudaVersion, flags, status);
 }
+
+// ---- cuGetProcAddress answers with this library's exported functions ----------------------------
+
+namespace expanse::sim::exported {
+namespace {
+
+template <class F>
+void* fp(F* f) noexcept {
+  return reinterpret_cast<void*>(f);
+}
+
+const Export kExports[] = {
+    {"cuGetErrorName", fp(&cuGetErrorName)},
+    {"cuGetErrorString", fp(&cuGetErrorString)},
+    {"cuInit", fp(&cuInit)},
+    {"cuDriverGetVersion", fp(&cuDriverGetVersion)},
+    {"cuDeviceGet", fp(&cuDeviceGet)},
+    {"cuDeviceGetCount", fp(&cuDeviceGetCount)},
+    {"cuDeviceGetAttribute", fp(&cuDeviceGetAttribute)},
+    {"cuDeviceGetName", fp(&cuDeviceGetName)},
+    {"cuDeviceTotalMem_v2", fp(&cuDeviceTotalMem_v2)},
+    {"cuDevicePrimaryCtxRetain", fp(&cuDevicePrimaryCtxRetain)},
+    {"cuDevicePrimaryCtxRelease_v2", fp(&cuDevicePrimaryCtxRelease_v2)},
+    {"cuCtxGetCurrent", fp(&cuCtxGetCurrent)},
+    {"cuCtxSetCurrent", fp(&cuCtxSetCurrent)},
+    {"cuCtxPushCurrent_v2", fp(&cuCtxPushCurrent_v2)},
+    {"cuCtxPopCurrent_v2", fp(&cuCtxPopCurrent_v2)},
+    {"cuCtxSynchronize", fp(&cuCtxSynchronize)},
+    {"cuCtxSynchronize_v2", fp(&cuCtxSynchronize_v2)},
+    {"cuMemGetInfo_v2", fp(&cuMemGetInfo_v2)},
+    {"cuMemAddressReserve", fp(&cuMemAddressReserve)},
+    {"cuMemAddressFree", fp(&cuMemAddressFree)},
+    {"cuMemCreate", fp(&cuMemCreate)},
+    {"cuMemRelease", fp(&cuMemRelease)},
+    {"cuMemMap", fp(&cuMemMap)},
+    {"cuMemUnmap", fp(&cuMemUnmap)},
+    {"cuMemSetAccess", fp(&cuMemSetAccess)},
+    {"cuMemGetAccess", fp(&cuMemGetAccess)},
+    {"cuMemGetAllocationGranularity", fp(&cuMemGetAllocationGranularity)},
+    {"cuMemGetAllocationPropertiesFromHandle", fp(&cuMemGetAllocationPropertiesFromHandle)},
+    {"cuMemRetainAllocationHandle", fp(&cuMemRetainAllocationHandle)},
+    {"cuStreamCreate", fp(&cuStreamCreate)},
+    {"cuStreamDestroy_v2", fp(&cuStreamDestroy_v2)},
+    {"cuStreamSynchronize", fp(&cuStreamSynchronize)},
+    {"cuStreamSynchronize_ptsz", fp(&cuStreamSynchronize_ptsz)},
+    {"cuStreamQuery", fp(&cuStreamQuery)},
+    {"cuStreamQuery_ptsz", fp(&cuStreamQuery_ptsz)},
+    {"cuStreamWaitEvent", fp(&cuStreamWaitEvent)},
+    {"cuStreamWaitEvent_ptsz", fp(&cuStreamWaitEvent_ptsz)},
+    {"cuEventCreate", fp(&cuEventCreate)},
+    {"cuEventDestroy_v2", fp(&cuEventDestroy_v2)},
+    {"cuEventRecord", fp(&cuEventRecord)},
+    {"cuEventRecord_ptsz", fp(&cuEventRecord_ptsz)},
+    {"cuEventQuery", fp(&cuEventQuery)},
+    {"cuEventSynchronize", fp(&cuEventSynchronize)},
+    {"cuGetProcAddress_v2", fp(&cuGetProcAddress_v2)},
+};
+
+void* find_export(const char* name) noexcept {
+  for (const Export& e : kExports) {
+    if (std::strcmp(e.symbol, name) == 0) return e.fn;
+  }
+  size_t n = 0;
+  const Export* legacy = legacy_exports(&n);
+  for (size_t i = 0; i < n; ++i) {
+    if (std::strcmp(legacy[i].symbol, name) == 0) return legacy[i].fn;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+CUresult proc_address(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
+                      CUdriverProcAddressQueryResult* status) noexcept {
+  if (pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const char* exported = nullptr;
+  CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  const CUresult r = sim_get_proc_symbol(symbol, &exported, cuda_version, flags, &st);
+  if (r != CUDA_SUCCESS) return r;
+  *pfn = exported != nullptr ? find_export(exported) : nullptr;
+  if (exported != nullptr && *pfn == nullptr) st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  if (status != nullptr) *status = st;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace expanse::sim::exported
 
 // ---- control ------------------------------------------------------------------------------------
 

@@ -51,8 +51,31 @@ EXPANSE_EXPORT CUresult cuCtxPopCurrent(CUcontext* ctx) {
   ensure_configured();
   return sim::sim_ctx_pop_current(ctx);
 }
+// The CUDA 11.3 ABI: no status argument; a missing symbol or variant is CUDA_ERROR_NOT_FOUND.
 EXPANSE_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion,
                                          cuuint64_t flags) {
   ensure_configured();
-  return sim::sim_get_proc_address_v1(symbol, pfn, cudaVersion, flags);
+  CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SUCCESS;
+  const CUresult r = expanse::sim::exported::proc_address(symbol, pfn, cudaVersion, flags, &status);
+  if (r != CUDA_SUCCESS) return r;
+  return status == CU_GET_PROC_ADDRESS_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
+
+namespace expanse::sim::exported {
+
+const Export* legacy_exports(size_t* n) noexcept {
+  static const Export table[] = {
+      {"cuMemGetInfo", reinterpret_cast<void*>(&cuMemGetInfo)},
+      {"cuDeviceTotalMem", reinterpret_cast<void*>(&cuDeviceTotalMem)},
+      {"cuStreamDestroy", reinterpret_cast<void*>(&cuStreamDestroy)},
+      {"cuEventDestroy", reinterpret_cast<void*>(&cuEventDestroy)},
+      {"cuDevicePrimaryCtxRelease", reinterpret_cast<void*>(&cuDevicePrimaryCtxRelease)},
+      {"cuCtxPushCurrent", reinterpret_cast<void*>(&cuCtxPushCurrent)},
+      {"cuCtxPopCurrent", reinterpret_cast<void*>(&cuCtxPopCurrent)},
+      {"cuGetProcAddress", reinterpret_cast<void*>(&cuGetProcAddress)},
+  };
+  *n = sizeof table / sizeof table[0];
+  return table;
+}
+
+}  // namespace expanse::sim::exported
