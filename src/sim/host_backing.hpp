@@ -23,8 +23,11 @@ namespace expanse::sim::detail {
 size_t host_page_size() noexcept;
 
 // Reserves size bytes of PROT_NONE VA aligned to `alignment` (a power of two, >= host page),
-// at `hint` when that exact range is free (hint != 0 and aligned). Returns 0 when the host has
-// no VA left.
+// at `hint` when that exact range is free (hint != 0 and aligned). Otherwise reservations are
+// placed bottom-up from a cursor (32 TiB up), so consecutive reservations are adjacent and a
+// hint at the end of the last one is usually free, as with CUDA's own VA allocator; failing
+// that (or under TSan), wherever the kernel puts them. Returns 0 when the host has no VA left.
+// Not thread-safe (the sim's lock serializes callers).
 uintptr_t va_reserve(size_t size, size_t alignment, uintptr_t hint) noexcept;
 // Returns a whole reservation to the OS.
 void va_release(uintptr_t base, size_t size) noexcept;

@@ -57,7 +57,8 @@ State::State(const SimConfig& c) : cfg(c), costs(CostTable::a100()) {
 }
 
 State::~State() {
-  for (const auto& [base, r] : reservations) va_release(base, r.size);
+  // Newest (highest) first, so that the placement cursor comes all the way back.
+  for (auto it = reservations.rbegin(); it != reservations.rend(); ++it) va_release(it->first, it->second.size);
 }
 
 std::mutex& state_mutex() noexcept { return g_mutex; }

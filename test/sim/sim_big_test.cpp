@@ -137,3 +137,57 @@ TEST_F(SimBig, RemapHalfOfTheDeviceInPlace) {
 
 }  // namespace
 }  // namespace expanse::sim::testing
+
+namespace expanse::sim::testing {
+namespace {
+
+// Scale: 40960 live mappings and a million calls; every lookup is O(log n).
+class SimScale : public SimTest {
+ protected:
+  SimConfig config() const override {
+    SimConfig c;
+    c.devices = 1;
+    c.capacity = kPages * kPage;
+    c.backing = false;
+    return c;
+  }
+};
+
+TEST_F(SimScale, MillionCallsOverFortyThousandMappings) {
+  const auto start = std::chrono::steady_clock::now();
+  const size_t total = kPages * kPage;
+  CUdeviceptr base = 0;
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_address_reserve(&base, total, 0, 0, 0));
+  std::vector<CUmemGenericAllocationHandle> handles(kPages);
+  const CUmemAllocationProp prop = device_prop(0);
+  for (auto& h : handles) ASSERT_EQ(CUDA_SUCCESS, t().mem_create(&h, kPage, &prop, 0));
+  for (size_t p = 0; p < kPages; ++p) ASSERT_EQ(CUDA_SUCCESS, t().mem_map(base + p * kPage, kPage, 0, handles[p], 0));
+  reset_counts();
+  const CUmemAccessDesc rw = access(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  const CUmemLocation loc = device_location(0);
+  uint64_t x = 88172645463325252ull;  // xorshift
+  size_t ok = 0;
+  for (int i = 0; i < 250000; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    const size_t p = x % kPages;
+    const CUdeviceptr va = base + p * kPage;
+    ok += t().mem_unmap(va, kPage) == CUDA_SUCCESS;
+    ok += t().mem_map(va, kPage, 0, handles[p], 0) == CUDA_SUCCESS;
+    ok += t().mem_set_access(va, kPage, &rw, 1) == CUDA_SUCCESS;
+    unsigned long long f = 0;
+    ok += t().mem_get_access(&f, &loc, va + 4096) == CUDA_SUCCESS && f == 3;
+  }
+  EXPECT_EQ(1000000u, ok);
+  EXPECT_EQ(1000000u, total_calls());
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_unmap(base, total));
+  for (auto h : handles) ASSERT_EQ(CUDA_SUCCESS, t().mem_release(h));
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_address_free(base, total));
+  EXPECT_TRUE(outstanding().empty()) << describe_outstanding();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("[          ] 1e6 calls over 40960 mappings: %.2f s\n", secs);
+}
+
+}  // namespace
+}  // namespace expanse::sim::testing
