@@ -166,6 +166,7 @@ int main(int argc, char** argv) {
   check("cuMemAddressFree again", cu_address_free(ptr, 4 * gran), CUDA_ERROR_INVALID_VALUE);
 
   printf("%d checks, %d failed\n", g_checks, g_failures);
-  dlclose(lib);
+  /* lib stays loaded: dlclose would unmap the globals that own the sim state, and LeakSanitizer
+   * would then report that state as leaked. */
   return g_failures == 0 ? 0 : 1;
 }

@@ -237,5 +237,44 @@ TEST_P(Conformance, PropertiesFromReleasedHandleIsInvalidValue) {
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().mem_get_allocation_properties_from_handle(&got, 0));
 }
 
+// §6.8 / §7 #28: HOST_NUMA access may only be given to host allocations; on device memory it is
+// INVALID_VALUE.
+TEST_P(Conformance, SetAccessHostNumaOnDeviceMemoryIsInvalidValue) {
+  const Block b = make_block(1);
+  CUmemAccessDesc d = access_desc(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  d.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  d.location.id = 0;
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().mem_set_access(b.ptr, b.size, &d, 1));
+  EXPECT_EQ(get_access(b.ptr), kReadWrite);
+}
+
+// §6.6 / §6.8 (vectorAddMMAP): allocations of different devices map side by side in one
+// reservation, and one cuMemSetAccess with a descriptor per device covers the whole range.
+TEST_P(Conformance, DevicesStripedInOneReservation) {
+  if (device_count() < 2) GTEST_SKIP() << "needs two devices";
+  const CUdeviceptr p = reserve(2 * gran());
+  const CUmemGenericAllocationHandle h0 = create(gran(), 0);
+  const CUmemGenericAllocationHandle h1 = create(gran(), 1);
+  map(p, gran(), h0);
+  map(p + gran(), gran(), h1);
+  const CUmemAccessDesc descs[2] = {access_desc(0), access_desc(1)};
+  ASSERT_CU(CUDA_SUCCESS, t().mem_set_access(p, 2 * gran(), descs, 2));
+  EXPECT_EQ(get_access(p, 0), kReadWrite);
+  EXPECT_EQ(get_access(p + gran(), 1), kReadWrite);
+  CUmemGenericAllocationHandle got = 0;
+  ASSERT_CU(CUDA_SUCCESS, retain(&got, p + gran()));
+  EXPECT_EQ(got, h1);
+  CUmemAllocationProp prop;
+  ASSERT_CU(CUDA_SUCCESS, t().mem_get_allocation_properties_from_handle(&prop, got));
+  EXPECT_EQ(prop.location.id, 1);
+  ASSERT_CU(CUDA_SUCCESS, release(got));
+  if (hooks() != nullptr) {
+    host_ptr(p)[gran() - 1] = 1;
+    host_ptr(p)[gran()] = 2;
+    EXPECT_EQ(host_ptr(p)[gran() - 1], 1);
+    EXPECT_EQ(host_ptr(p)[gran()], 2);
+  }
+  EXPECT_CU(CUDA_SUCCESS, unmap(p, 2 * gran()));
+}
 }  // namespace
 }  // namespace expanse::conformance

@@ -185,5 +185,79 @@ TEST_P(Conformance, DoubleReleaseIsInvalidValue) {
   EXPECT_EQ(mem_free(), kSimCapacity);
 }
 
+// §6.4 / §7 #12: HOST memory is not IPC-capable — requestedHandleTypes ≠ 0 → INVALID_VALUE.
+TEST_P(Conformance, CreateHostWithHandleTypesIsInvalidValue) {
+  CUmemAllocationProp prop = device_prop(0);
+  prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
+  prop.location.id = 0;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CUmemGenericAllocationHandle h = 0;
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, gran(), prop));
+}
+
+// §6.4 / §7 #12: HOST_NUMA with id −1 → INVALID_VALUE.
+TEST_P(Conformance, CreateHostNumaWithNegativeIdIsInvalidValue) {
+  CUmemAllocationProp prop = device_prop(0);
+  prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  prop.location.id = -1;
+  CUmemGenericAllocationHandle h = 0;
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, gran(), prop));
+}
+
+// §2.3 / §6.4: win32HandleMetaData must be NULL unless a WIN32 handle type is requested.
+TEST_P(Conformance, CreateWithWin32MetadataOnLinuxIsInvalidValue) {
+  CUmemAllocationProp prop = device_prop(0);
+  int dummy = 0;
+  prop.win32HandleMetaData = &dummy;
+  CUmemGenericAllocationHandle h = 0;
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, gran(), prop));
+}
+
+// §4 / §6.4: physical memory is accounted per device: cuMemGetInfo under device 1's context sees
+// device 1's allocations only.
+TEST_P(Conformance, MemGetInfoIsPerDevice) {
+  if (device_count() < 2) GTEST_SKIP() << "needs two devices";
+  const size_t size = 2 * gran();
+  make_current();  // device 0
+  const size_t free0 = mem_free();
+  CUcontext ctx1 = nullptr;
+  ASSERT_CU(CUDA_SUCCESS, t().device_primary_ctx_retain(&ctx1, 1));
+  ASSERT_CU(CUDA_SUCCESS, t().ctx_push_current(ctx1));
+  size_t free1 = 0;
+  EXPECT_CU(CUDA_SUCCESS, t().mem_get_info(&free1, nullptr));
+  const CUmemGenericAllocationHandle h = create(size, 1);
+  size_t free1_after = 0;
+  EXPECT_CU(CUDA_SUCCESS, t().mem_get_info(&free1_after, nullptr));
+  CUcontext popped = nullptr;
+  EXPECT_CU(CUDA_SUCCESS, t().ctx_pop_current(&popped));
+  EXPECT_EQ(popped, ctx1);
+  const size_t free0_after = mem_free();
+  if (hooks() != nullptr) {
+    EXPECT_EQ(free1_after, free1 - size);
+    EXPECT_EQ(free0_after, free0) << "device 1's allocation was counted on device 0";
+  } else {
+    EXPECT_LE(free1_after + size / 2, free1);
+  }
+  EXPECT_CU(CUDA_SUCCESS, release(h));
+  EXPECT_CU(CUDA_SUCCESS, t().device_primary_ctx_release(1));
+}
+
+// §5.2 / §6.6: once every user-visible reference (create/retain) is released, the handle value is
+// invalid even while a mapping keeps the memory alive: it cannot be mapped again or queried.
+TEST_P(Conformance, ReleasedHandleIsInvalidWhileStillMapped) {
+  CONFORMANCE_REQUIRE_SIM("a stale handle is undefined behaviour on the real driver");
+  const Block b = make_block(1);
+  ASSERT_CU(CUDA_SUCCESS, release(b.handle));
+  const CUdeviceptr other = reserve(b.size);
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_map(other, b.size, 0, b.handle));
+  CUmemAllocationProp prop;
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().mem_get_allocation_properties_from_handle(&prop, b.handle));
+  // Retaining through the mapping makes the (same) handle valid again.
+  CUmemGenericAllocationHandle again = 0;
+  ASSERT_CU(CUDA_SUCCESS, retain(&again, b.ptr));
+  EXPECT_EQ(again, b.handle);
+  EXPECT_CU(CUDA_SUCCESS, t().mem_get_allocation_properties_from_handle(&prop, again));
+  EXPECT_CU(CUDA_SUCCESS, try_map(other, b.size, 0, again));
+}
 }  // namespace
 }  // namespace expanse::conformance

@@ -90,7 +90,7 @@ TEST_P(Conformance, DeviceGetAttributeMisuse) {
   int value = -1;
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().device_get_attribute(&value, CU_DEVICE_ATTRIBUTE_MAX, 0));
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE,
-            t().device_get_attribute(&value, bad_enum<CUdevice_attribute>(100000), 0));
+            call_raw(t().device_get_attribute, &value, 100000, 0));
   EXPECT_CU(CUDA_ERROR_INVALID_DEVICE,
             t().device_get_attribute(&value, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
                                      device_count()));
@@ -180,10 +180,10 @@ TEST_P(Conformance, ErrorNameAndStringOfKnownCodes) {
 // §3.2 / §7 #32: an unknown code is INVALID_VALUE with *pStr = NULL.
 TEST_P(Conformance, ErrorNameAndStringOfUnknownCode) {
   const char* name = "untouched";
-  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().get_error_name(bad_enum<CUresult>(12345), &name));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, call_raw(t().get_error_name, 12345, &name));
   EXPECT_EQ(name, nullptr);
   const char* text = "untouched";
-  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().get_error_string(bad_enum<CUresult>(12345), &text));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, call_raw(t().get_error_string, 12345, &text));
   EXPECT_EQ(text, nullptr);
 }
 

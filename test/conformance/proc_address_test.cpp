@@ -36,7 +36,7 @@ TEST_P(Conformance, ProcAddressUnknownSymbolIsSuccessWithNull) {
   const ProcAddress get(library_symbol("cuGetProcAddress_v2"));
   ASSERT_TRUE(get) << library_path() << " does not export cuGetProcAddress_v2";
   void* pfn = reinterpret_cast<void*>(0x1);
-  auto status = bad_enum<CUdriverProcAddressQueryResult>(0x7);
+  auto status = static_cast<CUdriverProcAddressQueryResult>(3);  // none of the three
   EXPECT_CU(CUDA_SUCCESS, get("cuExpanseNoSuchFunction", &pfn, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &status));
   EXPECT_EQ(pfn, nullptr);
   EXPECT_EQ(status, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);

@@ -35,7 +35,7 @@ TEST_P(Conformance, GranularityMisuseIsInvalidValue) {
   const CUmemAllocationProp prop = device_prop(0);
   size_t g = 0;
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE,
-            t().mem_get_allocation_granularity(&g, &prop, bad_enum<CUmemAllocationGranularity_flags>(2)));
+            call_raw(t().mem_get_allocation_granularity, &g, &prop, 2));
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE,
             t().mem_get_allocation_granularity(nullptr, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE,
@@ -168,5 +168,28 @@ TEST_P(Conformance, AddressFreeWhileMappedIsInvalidValue) {
   EXPECT_CU(CUDA_SUCCESS, release(b.handle));
 }
 
+// §6.1: a DEVICE location with a bad ordinal is INVALID_VALUE here (INVALID_DEVICE is not among
+// cuMemGetAllocationGranularity's documented codes).
+TEST_P(Conformance, GranularityBadDeviceIsInvalidValue) {
+  size_t g = 0;
+  const CUmemAllocationProp prop = device_prop(device_count());
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE,
+            t().mem_get_allocation_granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+}
+
+// §6.2 / §8.12: a reservation larger than the address space → OUT_OF_MEMORY; one much larger than
+// the device's memory is fine and takes no physical memory.
+TEST_P(Conformance, ReserveBeyondAddressSpaceIsOutOfMemory) {
+  CUdeviceptr p = 0;
+  EXPECT_CU(CUDA_ERROR_OUT_OF_MEMORY, try_reserve(&p, size_t{1} << 52));  // 4 PiB
+  const size_t before = mem_free();
+  const size_t big = 16 * ((total_mem(0) / gran() + 1) * gran());
+  const CUdeviceptr q = reserve(big);
+  EXPECT_NE(q, 0u);
+  if (hooks() != nullptr) {
+    EXPECT_EQ(mem_free(), before);
+  }
+  EXPECT_CU(CUDA_SUCCESS, address_free(q, big));
+}
 }  // namespace
 }  // namespace expanse::conformance

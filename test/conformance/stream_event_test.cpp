@@ -105,5 +105,35 @@ TEST_P(Conformance, SynchronizeCompletesHeldWork) {
   hooks()->release_stream(s);
 }
 
+// §4: an event and a stream of different contexts cannot be recorded together → INVALID_HANDLE.
+TEST_P(Conformance, EventRecordAcrossContextsIsInvalidHandle) {
+  if (device_count() < 2) GTEST_SKIP() << "needs two devices (two primary contexts)";
+  const CUevent e0 = make_event(CU_EVENT_DISABLE_TIMING);  // device 0's context
+  CUcontext ctx1 = nullptr;
+  ASSERT_CU(CUDA_SUCCESS, t().device_primary_ctx_retain(&ctx1, 1));
+  ASSERT_CU(CUDA_SUCCESS, t().ctx_push_current(ctx1));
+  CUstream s1 = nullptr;
+  ASSERT_CU(CUDA_SUCCESS, t().stream_create(&s1, 0));
+  EXPECT_CU(CUDA_ERROR_INVALID_HANDLE, t().event_record(e0, s1));
+  EXPECT_CU(CUDA_SUCCESS, t().stream_destroy(s1));
+  CUcontext popped = nullptr;
+  EXPECT_CU(CUDA_SUCCESS, t().ctx_pop_current(&popped));
+  EXPECT_CU(CUDA_SUCCESS, t().device_primary_ctx_release(1));
+}
+
+// §4: a destroyed stream or event is an invalid handle (sim: a real driver may crash instead).
+TEST_P(Conformance, DestroyedStreamOrEventIsInvalidHandle) {
+  CONFORMANCE_REQUIRE_SIM("a destroyed handle may crash a real driver");
+  const CUstream s = make_stream();
+  const CUevent e = make_event();
+  ASSERT_CU(CUDA_SUCCESS, destroy_stream(s));
+  ASSERT_CU(CUDA_SUCCESS, destroy_event(e));
+  EXPECT_CU(CUDA_ERROR_INVALID_HANDLE, t().stream_synchronize(s));
+  EXPECT_CU(CUDA_ERROR_INVALID_HANDLE, t().stream_query(s));
+  EXPECT_CU(CUDA_ERROR_INVALID_HANDLE, t().event_query(e));
+  EXPECT_CU(CUDA_ERROR_INVALID_HANDLE, t().event_synchronize(e));
+  const CUevent live = make_event();
+  EXPECT_CU(CUDA_ERROR_INVALID_HANDLE, t().event_record(live, s));
+}
 }  // namespace
 }  // namespace expanse::conformance
