@@ -29,7 +29,7 @@ constexpr bool kUseCursor = sizeof(void*) == 8;
 #endif
 constexpr uintptr_t kCursorBase = uintptr_t{0x2000} << 32;   // 32 TiB
 constexpr uintptr_t kCursorLimit = uintptr_t{0x7000} << 32;  // 112 TiB
-uintptr_t g_cursor = kCursorBase;  // guarded by the sim's lock
+uintptr_t g_cursor = kCursorBase;                            // guarded by the sim's lock
 
 bool try_fixed(uintptr_t at, size_t size) noexcept {
   void* p = mmap(as_ptr(at), size, PROT_NONE, kReserveFlags | MAP_FIXED_NOREPLACE, -1, 0);
@@ -83,8 +83,8 @@ void va_release(uintptr_t base, size_t size) noexcept {
 }
 
 bool va_map_file(uintptr_t va, size_t size, int fd, uint64_t offset) noexcept {
-  void* p = mmap(as_ptr(va), size, PROT_NONE, MAP_SHARED | MAP_FIXED, fd,
-                 static_cast<off_t>(offset));
+  void* p =
+      mmap(as_ptr(va), size, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, static_cast<off_t>(offset));
   if (p == MAP_FAILED) {
     va_unmap_to_reserved(va, size);
     return false;
@@ -108,8 +108,7 @@ PhysicalStore::~PhysicalStore() {
   if (fd_ >= 0) close(fd_);
 }
 
-bool PhysicalStore::ensure_open(const std::string& name, size_t initial_size,
-                                std::string* error) {
+bool PhysicalStore::ensure_open(const std::string& name, size_t initial_size, std::string* error) {
   if (fd_ >= 0) return true;
   int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
   if (fd < 0) {

@@ -67,9 +67,9 @@ class PhysicalStore {
   void erase_free(std::map<uint64_t, uint64_t>::iterator it);
 
   int fd_ = -1;
-  uint64_t file_size_ = 0;  // ftruncate'd size
-  uint64_t end_ = 0;        // offsets >= end_ were never handed out (or came back)
-  std::map<uint64_t, uint64_t> by_offset_;         // free extents: offset -> size
+  uint64_t file_size_ = 0;                  // ftruncate'd size
+  uint64_t end_ = 0;                        // offsets >= end_ were never handed out (or came back)
+  std::map<uint64_t, uint64_t> by_offset_;  // free extents: offset -> size
   std::set<std::pair<uint64_t, uint64_t>> by_size_;  // free extents: (size, offset)
 };
 

@@ -11,11 +11,11 @@
 // export/expanse_sim_control.h); the entry points themselves are declared in sim_entry.hpp.
 #pragma once
 
-#include "driver/driver_table.hpp"
-
 #include <cstddef>
 #include <cstdint>
 #include <string>
+
+#include "driver/driver_table.hpp"
 
 namespace expanse::sim {
 
@@ -84,8 +84,8 @@ size_t pending_events();
 struct Outstanding {
   size_t reservations = 0;
   size_t reserved_bytes = 0;
-  size_t allocations = 0;      // physical allocations not yet freed
-  size_t physical_bytes = 0;   // bytes counted as used by cuMemGetInfo
+  size_t allocations = 0;     // physical allocations not yet freed
+  size_t physical_bytes = 0;  // bytes counted as used by cuMemGetInfo
   size_t mappings = 0;
   size_t mapped_bytes = 0;
   size_t streams = 0;
@@ -104,9 +104,9 @@ size_t resident_bytes(int device = -1);
 
 // Strictness switches for undocumented corners (spec §10). Defaults are the strict policies.
 struct Policy {
-  bool free_with_mappings_is_error = true;   // cuMemAddressFree over live mappings → INVALID_VALUE
+  bool free_with_mappings_is_error = true;  // cuMemAddressFree over live mappings → INVALID_VALUE
   bool map_across_reservations_is_error = true;
-  bool require_context_for_vmm = false;      // VMM calls with no current context are allowed
+  bool require_context_for_vmm = false;  // VMM calls with no current context are allowed
 };
 void set_policy(const Policy& p);
 

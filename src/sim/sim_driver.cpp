@@ -3,15 +3,15 @@
 // Every entry point runs under the global lock: it counts the call, fires an injected failure if
 // one is due (no side effects), checks cuInit, runs its body and, on success, adds its modeled
 // cost. Misuse is answered with the code of the spec's misuse table, before any state changes.
-#include "sim/sim_entry.hpp"
-#include "sim/sim_errors.hpp"
-#include "sim/sim_internal.hpp"
-
 #include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstring>
 #include <string>
+
+#include "sim/sim_entry.hpp"
+#include "sim/sim_errors.hpp"
+#include "sim/sim_internal.hpp"
 
 namespace expanse::sim {
 namespace {
@@ -80,8 +80,7 @@ double pages(const State& s, size_t bytes) noexcept {
 
 // An A100-80GB-like device (compute capability 8.0) that supports VMM and nothing that needs
 // hardware: no export handle types, no RDMA, no compression, no multicast, no host VMM.
-bool device_attribute(const State& s, int attr, int* value) {
-  (void)s;
+bool device_attribute(int attr, int* value) {
   switch (attr) {
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = 1024; return true;
     case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: *value = 1024; return true;
@@ -246,7 +245,8 @@ std::vector<std::map<uintptr_t, Mapping>::iterator> whole_mappings(State& s, uin
   return out;
 }
 
-// Removes whole mappings [lo, hi) (already validated): host VA back to reserved, references dropped.
+// Removes whole mappings [lo, hi) (already validated): host VA back to reserved, references
+// dropped.
 CUresult unmap_range(State& s, uintptr_t lo, uintptr_t hi,
                      const std::vector<std::map<uintptr_t, Mapping>::iterator>& ms) {
   if (s.cfg.backing && !detail::va_unmap_to_reserved(lo, hi - lo)) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -309,8 +309,8 @@ Event* event_arg(State& s, CUevent h) {
 uint64_t enqueue(State& s, Stream& st, std::vector<Stream::Dep> deps) {
   if (st.is_default) {
     for (auto& [key, other] : s.busy) {
-      if (other->device == st.device && !other->is_default && (other->flags & CU_STREAM_NON_BLOCKING) == 0 &&
-          !other->pending.empty()) {
+      if (other->device == st.device && !other->is_default &&
+          (other->flags & CU_STREAM_NON_BLOCKING) == 0 && !other->pending.empty()) {
         deps.push_back({other, other->last_seq()});
       }
     }
@@ -407,7 +407,7 @@ CUresult sim_device_get_attribute(int* value, CUdevice_attribute attrib, CUdevic
     const int a = detail::bits(attrib);
     if (a <= 0 || a >= static_cast<int>(CU_DEVICE_ATTRIBUTE_MAX)) return CUDA_ERROR_INVALID_VALUE;
     int v = 0;
-    if (!device_attribute(s, a, &v)) return CUDA_ERROR_INVALID_VALUE;
+    if (!device_attribute(a, &v)) return CUDA_ERROR_INVALID_VALUE;
     if (a == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) v = dev + 1;
     *value = v;
     return CUDA_SUCCESS;
@@ -609,7 +609,8 @@ CUresult sim_mem_create(CUmemGenericAllocationHandle* handle, size_t size,
                         const CUmemAllocationProp* prop, unsigned long long flags) {
   return run(EntryPoint::mem_create, true, [&](State& s, double& units) {
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
-    if (handle == nullptr || prop == nullptr || flags != 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (handle == nullptr || prop == nullptr || flags != 0 || size == 0)
+      return CUDA_ERROR_INVALID_VALUE;
     if (detail::bits(prop->type) != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
     constexpr unsigned kKnownHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR |
                                            CU_MEM_HANDLE_TYPE_WIN32 | CU_MEM_HANDLE_TYPE_WIN32_KMT |
@@ -648,7 +649,8 @@ CUresult sim_mem_create(CUmemGenericAllocationHandle* handle, size_t size,
     if (size > s.cfg.capacity - d.physical_used) return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t offset = 0;
     if (s.cfg.backing) {
-      if (!d.store.ensure_open("expanse-sim-device-" + std::to_string(dev), s.cfg.capacity, nullptr) ||
+      if (!d.store.ensure_open("expanse-sim-device-" + std::to_string(dev), s.cfg.capacity,
+                               nullptr) ||
           !d.store.allocate(size, &offset)) {
         return CUDA_ERROR_OUT_OF_MEMORY;
       }
@@ -726,13 +728,14 @@ CUresult sim_mem_retain_allocation_handle(CUmemGenericAllocationHandle* handle, 
 
 // ---- VMM: mappings ------------------------------------------------------------------------------
 
-CUresult sim_mem_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
-                     unsigned long long flags) {
+CUresult sim_mem_map(CUdeviceptr ptr, size_t size, size_t offset,
+                     CUmemGenericAllocationHandle handle, unsigned long long flags) {
   return run(EntryPoint::mem_map, true, [&](State& s, double& units) {
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     if (flags != 0 || offset != 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
     const auto lo = static_cast<uintptr_t>(ptr);
-    if (!aligned(lo, s.cfg.granularity) || !aligned(size, s.cfg.granularity)) return CUDA_ERROR_INVALID_VALUE;
+    if (!aligned(lo, s.cfg.granularity) || !aligned(size, s.cfg.granularity))
+      return CUDA_ERROR_INVALID_VALUE;
     const uintptr_t hi = lo + size;
     if (hi < lo) return CUDA_ERROR_INVALID_VALUE;
     Allocation* a = live_handle(s, handle);
@@ -741,7 +744,8 @@ CUresult sim_mem_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAl
       return CUDA_ERROR_INVALID_VALUE;
     }
     if (overlaps_mapping(s, lo, hi)) return CUDA_ERROR_INVALID_VALUE;
-    if (s.cfg.backing && !detail::va_map_file(lo, size, device(s, a->device).store.fd(), a->offset)) {
+    if (s.cfg.backing &&
+        !detail::va_map_file(lo, size, device(s, a->device).store.fd(), a->offset)) {
       return CUDA_ERROR_OUT_OF_MEMORY;  // the host ran out of mappings (vm.max_map_count)
     }
     Mapping& m = s.mappings[lo];
@@ -769,7 +773,8 @@ CUresult sim_mem_unmap(CUdeviceptr ptr, size_t size) {
   });
 }
 
-CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
+CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
+                            size_t count) {
   return run(EntryPoint::mem_set_access, true, [&](State& s, double& units) {
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -781,13 +786,15 @@ CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc*
         return CUDA_ERROR_INVALID_VALUE;
       }
       // All sim allocations are device memory: HOST/HOST_NUMA access descriptors are invalid.
-      if (detail::bits(d.location.type) != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+      if (detail::bits(d.location.type) != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
       if (!valid_device(s, d.location.id)) return CUDA_ERROR_INVALID_DEVICE;
     }
     const auto lo = static_cast<uintptr_t>(ptr);
     const uintptr_t hi = lo + size;
     if (size == 0 || hi < lo) return CUDA_ERROR_INVALID_VALUE;
-    if (!aligned(lo, s.cfg.granularity) || !aligned(size, s.cfg.granularity)) return CUDA_ERROR_INVALID_VALUE;
+    if (!aligned(lo, s.cfg.granularity) || !aligned(size, s.cfg.granularity))
+      return CUDA_ERROR_INVALID_VALUE;
     // Fully mapped: adjacent mappings from lo to hi (a granularity-aligned part of one is fine).
     auto first = mapping_at(s, lo);
     if (first == s.mappings.end()) return CUDA_ERROR_INVALID_VALUE;
@@ -809,7 +816,8 @@ CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc*
       split_run(m, off_hi);
       for (auto run_it = m.access.find(off_lo); run_it != m.access.end() && run_it->first < off_hi;
            ++run_it) {
-        for (size_t i = 0; i < count; ++i) run_it->second.set(desc[i].location.id, detail::bits(desc[i].flags));
+        for (size_t i = 0; i < count; ++i)
+          run_it->second.set(desc[i].location.id, detail::bits(desc[i].flags));
       }
       merge_runs(m);
     }
@@ -823,11 +831,13 @@ CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc*
   });
 }
 
-CUresult sim_mem_get_access(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) {
+CUresult sim_mem_get_access(unsigned long long* flags, const CUmemLocation* location,
+                            CUdeviceptr ptr) {
   return run(EntryPoint::mem_get_access, true, [&](State& s, double&) {
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     if (flags == nullptr || location == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (detail::bits(location->type) != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    if (detail::bits(location->type) != CU_MEM_LOCATION_TYPE_DEVICE)
+      return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(s, location->id)) return CUDA_ERROR_INVALID_DEVICE;
     const auto va = static_cast<uintptr_t>(ptr);
     auto it = mapping_at(s, va);
@@ -890,7 +900,8 @@ CUresult sim_stream_query(CUstream stream) {
 
 CUresult sim_stream_wait_event(CUstream stream, CUevent event, unsigned int flags) {
   return run(EntryPoint::stream_wait_event, true, [&](State& s, double&) {
-    if ((flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL)) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if ((flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL)) != 0)
+      return CUDA_ERROR_INVALID_VALUE;
     Event* e = event_arg(s, event);
     if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     Stream* st = nullptr;
@@ -905,7 +916,8 @@ CUresult sim_event_create(CUevent* event, unsigned int flags) {
   return run(EntryPoint::event_create, true, [&](State& s, double&) {
     const int d = detail::current_device(s);
     if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    constexpr unsigned kKnown = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+    constexpr unsigned kKnown =
+        CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
     if (event == nullptr || (flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
     if ((flags & CU_EVENT_INTERPROCESS) != 0 && (flags & CU_EVENT_DISABLE_TIMING) == 0) {
       return CUDA_ERROR_INVALID_VALUE;

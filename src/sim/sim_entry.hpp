@@ -15,46 +15,48 @@ CUresult sim_device_get(CUdevice* device, int ordinal);
 CUresult sim_device_get_count(int* count);
 CUresult sim_device_get_attribute(int* value, CUdevice_attribute attrib, CUdevice dev);
 CUresult sim_device_get_name(char* name, int len, CUdevice dev);
-CUresult sim_device_total_mem(size_t* bytes, CUdevice dev);                 // cuDeviceTotalMem_v2
+CUresult sim_device_total_mem(size_t* bytes, CUdevice dev);  // cuDeviceTotalMem_v2
 CUresult sim_device_primary_ctx_retain(CUcontext* ctx, CUdevice dev);
-CUresult sim_device_primary_ctx_release(CUdevice dev);                      // ..._v2 (and v1)
+CUresult sim_device_primary_ctx_release(CUdevice dev);  // ..._v2 (and v1)
 CUresult sim_ctx_get_current(CUcontext* ctx);
 CUresult sim_ctx_set_current(CUcontext ctx);
-CUresult sim_ctx_push_current(CUcontext ctx);                               // _v2 (and v1)
-CUresult sim_ctx_pop_current(CUcontext* ctx);                               // _v2 (and v1)
-CUresult sim_ctx_synchronize();                                             // cuCtxSynchronize
-CUresult sim_mem_get_info(size_t* free_bytes, size_t* total_bytes);         // cuMemGetInfo_v2
+CUresult sim_ctx_push_current(CUcontext ctx);                        // _v2 (and v1)
+CUresult sim_ctx_pop_current(CUcontext* ctx);                        // _v2 (and v1)
+CUresult sim_ctx_synchronize();                                      // cuCtxSynchronize
+CUresult sim_mem_get_info(size_t* free_bytes, size_t* total_bytes);  // cuMemGetInfo_v2
 CUresult sim_mem_address_reserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
                                  unsigned long long flags);
 CUresult sim_mem_address_free(CUdeviceptr ptr, size_t size);
 CUresult sim_mem_create(CUmemGenericAllocationHandle* handle, size_t size,
                         const CUmemAllocationProp* prop, unsigned long long flags);
 CUresult sim_mem_release(CUmemGenericAllocationHandle handle);
-CUresult sim_mem_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
-                     unsigned long long flags);
+CUresult sim_mem_map(CUdeviceptr ptr, size_t size, size_t offset,
+                     CUmemGenericAllocationHandle handle, unsigned long long flags);
 CUresult sim_mem_unmap(CUdeviceptr ptr, size_t size);
-CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count);
-CUresult sim_mem_get_access(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr);
+CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
+                            size_t count);
+CUresult sim_mem_get_access(unsigned long long* flags, const CUmemLocation* location,
+                            CUdeviceptr ptr);
 CUresult sim_mem_get_allocation_granularity(size_t* granularity, const CUmemAllocationProp* prop,
                                             CUmemAllocationGranularity_flags option);
 CUresult sim_mem_get_allocation_properties_from_handle(CUmemAllocationProp* prop,
                                                        CUmemGenericAllocationHandle handle);
 CUresult sim_mem_retain_allocation_handle(CUmemGenericAllocationHandle* handle, void* addr);
 CUresult sim_stream_create(CUstream* stream, unsigned int flags);
-CUresult sim_stream_destroy(CUstream stream);                               // _v2 (and v1)
+CUresult sim_stream_destroy(CUstream stream);  // _v2 (and v1)
 CUresult sim_stream_synchronize(CUstream stream);
 CUresult sim_stream_query(CUstream stream);
 CUresult sim_stream_wait_event(CUstream stream, CUevent event, unsigned int flags);
 CUresult sim_event_create(CUevent* event, unsigned int flags);
-CUresult sim_event_destroy(CUevent event);                                  // _v2 (and v1)
+CUresult sim_event_destroy(CUevent event);  // _v2 (and v1)
 CUresult sim_event_record(CUevent event, CUstream stream);
 CUresult sim_event_query(CUevent event);
 CUresult sim_event_synchronize(CUevent event);
 
 // Variants outside the entry-point list (counted under the entry point of the same base name).
-CUresult sim_ctx_synchronize_v2(CUcontext ctx);                             // cuCtxSynchronize_v2
+CUresult sim_ctx_synchronize_v2(CUcontext ctx);  // cuCtxSynchronize_v2
 CUresult sim_mem_get_info_v1(unsigned int* free_bytes, unsigned int* total_bytes);  // cuMemGetInfo
-CUresult sim_device_total_mem_v1(unsigned int* bytes, CUdevice dev);        // cuDeviceTotalMem
+CUresult sim_device_total_mem_v1(unsigned int* bytes, CUdevice dev);  // cuDeviceTotalMem
 
 // cuGetProcAddress_v2 (spec §1.3): base name + cudaVersion -> the newest variant introduced at or
 // before cudaVersion. Works before cuInit. Not counted (it is not a listed entry point).
@@ -67,6 +69,7 @@ CUresult sim_get_proc_symbol(const char* symbol, const char** exported, int cuda
                              cuuint64_t flags, CUdriverProcAddressQueryResult* status);
 // The 4-argument CUDA 11.3 ABI (legacy cuGetProcAddress): a missing symbol or variant is
 // CUDA_ERROR_NOT_FOUND.
-CUresult sim_get_proc_address_v1(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags);
+CUresult sim_get_proc_address_v1(const char* symbol, void** pfn, int cuda_version,
+                                 cuuint64_t flags);
 
 }  // namespace expanse::sim

@@ -2,9 +2,6 @@
 // Every access happens with state_mutex() held.
 #pragma once
 
-#include "sim/host_backing.hpp"
-#include "sim/sim.hpp"
-
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -15,6 +12,9 @@
 #include <mutex>
 #include <unordered_map>
 #include <vector>
+
+#include "sim/host_backing.hpp"
+#include "sim/sim.hpp"
 
 namespace expanse::sim::detail {
 
@@ -139,7 +139,7 @@ struct State {
   size_t mapped_bytes = 0;
 
   std::unordered_map<const Stream*, std::shared_ptr<Stream>> streams;  // live created streams
-  std::unordered_map<const Stream*, std::shared_ptr<Stream>> busy;     // any stream with pending work
+  std::unordered_map<const Stream*, std::shared_ptr<Stream>> busy;  // any stream with pending work
   std::unordered_map<const Event*, std::unique_ptr<Event>> events;
 
   std::array<std::map<uint64_t, CUresult>, kEntryCount> injections;  // call number -> code

@@ -1,10 +1,10 @@
 // cuGetProcAddress (spec §1.3): base name + cudaVersion -> the newest ABI variant introduced at or
 // before cudaVersion. Introduction versions are those of the PFN_*_v<version> typedefs of
 // cudaTypedefs.h (CUDA 13.0).
+#include <cstring>
+
 #include "sim/sim_entry.hpp"
 #include "sim/sim_internal.hpp"
-
-#include <cstring>
 
 namespace expanse::sim {
 namespace {
@@ -12,7 +12,8 @@ namespace {
 struct Variant {
   const char* name;    // base name, as asked for
   int version;         // CUDA version that introduced this ABI variant
-  bool per_thread;     // a _ptsz/_ptds variant (returned for CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+  bool per_thread;     // a _ptsz/_ptds variant (returned for
+                       // CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
   void* fn;            // the in-process implementation
   const char* symbol;  // the symbol libcuda (and libexpanse_simcuda.so) exports for it
 };
@@ -36,9 +37,12 @@ const Variant* variants(size_t* n) {
       {"cuDeviceGetName", 2000, false, fp(&sim_device_get_name), "cuDeviceGetName"},
       {"cuDeviceTotalMem", 2000, false, fp(&sim_device_total_mem_v1), "cuDeviceTotalMem"},
       {"cuDeviceTotalMem", 3020, false, fp(&sim_device_total_mem), "cuDeviceTotalMem_v2"},
-      {"cuDevicePrimaryCtxRetain", 7000, false, fp(&sim_device_primary_ctx_retain), "cuDevicePrimaryCtxRetain"},
-      {"cuDevicePrimaryCtxRelease", 7000, false, fp(&sim_device_primary_ctx_release), "cuDevicePrimaryCtxRelease"},
-      {"cuDevicePrimaryCtxRelease", 11000, false, fp(&sim_device_primary_ctx_release), "cuDevicePrimaryCtxRelease_v2"},
+      {"cuDevicePrimaryCtxRetain", 7000, false, fp(&sim_device_primary_ctx_retain),
+       "cuDevicePrimaryCtxRetain"},
+      {"cuDevicePrimaryCtxRelease", 7000, false, fp(&sim_device_primary_ctx_release),
+       "cuDevicePrimaryCtxRelease"},
+      {"cuDevicePrimaryCtxRelease", 11000, false, fp(&sim_device_primary_ctx_release),
+       "cuDevicePrimaryCtxRelease_v2"},
       {"cuCtxGetCurrent", 4000, false, fp(&sim_ctx_get_current), "cuCtxGetCurrent"},
       {"cuCtxSetCurrent", 4000, false, fp(&sim_ctx_set_current), "cuCtxSetCurrent"},
       {"cuCtxPushCurrent", 2000, false, fp(&sim_ctx_push_current), "cuCtxPushCurrent"},
@@ -57,9 +61,13 @@ const Variant* variants(size_t* n) {
       {"cuMemUnmap", 10020, false, fp(&sim_mem_unmap), "cuMemUnmap"},
       {"cuMemSetAccess", 10020, false, fp(&sim_mem_set_access), "cuMemSetAccess"},
       {"cuMemGetAccess", 10020, false, fp(&sim_mem_get_access), "cuMemGetAccess"},
-      {"cuMemGetAllocationGranularity", 10020, false, fp(&sim_mem_get_allocation_granularity), "cuMemGetAllocationGranularity"},
-      {"cuMemGetAllocationPropertiesFromHandle", 10020, false, fp(&sim_mem_get_allocation_properties_from_handle), "cuMemGetAllocationPropertiesFromHandle"},
-      {"cuMemRetainAllocationHandle", 11000, false, fp(&sim_mem_retain_allocation_handle), "cuMemRetainAllocationHandle"},
+      {"cuMemGetAllocationGranularity", 10020, false, fp(&sim_mem_get_allocation_granularity),
+       "cuMemGetAllocationGranularity"},
+      {"cuMemGetAllocationPropertiesFromHandle", 10020, false,
+       fp(&sim_mem_get_allocation_properties_from_handle),
+       "cuMemGetAllocationPropertiesFromHandle"},
+      {"cuMemRetainAllocationHandle", 11000, false, fp(&sim_mem_retain_allocation_handle),
+       "cuMemRetainAllocationHandle"},
       {"cuStreamCreate", 2000, false, fp(&sim_stream_create), "cuStreamCreate"},
       {"cuStreamDestroy", 2000, false, fp(&sim_stream_destroy), "cuStreamDestroy"},
       {"cuStreamDestroy", 4000, false, fp(&sim_stream_destroy), "cuStreamDestroy_v2"},
@@ -146,7 +154,8 @@ CUresult sim_get_proc_symbol(const char* symbol, const char** exported, int cuda
 
 // The CUDA 11.3 ABI had no status argument and reported a missing symbol (or variant) as
 // CUDA_ERROR_NOT_FOUND.
-CUresult sim_get_proc_address_v1(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags) {
+CUresult sim_get_proc_address_v1(const char* symbol, void** pfn, int cuda_version,
+                                 cuuint64_t flags) {
   CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SUCCESS;
   const CUresult r = sim_get_proc_address(symbol, pfn, cuda_version, flags, &status);
   if (r != CUDA_SUCCESS) return r;

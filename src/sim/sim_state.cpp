@@ -1,11 +1,11 @@
 // The sim's global state and its control surface (sim.hpp).
-#include "driver/env_config.hpp"
-#include "sim/sim_internal.hpp"
-
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
 #include <stdexcept>
+
+#include "driver/env_config.hpp"
+#include "sim/sim_internal.hpp"
 
 namespace expanse::sim {
 namespace detail {
@@ -58,7 +58,8 @@ State::State(const SimConfig& c) : cfg(c), costs(CostTable::a100()) {
 
 State::~State() {
   // Newest (highest) first, so that the placement cursor comes all the way back.
-  for (auto it = reservations.rbegin(); it != reservations.rend(); ++it) va_release(it->first, it->second.size);
+  for (auto it = reservations.rbegin(); it != reservations.rend(); ++it)
+    va_release(it->first, it->second.size);
 }
 
 std::mutex& state_mutex() noexcept { return g_mutex; }
@@ -117,9 +118,9 @@ void progress(State& s) {
       if (!st.held) {
         while (!st.pending.empty()) {
           const Stream::Item& item = st.pending.front();
-          const bool ready = std::all_of(item.deps.begin(), item.deps.end(), [](const Stream::Dep& d) {
-            return d.stream->done_seq >= d.seq;
-          });
+          const bool ready =
+              std::all_of(item.deps.begin(), item.deps.end(),
+                          [](const Stream::Dep& d) { return d.stream->done_seq >= d.seq; });
           if (!ready) break;
           st.done_seq = item.seq;
           st.pending.pop_front();
@@ -166,7 +167,8 @@ bool sync_host_protection(State& s, uintptr_t va, size_t len) {
   int run_flags = -1;
   bool ok = true;
   auto flush = [&] {
-    if (run_flags >= 0 && run_end > run_start) ok = va_protect(run_start, run_end - run_start, run_flags) && ok;
+    if (run_flags >= 0 && run_end > run_start)
+      ok = va_protect(run_start, run_end - run_start, run_flags) && ok;
     run_flags = -1;
   };
   for (; it != s.mappings.end() && it->first < end; ++it) {
@@ -278,7 +280,8 @@ void reset_counts() {
 
 void inject_failure(driver::EntryPoint e, uint64_t nth, CUresult code) {
   const int i = static_cast<int>(e);
-  if (i < 0 || i >= detail::kEntryCount) throw std::invalid_argument("inject_failure: bad entry point");
+  if (i < 0 || i >= detail::kEntryCount)
+    throw std::invalid_argument("inject_failure: bad entry point");
   if (nth == 0) throw std::invalid_argument("inject_failure: nth counts from 1");
   std::lock_guard<std::mutex> lock(state_mutex());
   State& s = state_locked();
@@ -307,10 +310,10 @@ CostTable CostTable::a100() {
   set(EntryPoint::mem_address_reserve, 20000, false);
   set(EntryPoint::mem_address_free, 20000, false);  // unmeasured: assume reserve's order
   set(EntryPoint::mem_create, 193000, true);
-  set(EntryPoint::mem_release, 26000, false);       // unmeasured: assume unmap's order
+  set(EntryPoint::mem_release, 26000, false);  // unmeasured: assume unmap's order
   set(EntryPoint::mem_map, 1500, true);
   set(EntryPoint::mem_unmap, 26000, true);
-  set(EntryPoint::mem_set_access, 36000, true);     // per page per descriptor
+  set(EntryPoint::mem_set_access, 36000, true);  // per page per descriptor
   set(EntryPoint::mem_get_info, 10000, false);
   set(EntryPoint::ctx_synchronize, 10000, false);
   set(EntryPoint::stream_synchronize, 5000, false);
@@ -433,7 +436,9 @@ std::string describe_outstanding() {
   std::vector<const detail::Allocation*> allocs;
   for (const auto& [h, a] : s.allocations) allocs.push_back(a.get());
   std::sort(allocs.begin(), allocs.end(),
-            [](const detail::Allocation* a, const detail::Allocation* b) { return a->handle < b->handle; });
+            [](const detail::Allocation* a, const detail::Allocation* b) {
+              return a->handle < b->handle;
+            });
   n = 0;
   for (const detail::Allocation* a : allocs) {
     if (n++ == kShow) {

@@ -1,7 +1,7 @@
 // Call counters, failure injection and the modeled driver time.
-#include "sim_test_util.hpp"
-
 #include <stdexcept>
+
+#include "sim_test_util.hpp"
 
 namespace expanse::sim::testing {
 namespace {
@@ -85,21 +85,22 @@ TEST_F(SimAccounting, ModeledTime) {
   reset_counts();
   EXPECT_EQ(0.0, modeled_seconds());
   make_current(0);
-  const CUdeviceptr va = reserve(8 * MiB);                        // 20 us
-  const CUmemGenericAllocationHandle h = create(8 * MiB);         // 4 pages * 193 us
-  ASSERT_EQ(CUDA_SUCCESS, t().mem_map(va, 8 * MiB, 0, h, 0));      // 4 * 1.5 us
+  const CUdeviceptr va = reserve(8 * MiB);                     // 20 us
+  const CUmemGenericAllocationHandle h = create(8 * MiB);      // 4 pages * 193 us
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_map(va, 8 * MiB, 0, h, 0));  // 4 * 1.5 us
   const CUmemAccessDesc two[] = {access(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
                                  access(1, CU_MEM_ACCESS_FLAGS_PROT_READ)};
   ASSERT_EQ(CUDA_SUCCESS, t().mem_set_access(va, 8 * MiB, two, 2));  // 4 pages * 2 descs * 36 us
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_unmap(va, 2 * MiB));   // failing: free
-  ASSERT_EQ(CUDA_SUCCESS, t().mem_unmap(va, 8 * MiB));             // 4 * 26 us
-  ASSERT_EQ(CUDA_SUCCESS, t().mem_release(h));                     // 26 us
-  ASSERT_EQ(CUDA_SUCCESS, t().mem_address_free(va, 8 * MiB));      // 20 us
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_unmap(va, 8 * MiB));               // 4 * 26 us
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_release(h));                       // 26 us
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_address_free(va, 8 * MiB));        // 20 us
   size_t f = 0;
-  ASSERT_EQ(CUDA_SUCCESS, t().mem_get_info(&f, nullptr));           // 10 us
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_get_info(&f, nullptr));  // 10 us
   const CostTable a = CostTable::a100();
-  const double retain_and_set = a.per_call_ns[static_cast<int>(EntryPoint::device_primary_ctx_retain)] +
-                                a.per_call_ns[static_cast<int>(EntryPoint::ctx_set_current)];
+  const double retain_and_set =
+      a.per_call_ns[static_cast<int>(EntryPoint::device_primary_ctx_retain)] +
+      a.per_call_ns[static_cast<int>(EntryPoint::ctx_set_current)];
   const double expected_ns = retain_and_set + 20000 + 4 * 193000 + 4 * 1500 + 4 * 2 * 36000 +
                              4 * 26000 + 26000 + 20000 + 10000;
   EXPECT_NEAR(expected_ns * 1e-9, modeled_seconds(), 1e-12);

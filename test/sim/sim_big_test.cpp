@@ -1,10 +1,10 @@
 // THE big one: a whole 80 GiB device of 2 MiB pages, mapped every other page and then the rest,
 // with data written and verified through the host, inside vm.max_map_count.
-#include "sim_test_util.hpp"
-
 #include <chrono>
 #include <cstdio>
 #include <vector>
+
+#include "sim_test_util.hpp"
 
 namespace expanse::sim::testing {
 namespace {
@@ -78,7 +78,8 @@ TEST_F(SimBig, EightyGiBEveryOtherPageThenTheRest) {
 
   // Pass 2: odd pages, access granted once over the whole (now fully mapped) range.
   for (size_t p = 1; p < kPages; p += 2) {
-    ASSERT_EQ(CUDA_SUCCESS, t().mem_map(base + p * kPage, kPage, 0, handles[handle_of_page(p)], 0)) << p;
+    ASSERT_EQ(CUDA_SUCCESS, t().mem_map(base + p * kPage, kPage, 0, handles[handle_of_page(p)], 0))
+        << p;
   }
   ASSERT_EQ(CUDA_SUCCESS, t().mem_set_access(base, total, &rw, 1));
   for (size_t p = 1; p < kPages; p += 2) write_page(base, p);
@@ -100,10 +101,12 @@ TEST_F(SimBig, EightyGiBEveryOtherPageThenTheRest) {
   EXPECT_TRUE(outstanding().empty()) << describe_outstanding();
   EXPECT_LT(host_mapping_count(), maps_before + 64);  // slack: the heap maps memory too
 
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("[          ] 80 GiB: host mappings %zu before, %zu half mapped, %zu fully mapped; %.2f s; "
-              "modeled driver time %.2f s\n",
-              maps_before, maps_half, maps_full, secs, modeled_seconds());
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf(
+      "[          ] 80 GiB: host mappings %zu before, %zu half mapped, %zu fully mapped; %.2f s; "
+      "modeled driver time %.2f s\n",
+      maps_before, maps_half, maps_full, secs, modeled_seconds());
 }
 
 // Handles reused across passes: map all pages, unmap every other one, remap it elsewhere.
@@ -119,7 +122,8 @@ TEST_F(SimBig, RemapHalfOfTheDeviceInPlace) {
   }
   EXPECT_LT(host_mapping_count(), 1000u);  // in-order extents merge
   // Unmap every other page, one call each, then map the freed handles back in reverse order.
-  for (size_t p = 1; p < kPages; p += 2) ASSERT_EQ(CUDA_SUCCESS, t().mem_unmap(a + p * kPage, kPage));
+  for (size_t p = 1; p < kPages; p += 2)
+    ASSERT_EQ(CUDA_SUCCESS, t().mem_unmap(a + p * kPage, kPage));
   EXPECT_LT(host_mapping_count(), kMaxMapCount);
   for (size_t p = 1; p < kPages; p += 2) {
     ASSERT_EQ(CUDA_SUCCESS, t().mem_map(a + p * kPage, kPage, 0, handles[kPages - p], 0));
@@ -161,7 +165,8 @@ TEST_F(SimScale, MillionCallsOverFortyThousandMappings) {
   std::vector<CUmemGenericAllocationHandle> handles(kPages);
   const CUmemAllocationProp prop = device_prop(0);
   for (auto& h : handles) ASSERT_EQ(CUDA_SUCCESS, t().mem_create(&h, kPage, &prop, 0));
-  for (size_t p = 0; p < kPages; ++p) ASSERT_EQ(CUDA_SUCCESS, t().mem_map(base + p * kPage, kPage, 0, handles[p], 0));
+  for (size_t p = 0; p < kPages; ++p)
+    ASSERT_EQ(CUDA_SUCCESS, t().mem_map(base + p * kPage, kPage, 0, handles[p], 0));
   reset_counts();
   const CUmemAccessDesc rw = access(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   const CUmemLocation loc = device_location(0);
@@ -185,7 +190,8 @@ TEST_F(SimScale, MillionCallsOverFortyThousandMappings) {
   for (auto h : handles) ASSERT_EQ(CUDA_SUCCESS, t().mem_release(h));
   ASSERT_EQ(CUDA_SUCCESS, t().mem_address_free(base, total));
   EXPECT_TRUE(outstanding().empty()) << describe_outstanding();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("[          ] 1e6 calls over 40960 mappings: %.2f s\n", secs);
 }
 

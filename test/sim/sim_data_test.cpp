@@ -1,9 +1,9 @@
 // Host memory behind the pages: data, aliasing, faults, RAM given back, no-backing mode.
-#include "support/fault_probe.hpp"
-#include "sim_test_util.hpp"
-
 #include <cstring>
 #include <vector>
+
+#include "sim_test_util.hpp"
+#include "support/fault_probe.hpp"
 
 namespace expanse::sim::testing {
 namespace {
@@ -142,7 +142,8 @@ TEST_F(SimData, ManyHandlesFewHostMappings) {
   EXPECT_LT(host_mapping_count(), before + 64);
 }
 
-// ---- no backing -----------------------------------------------------------------------------------
+// ---- no backing
+// -----------------------------------------------------------------------------------
 
 class SimNoBacking : public SimTest {
  protected:
@@ -165,16 +166,19 @@ TEST_F(SimNoBacking, BookkeepingOnly) {
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(CUDA_SUCCESS, t().mem_create(&hs[i], 2 * MiB, &prop, 0));
   CUmemGenericAllocationHandle extra = 0;
   EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, t().mem_create(&extra, 2 * MiB, &prop, 0));
-  for (size_t i = 0; i < n; i += 2) ASSERT_EQ(CUDA_SUCCESS, t().mem_map(va + i * 2 * MiB, 2 * MiB, 0, hs[i], 0));
+  for (size_t i = 0; i < n; i += 2)
+    ASSERT_EQ(CUDA_SUCCESS, t().mem_map(va + i * 2 * MiB, 2 * MiB, 0, hs[i], 0));
   for (size_t i = 0; i < n; i += 2) {
-    ASSERT_EQ(CUDA_SUCCESS, set_access(va + i * 2 * MiB, 2 * MiB, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    ASSERT_EQ(CUDA_SUCCESS,
+              set_access(va + i * 2 * MiB, 2 * MiB, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
   }
   EXPECT_LT(host_mapping_count(), before + 64);  // not one per page
-  EXPECT_FALSE(probe_readable(as_ptr(va)));  // nothing behind it
+  EXPECT_FALSE(probe_readable(as_ptr(va)));      // nothing behind it
   size_t free_bytes = 1;
   EXPECT_EQ(CUDA_SUCCESS, t().mem_get_info(&free_bytes, nullptr));
   EXPECT_EQ(0u, free_bytes);
-  for (size_t i = 1; i < n; i += 2) ASSERT_EQ(CUDA_SUCCESS, t().mem_map(va + i * 2 * MiB, 2 * MiB, 0, hs[i], 0));
+  for (size_t i = 1; i < n; i += 2)
+    ASSERT_EQ(CUDA_SUCCESS, t().mem_map(va + i * 2 * MiB, 2 * MiB, 0, hs[i], 0));
   ASSERT_EQ(CUDA_SUCCESS, set_access(va, n * 2 * MiB, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
   EXPECT_EQ(0u, resident_bytes());
   ASSERT_EQ(CUDA_SUCCESS, t().mem_unmap(va, n * 2 * MiB));

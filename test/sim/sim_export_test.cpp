@@ -1,13 +1,13 @@
 // libexpanse_simcuda.so: the sim under the real driver's symbol names, loaded with dlopen.
-#include "sim/export/expanse_sim_control.h"
-#include "sim_test_util.hpp"
-
 #include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <string>
+
+#include "sim/export/expanse_sim_control.h"
+#include "sim_test_util.hpp"
 
 namespace expanse::sim::testing {
 namespace {
@@ -62,28 +62,77 @@ class SimExport : public ::testing::Test {
 };
 
 TEST_F(SimExport, ExportsOnlyDriverAndControlNames) {
-  const char* const wanted[] = {
-      "cuInit", "cuDriverGetVersion", "cuGetErrorName", "cuGetErrorString", "cuGetProcAddress",
-      "cuGetProcAddress_v2", "cuDeviceGet", "cuDeviceGetCount", "cuDeviceGetAttribute",
-      "cuDeviceGetName", "cuDeviceTotalMem", "cuDeviceTotalMem_v2", "cuDevicePrimaryCtxRetain",
-      "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2", "cuCtxGetCurrent", "cuCtxSetCurrent",
-      "cuCtxPushCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent", "cuCtxPopCurrent_v2",
-      "cuCtxSynchronize", "cuCtxSynchronize_v2", "cuMemGetInfo", "cuMemGetInfo_v2",
-      "cuMemAddressReserve", "cuMemAddressFree", "cuMemCreate", "cuMemRelease", "cuMemMap",
-      "cuMemUnmap", "cuMemSetAccess", "cuMemGetAccess", "cuMemGetAllocationGranularity",
-      "cuMemGetAllocationPropertiesFromHandle", "cuMemRetainAllocationHandle", "cuStreamCreate",
-      "cuStreamDestroy", "cuStreamDestroy_v2", "cuStreamSynchronize", "cuStreamSynchronize_ptsz",
-      "cuStreamQuery", "cuStreamQuery_ptsz", "cuStreamWaitEvent", "cuStreamWaitEvent_ptsz",
-      "cuEventCreate", "cuEventDestroy", "cuEventDestroy_v2", "cuEventRecord", "cuEventRecord_ptsz",
-      "cuEventQuery", "cuEventSynchronize", "expanse_sim_configure", "expanse_sim_last_error",
-      "expanse_sim_call_count", "expanse_sim_inject_failure", "expanse_sim_hold_stream",
-      "expanse_sim_release_stream", "expanse_sim_outstanding", "expanse_sim_modeled_seconds",
-      "expanse_sim_describe_outstanding", "expanse_sim_pending_events", "expanse_sim_total_calls",
-      "expanse_sim_reset_counts", "expanse_sim_clear_injections"};
+  const char* const wanted[] = {"cuInit",
+                                "cuDriverGetVersion",
+                                "cuGetErrorName",
+                                "cuGetErrorString",
+                                "cuGetProcAddress",
+                                "cuGetProcAddress_v2",
+                                "cuDeviceGet",
+                                "cuDeviceGetCount",
+                                "cuDeviceGetAttribute",
+                                "cuDeviceGetName",
+                                "cuDeviceTotalMem",
+                                "cuDeviceTotalMem_v2",
+                                "cuDevicePrimaryCtxRetain",
+                                "cuDevicePrimaryCtxRelease",
+                                "cuDevicePrimaryCtxRelease_v2",
+                                "cuCtxGetCurrent",
+                                "cuCtxSetCurrent",
+                                "cuCtxPushCurrent",
+                                "cuCtxPushCurrent_v2",
+                                "cuCtxPopCurrent",
+                                "cuCtxPopCurrent_v2",
+                                "cuCtxSynchronize",
+                                "cuCtxSynchronize_v2",
+                                "cuMemGetInfo",
+                                "cuMemGetInfo_v2",
+                                "cuMemAddressReserve",
+                                "cuMemAddressFree",
+                                "cuMemCreate",
+                                "cuMemRelease",
+                                "cuMemMap",
+                                "cuMemUnmap",
+                                "cuMemSetAccess",
+                                "cuMemGetAccess",
+                                "cuMemGetAllocationGranularity",
+                                "cuMemGetAllocationPropertiesFromHandle",
+                                "cuMemRetainAllocationHandle",
+                                "cuStreamCreate",
+                                "cuStreamDestroy",
+                                "cuStreamDestroy_v2",
+                                "cuStreamSynchronize",
+                                "cuStreamSynchronize_ptsz",
+                                "cuStreamQuery",
+                                "cuStreamQuery_ptsz",
+                                "cuStreamWaitEvent",
+                                "cuStreamWaitEvent_ptsz",
+                                "cuEventCreate",
+                                "cuEventDestroy",
+                                "cuEventDestroy_v2",
+                                "cuEventRecord",
+                                "cuEventRecord_ptsz",
+                                "cuEventQuery",
+                                "cuEventSynchronize",
+                                "expanse_sim_configure",
+                                "expanse_sim_last_error",
+                                "expanse_sim_call_count",
+                                "expanse_sim_inject_failure",
+                                "expanse_sim_hold_stream",
+                                "expanse_sim_release_stream",
+                                "expanse_sim_outstanding",
+                                "expanse_sim_modeled_seconds",
+                                "expanse_sim_describe_outstanding",
+                                "expanse_sim_pending_events",
+                                "expanse_sim_total_calls",
+                                "expanse_sim_reset_counts",
+                                "expanse_sim_clear_injections"};
   for (const char* name : wanted) EXPECT_NE(nullptr, dlsym(lib().handle(), name)) << name;
   // The library's private copy of the sim is not visible.
-  const char* const hidden[] = {"_ZN7expanse3sim5resetERKNS0_9SimConfigE", "_ZN7expanse3sim5tableEv",
-                                "_ZN7expanse3sim8sim_initEj", "_ZN7expanse4conf11parse_pairsESt17basic_string_viewIcSt11char_traitsIcEE"};
+  const char* const hidden[] = {
+      "_ZN7expanse3sim5resetERKNS0_9SimConfigE", "_ZN7expanse3sim5tableEv",
+      "_ZN7expanse3sim8sim_initEj",
+      "_ZN7expanse4conf11parse_pairsESt17basic_string_viewIcSt11char_traitsIcEE"};
   for (const char* name : hidden) EXPECT_EQ(nullptr, dlsym(lib().handle(), name)) << name;
 }
 
@@ -137,7 +186,7 @@ TEST_F(SimExport, VmmThroughProcAddress) {
   auto inject = lib().sym<decltype(&expanse_sim_inject_failure)>("expanse_sim_inject_failure");
   auto last_error = lib().sym<decltype(&expanse_sim_last_error)>("expanse_sim_last_error");
   EXPECT_EQ(1u, count("cuMemMap"));
-  EXPECT_EQ(3u, count("cuMemGetInfo"));   // v2 once, legacy twice
+  EXPECT_EQ(3u, count("cuMemGetInfo"));     // v2 once, legacy twice
   EXPECT_EQ(3u, count("cuMemGetInfo_v2"));  // the exported name works too
   EXPECT_EQ(0u, count("cuBogus"));
   EXPECT_NE(std::string(""), last_error());
@@ -180,7 +229,8 @@ TEST_F(SimExport, ProcAddressReturnsTheExportedSymbols) {
       {"cuCtxSynchronize", 12000, 0, "cuCtxSynchronize"},
       {"cuCtxSynchronize", 13000, 0, "cuCtxSynchronize_v2"},
       {"cuStreamSynchronize", 13000, 0, "cuStreamSynchronize"},
-      {"cuStreamSynchronize", 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuStreamSynchronize_ptsz"},
+      {"cuStreamSynchronize", 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+       "cuStreamSynchronize_ptsz"},
       {"cuEventRecord", 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuEventRecord_ptsz"},
       {"cuEventRecord", 13000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, "cuEventRecord"},
       {"cuGetProcAddress", 11030, 0, "cuGetProcAddress"},
@@ -269,7 +319,8 @@ TEST_F(SimExport, ConfigureErrors) {
   EXPECT_NE(std::string::npos, std::string(last_error()).find("bogus_key"));
 }
 
-// ---- configuration from EXPANSE_CONF, in a fresh process ------------------------------------------
+// ---- configuration from EXPANSE_CONF, in a fresh process
+// ------------------------------------------
 
 // Runs this test binary again with only `filter` and the given EXPANSE_CONF; returns its status.
 int run_child(const char* filter, const char* conf) {
@@ -288,7 +339,8 @@ int run_child(const char* filter, const char* conf) {
 
 TEST(SimExportEnv, ConfiguresFromEnvironment) {
   if (std::getenv("EXPANSE_SIM_TEST_CHILD") != nullptr) GTEST_SKIP() << "child process";
-  EXPECT_EQ(0, run_child("SimExportChild.ThreeDevices", "driver:sim,sim_devices:3,sim_capacity:4GiB"));
+  EXPECT_EQ(0,
+            run_child("SimExportChild.ThreeDevices", "driver:sim,sim_devices:3,sim_capacity:4GiB"));
   EXPECT_EQ(0, run_child("SimExportChild.BadConfNoDevice", "sim_devices:many"));
 }
 
@@ -305,7 +357,8 @@ class SimExportChild : public ::testing::Test {
 TEST_F(SimExportChild, ThreeDevices) {
   auto init = reinterpret_cast<decltype(&::cuInit)>(dlsym(handle_, "cuInit"));
   auto count = reinterpret_cast<decltype(&::cuDeviceGetCount)>(dlsym(handle_, "cuDeviceGetCount"));
-  auto total = reinterpret_cast<decltype(&::cuDeviceTotalMem_v2)>(dlsym(handle_, "cuDeviceTotalMem_v2"));
+  auto total =
+      reinterpret_cast<decltype(&::cuDeviceTotalMem_v2)>(dlsym(handle_, "cuDeviceTotalMem_v2"));
   ASSERT_EQ(CUDA_SUCCESS, init(0));
   int n = 0;
   ASSERT_EQ(CUDA_SUCCESS, count(&n));

@@ -1,8 +1,8 @@
 // cuInit, devices, attributes, error strings, contexts, configuration, cuGetProcAddress.
-#include "sim_test_util.hpp"
-
 #include <stdexcept>
 #include <thread>
+
+#include "sim_test_util.hpp"
 
 namespace expanse::sim::testing {
 namespace {
@@ -14,9 +14,7 @@ class SimInit : public ::testing::Test {
   const driver::DriverTable& t() const { return table(); }
 };
 
-TEST_F(SimInit, TableIsComplete) {
-  EXPECT_TRUE(table().complete()) << table().first_missing();
-}
+TEST_F(SimInit, TableIsComplete) { EXPECT_TRUE(table().complete()) << table().first_missing(); }
 
 TEST_F(SimInit, EverythingButErrorsAndVersionNeedsInit) {
   int n = -1;
@@ -121,13 +119,15 @@ TEST_F(SimInit, Attributes) {
     const CUresult r = t().device_get_attribute(&v, a, dev);
     return std::make_pair(r, v);
   };
-  EXPECT_EQ(std::make_pair(CUDA_SUCCESS, 1), attr(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED));
+  EXPECT_EQ(std::make_pair(CUDA_SUCCESS, 1),
+            attr(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED));
   EXPECT_EQ(std::make_pair(CUDA_SUCCESS, 1), attr(CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING));
   EXPECT_EQ(std::make_pair(CUDA_SUCCESS, 8), attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR));
   EXPECT_EQ(std::make_pair(CUDA_SUCCESS, 0), attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR));
   EXPECT_EQ(std::make_pair(CUDA_SUCCESS, 0),
             attr(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED));
-  EXPECT_EQ(std::make_pair(CUDA_SUCCESS, 0), attr(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED));
+  EXPECT_EQ(std::make_pair(CUDA_SUCCESS, 0),
+            attr(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED));
   EXPECT_EQ(std::make_pair(CUDA_SUCCESS, 108), attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT));
   EXPECT_EQ(std::make_pair(CUDA_SUCCESS, 32), attr(CU_DEVICE_ATTRIBUTE_WARP_SIZE));
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, attr(CU_DEVICE_ATTRIBUTE_MAX).first);
@@ -216,7 +216,7 @@ TEST_F(SimContext, StackAndSetCurrent) {
   EXPECT_EQ(CUDA_SUCCESS, t().ctx_pop_current(&cur));
   EXPECT_EQ(c0, cur);
   EXPECT_EQ(CUDA_SUCCESS, t().ctx_get_current(&cur));
-  EXPECT_EQ(c0, cur);  // the first one is still below
+  EXPECT_EQ(c0, cur);                                     // the first one is still below
   EXPECT_EQ(CUDA_SUCCESS, t().ctx_set_current(nullptr));  // pops
   EXPECT_EQ(CUDA_SUCCESS, t().ctx_get_current(&cur));
   EXPECT_EQ(nullptr, cur);
@@ -328,7 +328,8 @@ TEST(SimConfigParse, ErrorsNameTheKey) {
   EXPECT_EQ(1 * GiB, sim_config_from_string("sim_granularity:1GiB").granularity);
 }
 
-// ---- cuGetProcAddress -----------------------------------------------------------------------------
+// ---- cuGetProcAddress
+// -----------------------------------------------------------------------------
 
 TEST(SimProcAddress, VersionsAndStatus) {
   reset(SimConfig{});
@@ -357,7 +358,8 @@ TEST(SimProcAddress, VersionsAndStatus) {
   EXPECT_EQ(reinterpret_cast<void*>(&sim_mem_create), fn);
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, get("cuMemCreate", 13010));
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, get("cuMemCreate", 12000, 4));
-  EXPECT_EQ(CUDA_SUCCESS, get("cuStreamSynchronize", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM));
+  EXPECT_EQ(CUDA_SUCCESS,
+            get("cuStreamSynchronize", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM));
   EXPECT_EQ(reinterpret_cast<void*>(&sim_stream_synchronize), fn);
   EXPECT_EQ(CUDA_SUCCESS, get("cuGetProcAddress", 12000));
   EXPECT_EQ(reinterpret_cast<void*>(&sim_get_proc_address), fn);

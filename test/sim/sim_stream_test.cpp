@@ -1,7 +1,7 @@
 // Streams and events, and holding work pending (hold_stream / release_stream).
-#include "sim_test_util.hpp"
-
 #include <stdexcept>
+
+#include "sim_test_util.hpp"
 
 namespace expanse::sim::testing {
 namespace {
@@ -152,8 +152,10 @@ TEST_F(SimStream, WaitEventChainsStreams) {
   EXPECT_EQ(CUDA_SUCCESS, t().stream_wait_event(b, fresh, 0));
   EXPECT_EQ(CUDA_SUCCESS, t().stream_query(b));
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().stream_wait_event(b, ea, 2));
-  EXPECT_EQ(CUDA_ERROR_INVALID_HANDLE, t().stream_wait_event(b, reinterpret_cast<CUevent>(0x40), 0));
-  EXPECT_EQ(CUDA_ERROR_INVALID_HANDLE, t().stream_wait_event(reinterpret_cast<CUstream>(0x40), ea, 0));
+  EXPECT_EQ(CUDA_ERROR_INVALID_HANDLE,
+            t().stream_wait_event(b, reinterpret_cast<CUevent>(0x40), 0));
+  EXPECT_EQ(CUDA_ERROR_INVALID_HANDLE,
+            t().stream_wait_event(reinterpret_cast<CUstream>(0x40), ea, 0));
 }
 
 TEST_F(SimStream, NonBlockingStreamsIgnoreTheLegacyStream) {

@@ -1,15 +1,15 @@
 // Shared fixture of the sim's unit tests: a fresh sim per test, the in-process table, helpers.
 #pragma once
 
-#include "sim/sim.hpp"
-#include "sim/sim_entry.hpp"
-
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <string>
+
+#include "sim/sim.hpp"
+#include "sim/sim_entry.hpp"
 
 namespace expanse::sim::testing {
 

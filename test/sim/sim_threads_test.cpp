@@ -1,9 +1,9 @@
 // Thread-safety smoke test: many threads driving the sim at once.
-#include "sim_test_util.hpp"
-
 #include <atomic>
 #include <thread>
 #include <vector>
+
+#include "sim_test_util.hpp"
 
 namespace expanse::sim::testing {
 namespace {
@@ -21,13 +21,15 @@ TEST_F(SimThreads, ConcurrentLifecycles) {
     const driver::DriverTable& d = table();
     const int dev = id % 2;
     CUcontext ctx = nullptr;
-    if (d.device_primary_ctx_retain(&ctx, dev) != CUDA_SUCCESS || d.ctx_set_current(ctx) != CUDA_SUCCESS) {
+    if (d.device_primary_ctx_retain(&ctx, dev) != CUDA_SUCCESS ||
+        d.ctx_set_current(ctx) != CUDA_SUCCESS) {
       ++failures;
       return;
     }
     CUstream s = nullptr;
     CUevent e = nullptr;
-    if (d.stream_create(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS || d.event_create(&e, 0) != CUDA_SUCCESS) {
+    if (d.stream_create(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+        d.event_create(&e, 0) != CUDA_SUCCESS) {
       ++failures;
       return;
     }

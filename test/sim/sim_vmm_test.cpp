@@ -6,31 +6,40 @@ namespace {
 
 class SimVmm : public SimTest {};
 
-// ---- granularity ----------------------------------------------------------------------------------
+// ---- granularity
+// ----------------------------------------------------------------------------------
 
 TEST_F(SimVmm, Granularity) {
   CUmemAllocationProp p = device_prop(1);
   size_t g = 0;
-  EXPECT_EQ(CUDA_SUCCESS, t().mem_get_allocation_granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  EXPECT_EQ(CUDA_SUCCESS,
+            t().mem_get_allocation_granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
   EXPECT_EQ(2 * MiB, g);
   g = 0;
-  EXPECT_EQ(CUDA_SUCCESS, t().mem_get_allocation_granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  EXPECT_EQ(CUDA_SUCCESS,
+            t().mem_get_allocation_granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   EXPECT_EQ(2 * MiB, g);
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_get_allocation_granularity(
+                                          &g, &p, as_enum<CUmemAllocationGranularity_flags>(2)));
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE,
-            t().mem_get_allocation_granularity(&g, &p, as_enum<CUmemAllocationGranularity_flags>(2)));
-  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_get_allocation_granularity(nullptr, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_get_allocation_granularity(&g, nullptr, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+            t().mem_get_allocation_granularity(nullptr, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE,
+            t().mem_get_allocation_granularity(&g, nullptr, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
   p.location.id = 2;
-  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_get_allocation_granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE,
+            t().mem_get_allocation_granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
   p = device_prop(0);
   p.type = CU_MEM_ALLOCATION_TYPE_MANAGED;
-  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_get_allocation_granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE,
+            t().mem_get_allocation_granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
   p = device_prop(0);
   p.location.type = CU_MEM_LOCATION_TYPE_INVALID;
-  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_get_allocation_granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE,
+            t().mem_get_allocation_granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
 }
 
-// ---- reserve / free -------------------------------------------------------------------------------
+// ---- reserve / free
+// -------------------------------------------------------------------------------
 
 TEST_F(SimVmm, ReserveArguments) {
   CUdeviceptr p = 0;
@@ -109,7 +118,8 @@ TEST_F(SimVmm, AddressFreeWithMappings) {
   EXPECT_TRUE(outstanding().empty()) << describe_outstanding();
 }
 
-// ---- create / release -----------------------------------------------------------------------------
+// ---- create / release
+// -----------------------------------------------------------------------------
 
 TEST_F(SimVmm, CreateArguments) {
   CUmemGenericAllocationHandle h = 0;
@@ -124,14 +134,17 @@ TEST_F(SimVmm, CreateArguments) {
     change(q);
     return t().mem_create(&h, 2 * MiB, &q, 0);
   };
-  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, with([](CUmemAllocationProp& q) { q.type = CU_MEM_ALLOCATION_TYPE_INVALID; }));
-  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, with([](CUmemAllocationProp& q) { q.type = CU_MEM_ALLOCATION_TYPE_MANAGED; }));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE,
+            with([](CUmemAllocationProp& q) { q.type = CU_MEM_ALLOCATION_TYPE_INVALID; }));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE,
+            with([](CUmemAllocationProp& q) { q.type = CU_MEM_ALLOCATION_TYPE_MANAGED; }));
   EXPECT_EQ(CUDA_ERROR_INVALID_DEVICE, with([](CUmemAllocationProp& q) { q.location.id = 2; }));
   EXPECT_EQ(CUDA_ERROR_INVALID_DEVICE, with([](CUmemAllocationProp& q) { q.location.id = -1; }));
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE,
             with([](CUmemAllocationProp& q) { q.location.type = CU_MEM_LOCATION_TYPE_INVALID; }));
-  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE,
-            with([](CUmemAllocationProp& q) { q.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT; }));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, with([](CUmemAllocationProp& q) {
+              q.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+            }));
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, with([](CUmemAllocationProp& q) {
               q.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
               q.location.id = -1;
@@ -153,12 +166,15 @@ TEST_F(SimVmm, CreateArguments) {
             }));
   EXPECT_EQ(CUDA_ERROR_NOT_SUPPORTED,
             with([](CUmemAllocationProp& q) { q.allocFlags.gpuDirectRDMACapable = 1; }));
-  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, with([](CUmemAllocationProp& q) { q.allocFlags.reserved[2] = 1; }));
-  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, with([](CUmemAllocationProp& q) { q.allocFlags.usage = 0x100; }));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE,
+            with([](CUmemAllocationProp& q) { q.allocFlags.reserved[2] = 1; }));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE,
+            with([](CUmemAllocationProp& q) { q.allocFlags.usage = 0x100; }));
   EXPECT_EQ(0u, outstanding().allocations);
   // Compression is accepted and silently not granted.
-  EXPECT_EQ(CUDA_SUCCESS,
-            with([](CUmemAllocationProp& q) { q.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_GENERIC; }));
+  EXPECT_EQ(CUDA_SUCCESS, with([](CUmemAllocationProp& q) {
+              q.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_GENERIC;
+            }));
   CUmemAllocationProp back;
   EXPECT_EQ(CUDA_SUCCESS, t().mem_get_allocation_properties_from_handle(&back, h));
   EXPECT_EQ(CU_MEM_ALLOCATION_COMP_NONE, back.allocFlags.compressionType);
@@ -227,7 +243,8 @@ TEST_F(SimVmm, ReleaseWhileMappedDefersTheFree) {
   EXPECT_TRUE(outstanding().empty());
 }
 
-// ---- map ------------------------------------------------------------------------------------------
+// ---- map
+// ------------------------------------------------------------------------------------------
 
 TEST_F(SimVmm, MapArguments) {
   const CUdeviceptr va = reserve(16 * MiB);
@@ -237,9 +254,10 @@ TEST_F(SimVmm, MapArguments) {
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_map(va + 4096, 2 * MiB, 0, h, 0));  // unaligned ptr
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_map(va, 3 * MiB, 0, h, 0));         // unaligned size
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_map(va, 0, 0, h, 0));
-  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_map(va, 6 * MiB, 0, h, 0));         // > allocation
-  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_map(va, 2 * MiB, 0, 0, 0));         // no handle
-  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_map(va + 14 * MiB, 4 * MiB, 0, h, 0));  // past the end
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_map(va, 6 * MiB, 0, h, 0));  // > allocation
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_map(va, 2 * MiB, 0, 0, 0));  // no handle
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE,
+            t().mem_map(va + 14 * MiB, 4 * MiB, 0, h, 0));  // past the end
   EXPECT_EQ(0u, outstanding().mappings);
   // A smaller size maps the head of the allocation.
   EXPECT_EQ(CUDA_SUCCESS, t().mem_map(va, 2 * MiB, 0, h, 0));
@@ -266,7 +284,8 @@ TEST_F(SimVmm, MapOverlap) {
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_map(va + 4 * MiB, 4 * MiB, 0, b, 0));
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_map(va + 2 * MiB, 2 * MiB, 0, b, 0));
   EXPECT_EQ(CUDA_SUCCESS, t().mem_map(va, 2 * MiB, 0, b, 0));
-  EXPECT_EQ(CUDA_SUCCESS, t().mem_map(va + 6 * MiB, 2 * MiB, 0, b, 0));  // aliasing: same handle twice
+  EXPECT_EQ(CUDA_SUCCESS,
+            t().mem_map(va + 6 * MiB, 2 * MiB, 0, b, 0));  // aliasing: same handle twice
   EXPECT_EQ(3u, outstanding().mappings);
   EXPECT_EQ(CUDA_SUCCESS, t().mem_unmap(va, 8 * MiB));  // three whole adjacent mappings
   EXPECT_EQ(CUDA_SUCCESS, t().mem_release(a));
@@ -298,7 +317,8 @@ TEST_F(SimVmm, MapAcrossReservations) {
   EXPECT_EQ(CUDA_SUCCESS, t().mem_address_free(b, 4 * MiB));
 }
 
-// ---- unmap ----------------------------------------------------------------------------------------
+// ---- unmap
+// ----------------------------------------------------------------------------------------
 
 TEST_F(SimVmm, UnmapRules) {
   const CUdeviceptr va = reserve(16 * MiB);
@@ -344,7 +364,8 @@ TEST_F(SimVmm, UnmapAcrossAdjacentReservations) {
   EXPECT_TRUE(outstanding().empty());
 }
 
-// ---- access ---------------------------------------------------------------------------------------
+// ---- access
+// ---------------------------------------------------------------------------------------
 
 TEST_F(SimVmm, SetAccessRules) {
   const CUdeviceptr va = reserve(16 * MiB);
@@ -356,7 +377,8 @@ TEST_F(SimVmm, SetAccessRules) {
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_set_access(va, 4 * MiB, nullptr, 1));
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_set_access(va, 4 * MiB, &d, 0));
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_set_access(va, 10 * MiB, &d, 1));  // hole at the end
-  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_set_access(va + 8 * MiB, 2 * MiB, &d, 1));  // unmapped
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE,
+            t().mem_set_access(va + 8 * MiB, 2 * MiB, &d, 1));  // unmapped
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_set_access(va + 4096, 2 * MiB, &d, 1));
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_set_access(va, 0, &d, 1));
   CUmemAccessDesc bad = access(0, as_enum<CUmemAccess_flags>(2));
@@ -408,7 +430,8 @@ TEST_F(SimVmm, RetainAllocationHandle) {
   CUmemGenericAllocationHandle r = 0;
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_retain_allocation_handle(&r, as_ptr(va)));
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_retain_allocation_handle(&r, as_ptr(va + 6 * MiB)));
-  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_retain_allocation_handle(nullptr, as_ptr(va + 2 * MiB)));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE,
+            t().mem_retain_allocation_handle(nullptr, as_ptr(va + 2 * MiB)));
   EXPECT_EQ(CUDA_SUCCESS, t().mem_retain_allocation_handle(&r, as_ptr(va + 6 * MiB - 1)));
   EXPECT_EQ(h, r);
   // NCCL's order: retain, release, unmap, release.
@@ -439,7 +462,9 @@ TEST_F(SimVmm, OutstandingAndDescription) {
   EXPECT_EQ(2 * MiB, o.physical_bytes);
   EXPECT_EQ(1u, o.mappings);
   const std::string d = describe_outstanding();
-  EXPECT_NE(std::string::npos, d.find("1 reservations (8 MiB), 2 allocations (6 MiB), 2 mappings (6 MiB)")) << d;
+  EXPECT_NE(std::string::npos,
+            d.find("1 reservations (8 MiB), 2 allocations (6 MiB), 2 mappings (6 MiB)"))
+      << d;
   EXPECT_NE(std::string::npos, d.find("mapping 0x")) << d;
   EXPECT_EQ(CUDA_SUCCESS, t().mem_unmap(va, 6 * MiB));
   EXPECT_EQ(CUDA_SUCCESS, t().mem_release(h0));

@@ -8,17 +8,17 @@
 #include "sim/export/expanse_sim_control.h"
 #pragma GCC visibility pop
 
-#include "driver/env_config.hpp"
-#include "sim/export/simcuda_internal.hpp"
-#include "sim/sim.hpp"
-#include "sim/sim_entry.hpp"
-
 #include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <mutex>
 #include <string>
+
+#include "driver/env_config.hpp"
+#include "sim/export/simcuda_internal.hpp"
+#include "sim/sim.hpp"
+#include "sim/sim_entry.hpp"
 
 #define EXPANSE_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -68,7 +68,8 @@ void ensure_configured() noexcept {
 using expanse::sim::exported::ensure_configured;
 namespace sim = expanse::sim;
 
-// ---- driver API (current ABI) ---------------------------------------------------------------------
+// ---- driver API (current ABI)
+// ---------------------------------------------------------------------
 
 EXPANSE_EXPORT CUresult cuGetErrorName(CUresult error, const char** str) {
   ensure_configured();
@@ -179,17 +180,19 @@ EXPANSE_EXPORT CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLoc
   ensure_configured();
   return sim::sim_mem_get_access(flags, location, ptr);
 }
-EXPANSE_EXPORT CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
+EXPANSE_EXPORT CUresult cuMemGetAllocationGranularity(size_t* granularity,
+                                                      const CUmemAllocationProp* prop,
                                                       CUmemAllocationGranularity_flags option) {
   ensure_configured();
   return sim::sim_mem_get_allocation_granularity(granularity, prop, option);
 }
-EXPANSE_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
-                                                               CUmemGenericAllocationHandle handle) {
+EXPANSE_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(
+    CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle) {
   ensure_configured();
   return sim::sim_mem_get_allocation_properties_from_handle(prop, handle);
 }
-EXPANSE_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) {
+EXPANSE_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle,
+                                                    void* addr) {
   ensure_configured();
   return sim::sim_mem_retain_allocation_handle(handle, addr);
 }
@@ -250,7 +253,8 @@ EXPANSE_EXPORT CUresult cuEventSynchronize(CUevent event) {
   return sim::sim_event_synchronize(event);
 }
 EXPANSE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
-                                            cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
+                                            cuuint64_t flags,
+                                            CUdriverProcAddressQueryResult* status) {
   ensure_configured();
   return expanse::sim::exported::proc_address(symbol, pfn, cudaVersion, flags, status);
 }
@@ -382,7 +386,8 @@ EXPANSE_EXPORT void expanse_sim_reset_counts(void) {
   sim::reset_counts();
 }
 
-EXPANSE_EXPORT int expanse_sim_inject_failure(const char* base_name, unsigned long long nth, int code) {
+EXPANSE_EXPORT int expanse_sim_inject_failure(const char* base_name, unsigned long long nth,
+                                              int code) {
   ensure_configured();
   expanse::driver::EntryPoint e{};
   if (!expanse::sim::exported::entry_point_by_name(base_name, &e)) {
