@@ -13,7 +13,7 @@ namespace expanse {
 
 using stream_t = CUstream_st*;  // cudaStream_t / CUstream
 
-struct Stats : expanse_stats {
+struct EXPANSE_API Stats : expanse_stats {
   // Driver calls by entry point name, zero counts left out.
   std::map<std::string, uint64_t> driver_calls_by_name() const;
 };

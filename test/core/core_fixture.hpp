@@ -72,17 +72,17 @@ class CoreTest : public ::testing::Test {
   std::vector<CUstream> streams_;
 };
 
-// Writes a pattern derived from seed at up to 19 spots of [p, p+n): both ends, and spread
-// pages in between, so a 32 GiB block does not need 32 GiB of host RAM.
-inline std::vector<size_t> pattern_offsets(size_t n) {
-  std::vector<size_t> offs;
-  if (n == 0) return offs;
-  offs.push_back(0);
-  offs.push_back(n - 1);
-  const size_t spots = 16;
-  for (size_t i = 1; i <= spots && n > 2; ++i) offs.push_back((n / (spots + 1)) * i);
-  offs.push_back(n / 2);
-  return offs;
+// Patterns derived from a seed, written at up to 19 spots of [p, p+n): both ends, the middle and
+// 16 spots spread in between — so a 32 GiB block does not need 32 GiB of host RAM.
+inline constexpr size_t kPatternSpots = 19;
+
+inline size_t pattern_offset(size_t n, size_t i) {
+  switch (i) {
+    case 0: return 0;
+    case 1: return n - 1;
+    case 2: return n / 2;
+    default: return (n / (kPatternSpots - 2)) * (i - 2);
+  }
 }
 
 inline uint8_t pattern_byte(uint64_t seed, size_t off) {
@@ -93,13 +93,19 @@ inline uint8_t pattern_byte(uint64_t seed, size_t off) {
 
 inline void fill_pattern(void* p, size_t n, uint64_t seed) {
   auto* b = static_cast<volatile uint8_t*>(p);
-  for (size_t off : pattern_offsets(n)) b[off] = pattern_byte(seed, off);
+  for (size_t i = 0; i < kPatternSpots && n > 0; ++i) {
+    size_t off = pattern_offset(n, i);
+    b[off] = pattern_byte(seed, off);
+  }
 }
 
-// Returns the first offset whose byte differs, or SIZE_MAX when intact.
-inline size_t check_pattern(const void* p, size_t n, uint64_t seed) {
+// Checks the first `spots` spots (3: both ends and the middle). Returns the first offset whose
+// byte differs, or SIZE_MAX when intact.
+inline size_t check_pattern(const void* p, size_t n, uint64_t seed,
+                            size_t spots = kPatternSpots) {
   const auto* b = static_cast<const volatile uint8_t*>(p);
-  for (size_t off : pattern_offsets(n)) {
+  for (size_t i = 0; i < spots && n > 0; ++i) {
+    size_t off = pattern_offset(n, i);
     if (b[off] != pattern_byte(seed, off)) return off;
   }
   return SIZE_MAX;

@@ -40,10 +40,14 @@ TEST_F(PropertyTest, RandomOperationsMatchReferenceModel) {
   for (size_t step = 0; step < ops; ++step) {
     const size_t dice = pick(1000);
     if (dice < 450 || model.live().empty()) {
-      // Sizes 1 B .. 8 GiB, log-uniform.
-      size_t bits = pick(34);
-      size_t n = (size_t{1} << bits) + (bits == 0 ? 0 : rng() % (size_t{1} << bits));
-      n = std::min(n, 8 * GiB);
+      // Sizes 1 B .. 1 GiB log-uniform, and now and then (1.5%) a huge one of 1 .. 8 GiB.
+      size_t n;
+      if (pick(1000) < 15) {
+        n = GiB + rng() % (7 * GiB + 1);
+      } else {
+        size_t bits = pick(30);
+        n = (size_t{1} << bits) + (bits == 0 ? 0 : rng() % (size_t{1} << bits));
+      }
       CUstream s = streams[pick(streams.size())];
       const size_t avail = model.avail();
       void* p = nullptr;
@@ -82,13 +86,17 @@ TEST_F(PropertyTest, RandomOperationsMatchReferenceModel) {
       ++n_hold;
     } else if (dice < 960) {
       sim::release_stream(streams[pick(streams.size())]);
-    } else if (dice < 962) {
-      alloc_->release_cached();
-    } else if (dice < 972) {
-      size_t lim = pick(2) == 0 ? SIZE_MAX : (10 + pick(71)) * GiB;
-      alloc_->set_limit(lim);
-      model.set_limit(lim);
-      ++n_limit;
+    } else if (dice < 970) {
+      // Rare and heavy (each can unmap and release tens of thousands of pages): one in ~50000
+      // steps gives the cache back, one in ~10000 changes the limit.
+      if (pick(100) == 0) {
+        alloc_->release_cached();
+      } else if (pick(20) == 0) {
+          size_t lim = pick(2) == 0 ? SIZE_MAX : (10 + pick(71)) * GiB;
+        alloc_->set_limit(lim);
+        model.set_limit(lim);
+        ++n_limit;
+      }
     } else {
       // Bad input: double free / interior pointer / foreign pointer. Nothing may change.
       auto before = alloc_->stats();
@@ -114,14 +122,18 @@ TEST_F(PropertyTest, RandomOperationsMatchReferenceModel) {
     ASSERT_EQ(st.touched_bytes, model.touched() * P) << "step " << step;
     ASSERT_GE(st.mapped_bytes, st.touched_bytes) << "step " << step;
     ASSERT_EQ(st.cached_bytes, st.mapped_bytes - st.touched_bytes);
-    sim::Outstanding o = sim::outstanding();
-    ASSERT_EQ(st.mapped_bytes, o.mapped_bytes) << "step " << step;
-    ASSERT_EQ(st.physical_bytes, o.physical_bytes) << "step " << step;
+    if (step % 256 == 0) {  // the driver's own books (sim::outstanding walks every mapping)
+      sim::Outstanding o = sim::outstanding();
+      ASSERT_EQ(st.mapped_bytes, o.mapped_bytes) << "step " << step;
+      ASSERT_EQ(st.physical_bytes, o.physical_bytes) << "step " << step;
+    }
     ASSERT_LE(st.physical_bytes, capacity);
 
-    // No data loss (invariant 2).
+    // No data loss (invariant 2): both ends and the middle of every live block after every
+    // step, all 19 spots every 256 steps.
+    const size_t spots = step % 256 == 0 ? kPatternSpots : 3;
     for (const auto& [a, b] : model.live()) {
-      ASSERT_EQ(check_pattern(reinterpret_cast<void*>(a), b.requested, b.seed), SIZE_MAX)
+      ASSERT_EQ(check_pattern(reinterpret_cast<void*>(a), b.requested, b.seed, spots), SIZE_MAX)
           << "step " << step << ": live block " << reinterpret_cast<void*>(a) << " of "
           << b.requested << " bytes (written at step " << b.seed << ") lost its data";
     }
@@ -133,6 +145,14 @@ TEST_F(PropertyTest, RandomOperationsMatchReferenceModel) {
   for (CUstream s : streams) sim::release_stream(s);
   RecordProperty("allocs", static_cast<int>(n_alloc));
   RecordProperty("ooms", static_cast<int>(n_oom));
+  core::DeviceStats fin = alloc_->stats();
+  std::printf("driver calls: map %llu unmap %llu create %llu release %llu event_record %llu sync %llu\n",
+              static_cast<unsigned long long>(fin.driver_calls[static_cast<size_t>(driver::EntryPoint::mem_map)]),
+              static_cast<unsigned long long>(fin.driver_calls[static_cast<size_t>(driver::EntryPoint::mem_unmap)]),
+              static_cast<unsigned long long>(fin.driver_calls[static_cast<size_t>(driver::EntryPoint::mem_create)]),
+              static_cast<unsigned long long>(fin.driver_calls[static_cast<size_t>(driver::EntryPoint::mem_release)]),
+              static_cast<unsigned long long>(fin.driver_calls[static_cast<size_t>(driver::EntryPoint::event_record)]),
+              static_cast<unsigned long long>(fin.driver_calls[static_cast<size_t>(driver::EntryPoint::event_synchronize)]));
   std::printf("ops %zu: %zu allocs, %zu OOMs, %zu frees, %zu holds, %zu limit changes, %zu bad frees\n",
               ops, n_alloc, n_oom, n_free, n_hold, n_limit, n_bad);
   EXPECT_GT(n_oom, 0u) << "the workload never reached capacity; it tests too little";

@@ -1,0 +1,49 @@
+// The C++ facade: exceptions instead of codes.
+#include "expanse/expanse.hpp"
+
+#include <gtest/gtest.h>
+
+namespace {
+
+constexpr size_t GiB = size_t{1} << 30;
+
+class CppApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override { expanse::init("driver:sim,sim_capacity:2GiB"); }
+  void TearDown() override { expanse::shutdown(); }
+};
+
+TEST_F(CppApiTest, AllocateDeallocate) {
+  expanse::device_allocator a(0);
+  void* p = a.allocate(1000);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(a.stats().requested_bytes, 1000u);
+  EXPECT_GE(a.stats().driver_calls_by_name().at("cuMemMap"), 1u);
+  a.deallocate(p);
+  EXPECT_EQ(a.stats().live_blocks, 0u);
+}
+
+TEST_F(CppApiTest, OutOfMemoryIsABadAlloc) {
+  expanse::device_allocator a(0);
+  EXPECT_THROW(a.allocate(3 * GiB), std::bad_alloc);
+  try {
+    a.allocate(3 * GiB);
+  } catch (const expanse::out_of_memory& e) {
+    EXPECT_EQ(e.requested(), 3 * GiB);
+    EXPECT_EQ(e.device(), 0);
+  }
+}
+
+TEST_F(CppApiTest, BadPointerIsAUsageError) {
+  int x = 0;
+  EXPECT_THROW(expanse::deallocate(&x, 0), expanse::usage_error);
+  EXPECT_THROW(expanse::device_allocator(5), expanse::usage_error);
+  expanse::deallocate(nullptr, 0);  // fine
+}
+
+TEST_F(CppApiTest, DriverDescription) {
+  EXPECT_EQ(expanse::driver_description().rfind("sim:", 0), 0u);
+  EXPECT_EQ(expanse::device_count(), 1);
+}
+
+}  // namespace
