@@ -587,8 +587,11 @@ CUresult sim_mem_address_free(CUdeviceptr ptr, size_t size) {
     const uintptr_t end = base + size;
     if (overlaps_mapping(s, base, end)) {
       if (s.policy.free_with_mappings_is_error) return CUDA_ERROR_INVALID_VALUE;
-      // Lenient: unmap what is left, one mapping at a time.
-      for (auto m = s.mappings.lower_bound(base); m != s.mappings.end() && m->first < end;) {
+      // Lenient: unmap what is left, one whole mapping at a time (one that starts in the previous
+      // reservation, mapped across with the lenient map policy, included).
+      auto first = mapping_at(s, base);
+      if (first == s.mappings.end()) first = s.mappings.lower_bound(base);
+      for (auto m = first; m != s.mappings.end() && m->first < end;) {
         auto next = std::next(m);
         const uintptr_t lo = m->first;
         const uintptr_t hi = lo + m->second.size;
