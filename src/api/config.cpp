@@ -42,6 +42,8 @@ Config parse_config(const std::string& text) {
         parse_limit(value, c);
       } else if (key == "release_threshold") {
         c.allocator.release_threshold = conf::parse_size_for(key, value);
+      } else if (key == "reclaim_first") {
+        c.allocator.reclaim_before_create = conf::parse_bool_for(key, value);
       } else if (key == "va_size") {
         c.allocator.va_size = conf::parse_size_for(key, value);
       } else if (key == "va_budget") {

@@ -32,6 +32,7 @@ const std::vector<std::string>& known_keys() {
       "page_size",        // allocator page size (a multiple of the device granularity)
       "limit",            // cap on mapped memory: bytes or a fraction of capacity
       "release_threshold",  // cached memory above this is returned to the driver
+      "reclaim_first",    // reclaim pages under free memory before creating new ones
       "va_size",          // bytes of VA reserved per reservation
       "va_budget",        // most VA the allocator may reserve per device
       "driver_library",   // path of the libcuda-compatible library for driver:cuda

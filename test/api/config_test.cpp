@@ -47,6 +47,9 @@ TEST(ConfigParse, LibraryOptions) {
   EXPECT_EQ(c.allocator.release_threshold, size_t{1} << 30);
   EXPECT_EQ(c.allocator.va_size, size_t{1} << 40);
   EXPECT_EQ(c.allocator.va_budget, size_t{4} << 40);
+  EXPECT_FALSE(c.allocator.reclaim_before_create);
+  EXPECT_TRUE(api::parse_config("reclaim_first:true").allocator.reclaim_before_create);
+  EXPECT_THROW(api::parse_config("reclaim_first:maybe"), usage_error);
   api::Config f = api::parse_config("limit:0.25");
   EXPECT_EQ(api::options_for_device(f, size_t{8} << 30).limit, size_t{2} << 30);
   EXPECT_THROW(api::parse_config("page_size:0"), usage_error);
