@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <string>
 
+#include "driver/cost_model.hpp"
 #include "driver/driver_table.hpp"
 
 namespace expanse::sim {
@@ -60,13 +61,9 @@ void clear_injections();
 
 // --- modeled GPU driver time -----------------------------------------------------------------
 // Per-call costs in nanoseconds; map/unmap/set_access/create scale with the number of
-// granularity pages they touch. Defaults: the A100 figures of DESIGN.md.
-struct CostTable {
-  double per_call_ns[driver::kEntryPointCount] = {};
-  // For these entry points the cost is per granularity page touched (times devices for access).
-  bool per_page[driver::kEntryPointCount] = {};
-  static CostTable a100();
-};
+// granularity pages they touch (set_access also with its descriptors). The same model the
+// allocator's stats use; defaults: the A100 figures of DESIGN.md (driver::CostModel::a100()).
+using CostTable = driver::CostModel;
 void set_cost_table(const CostTable& t);
 double modeled_seconds();
 
