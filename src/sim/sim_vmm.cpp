@@ -1,0 +1,437 @@
+// The sim's VMM entry points: reservations, physical allocations, mappings and access
+// (spec: shared/reference/cuda_vmm_spec.md §5-§7, policies §10).
+#include "sim/sim_call.hpp"
+#include "sim/sim_entry.hpp"
+#include "sim/sim_errors.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace expanse::sim {
+
+using detail::AccessBits;
+using detail::Allocation;
+using detail::Context;
+using detail::Device;
+using detail::Event;
+using detail::Mapping;
+using detail::State;
+using detail::Stream;
+using detail::aligned;
+using detail::device;
+using detail::pages;
+using detail::run;
+using detail::valid_device;
+using detail::vmm_context_ok;
+using driver::EntryPoint;
+
+namespace {
+
+std::atomic<uint64_t> g_handle_serial{0};
+
+// Handle values are never reused within a process, so a stale handle never aliases a new one.
+CUmemGenericAllocationHandle next_handle() noexcept {
+  const uint64_t n = g_handle_serial.fetch_add(1) + 1;
+  return (uint64_t{0x51} << 40) | (n << 4);
+}
+
+// ---- VMM helpers --------------------------------------------------------------------------------
+
+Allocation* live_handle(State& s, CUmemGenericAllocationHandle h) {
+  auto it = s.allocations.find(h);
+  if (it == s.allocations.end() || it->second->user_refs == 0) return nullptr;
+  return it->second.get();
+}
+
+// Frees the physical memory once nothing refers to it any more.
+void maybe_free(State& s, Allocation* a) {
+  if (a->user_refs != 0 || a->map_refs != 0) return;
+  Device& d = device(s, a->device);
+  d.physical_used -= a->size;
+  if (s.cfg.backing) d.store.free(a->offset, a->size);
+  s.allocations.erase(a->handle);
+}
+
+// The mapping containing va, or end().
+std::map<uintptr_t, Mapping>::iterator mapping_at(State& s, uintptr_t va) {
+  auto it = s.mappings.upper_bound(va);
+  if (it == s.mappings.begin()) return s.mappings.end();
+  --it;
+  return va < it->first + it->second.size ? it : s.mappings.end();
+}
+
+// [lo, hi) inside one reservation (or, if allow_span, inside adjacent reservations).
+bool inside_reservations(const State& s, uintptr_t lo, uintptr_t hi, bool allow_span) {
+  auto it = s.reservations.upper_bound(lo);
+  if (it == s.reservations.begin()) return false;
+  --it;
+  uintptr_t end = it->first + it->second.size;
+  if (lo >= end) return false;
+  while (hi > end) {
+    if (!allow_span) return false;
+    ++it;
+    if (it == s.reservations.end() || it->first != end) return false;
+    end = it->first + it->second.size;
+  }
+  return true;
+}
+
+bool overlaps_mapping(const State& s, uintptr_t lo, uintptr_t hi) {
+  auto it = s.mappings.lower_bound(lo);
+  if (it != s.mappings.end() && it->first < hi) return true;
+  if (it != s.mappings.begin()) {
+    --it;
+    if (it->first + it->second.size > lo) return true;
+  }
+  return false;
+}
+
+// The mappings that tile [lo, hi) exactly (whole mappings, no gaps), or an empty vector.
+std::vector<std::map<uintptr_t, Mapping>::iterator> whole_mappings(State& s, uintptr_t lo,
+                                                                   uintptr_t hi) {
+  std::vector<std::map<uintptr_t, Mapping>::iterator> out;
+  auto it = s.mappings.find(lo);
+  uintptr_t cur = lo;
+  while (cur < hi) {
+    if (it == s.mappings.end() || it->first != cur) return {};
+    cur += it->second.size;
+    if (cur > hi) return {};
+    out.push_back(it);
+    ++it;
+  }
+  return out;
+}
+
+// Removes whole mappings [lo, hi) (already validated): host VA back to reserved, references
+// dropped.
+CUresult unmap_range(State& s, uintptr_t lo, uintptr_t hi,
+                     const std::vector<std::map<uintptr_t, Mapping>::iterator>& ms) {
+  if (s.cfg.backing && !detail::va_unmap_to_reserved(lo, hi - lo)) return CUDA_ERROR_OUT_OF_MEMORY;
+  for (auto it : ms) {
+    Allocation* a = it->second.alloc;
+    s.mapped_bytes -= it->second.size;
+    s.mappings.erase(it);
+    --a->map_refs;
+    maybe_free(s, a);
+  }
+  return CUDA_SUCCESS;
+}
+
+void split_run(Mapping& m, size_t off) {
+  if (off >= m.size) return;
+  auto it = m.access.upper_bound(off);
+  --it;  // the run containing off (key 0 always exists)
+  if (it->first != off) m.access.emplace_hint(std::next(it), off, it->second);
+}
+
+void merge_runs(Mapping& m) {
+  auto it = m.access.begin();
+  while (it != m.access.end()) {
+    auto next = std::next(it);
+    if (next != m.access.end() && next->second == it->second) {
+      m.access.erase(next);
+    } else {
+      it = next;
+    }
+  }
+}
+
+}  // namespace
+
+// ---- VMM: address space -------------------------------------------------------------------------
+
+CUresult sim_mem_address_reserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                 unsigned long long flags) {
+  return run(EntryPoint::mem_address_reserve, true, [&](State& s, double&) {
+    if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
+    const size_t hp = detail::host_page_size();
+    if (ptr == nullptr || size == 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!aligned(size, hp) || !aligned(addr, hp)) return CUDA_ERROR_INVALID_VALUE;
+    if (alignment != 0 && (alignment & (alignment - 1)) != 0) return CUDA_ERROR_INVALID_VALUE;
+    const size_t align = std::max(alignment, s.cfg.granularity);
+    const uintptr_t base = detail::va_reserve(size, align, static_cast<uintptr_t>(addr));
+    if (base == 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    s.reservations[base].size = size;
+    *ptr = static_cast<CUdeviceptr>(base);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult sim_mem_address_free(CUdeviceptr ptr, size_t size) {
+  return run(EntryPoint::mem_address_free, true, [&](State& s, double&) {
+    if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
+    const auto base = static_cast<uintptr_t>(ptr);
+    auto it = s.reservations.find(base);
+    if (it == s.reservations.end() || it->second.size != size) return CUDA_ERROR_INVALID_VALUE;
+    const uintptr_t end = base + size;
+    if (overlaps_mapping(s, base, end)) {
+      if (s.policy.free_with_mappings_is_error) return CUDA_ERROR_INVALID_VALUE;
+      // Lenient: unmap what is left, one whole mapping at a time (one that starts in the previous
+      // reservation, mapped across with the lenient map policy, included).
+      auto first = mapping_at(s, base);
+      if (first == s.mappings.end()) first = s.mappings.lower_bound(base);
+      for (auto m = first; m != s.mappings.end() && m->first < end;) {
+        auto next = std::next(m);
+        const uintptr_t lo = m->first;
+        const uintptr_t hi = lo + m->second.size;
+        const CUresult r = unmap_range(s, lo, hi, {m});
+        if (r != CUDA_SUCCESS) return r;
+        m = next;
+      }
+    }
+    detail::va_release(base, size);
+    s.reservations.erase(it);
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- VMM: physical memory -----------------------------------------------------------------------
+
+CUresult sim_mem_create(CUmemGenericAllocationHandle* handle, size_t size,
+                        const CUmemAllocationProp* prop, unsigned long long flags) {
+  return run(EntryPoint::mem_create, true, [&](State& s, double& units) {
+    if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (handle == nullptr || prop == nullptr || flags != 0 || size == 0)
+      return CUDA_ERROR_INVALID_VALUE;
+    if (detail::bits(prop->type) != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+    constexpr unsigned kKnownHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR |
+                                           CU_MEM_HANDLE_TYPE_WIN32 | CU_MEM_HANDLE_TYPE_WIN32_KMT |
+                                           CU_MEM_HANDLE_TYPE_FABRIC;
+    const auto handle_types = static_cast<unsigned>(detail::bits(prop->requestedHandleTypes));
+    if ((handle_types & ~kKnownHandleTypes) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (prop->win32HandleMetaData != nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const auto& af = prop->allocFlags;
+    if (af.compressionType > CU_MEM_ALLOCATION_COMP_GENERIC) return CUDA_ERROR_INVALID_VALUE;
+    if ((af.usage & ~(CU_MEM_CREATE_USAGE_TILE_POOL | CU_MEM_CREATE_USAGE_HW_DECOMPRESS)) != 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (unsigned char r : af.reserved) {
+      if (r != 0) return CUDA_ERROR_INVALID_VALUE;
+    }
+    switch (detail::bits(prop->location.type)) {
+      case CU_MEM_LOCATION_TYPE_DEVICE:
+        if (!valid_device(s, prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+        break;
+      case CU_MEM_LOCATION_TYPE_HOST:
+        // Not IPC-capable: any handle type is invalid; host VMM itself is not supported (attr 145).
+        return handle_types != 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_SUPPORTED;
+      case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+        return prop->location.id < 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_SUPPORTED;
+      default:  // INVALID, HOST_NUMA_CURRENT, anything else
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!aligned(size, s.cfg.granularity)) return CUDA_ERROR_INVALID_VALUE;
+    // Export handle types (attrs 103/104/105/128), RDMA (attr 110), tile pools and hardware
+    // decompression are not supported by the sim's device.
+    if (handle_types != 0 || af.gpuDirectRDMACapable != 0 || af.usage != 0) {
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    const int dev = prop->location.id;
+    Device& d = device(s, dev);
+    if (size > s.cfg.capacity - d.physical_used) return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t offset = 0;
+    if (s.cfg.backing) {
+      if (!d.store.ensure_open("expanse-sim-device-" + std::to_string(dev), s.cfg.capacity,
+                               nullptr) ||
+          !d.store.allocate(size, &offset)) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      }
+    }
+    auto a = std::make_unique<Allocation>();
+    a->handle = next_handle();
+    a->device = dev;
+    a->size = size;
+    a->prop = *prop;
+    a->prop.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_NONE;  // attr 107 is 0
+    a->user_refs = 1;
+    a->offset = offset;
+    d.physical_used += size;
+    *handle = a->handle;
+    s.allocations.emplace(a->handle, std::move(a));
+    units = pages(s, size);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult sim_mem_release(CUmemGenericAllocationHandle handle) {
+  return run(EntryPoint::mem_release, true, [&](State& s, double&) {
+    if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
+    Allocation* a = live_handle(s, handle);
+    if (a == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    --a->user_refs;
+    maybe_free(s, a);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult sim_mem_get_allocation_granularity(size_t* granularity, const CUmemAllocationProp* prop,
+                                            CUmemAllocationGranularity_flags option) {
+  return run(EntryPoint::mem_get_allocation_granularity, true, [&](State& s, double&) {
+    if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (granularity == nullptr || prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const int opt = detail::bits(option);
+    if (opt != CU_MEM_ALLOC_GRANULARITY_MINIMUM && opt != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (detail::bits(prop->type) != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+    if (detail::bits(prop->location.type) != CU_MEM_LOCATION_TYPE_DEVICE ||
+        !valid_device(s, prop->location.id)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    *granularity = s.cfg.granularity;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult sim_mem_get_allocation_properties_from_handle(CUmemAllocationProp* prop,
+                                                       CUmemGenericAllocationHandle handle) {
+  return run(EntryPoint::mem_get_allocation_properties_from_handle, true, [&](State& s, double&) {
+    if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Allocation* a = live_handle(s, handle);
+    if (a == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *prop = a->prop;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult sim_mem_retain_allocation_handle(CUmemGenericAllocationHandle* handle, void* addr) {
+  return run(EntryPoint::mem_retain_allocation_handle, true, [&](State& s, double&) {
+    if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    auto it = mapping_at(s, reinterpret_cast<uintptr_t>(addr));
+    if (it == s.mappings.end()) return CUDA_ERROR_INVALID_VALUE;
+    Allocation* a = it->second.alloc;
+    ++a->user_refs;  // the handle value is valid again if its references had all gone
+    *handle = a->handle;
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- VMM: mappings ------------------------------------------------------------------------------
+
+CUresult sim_mem_map(CUdeviceptr ptr, size_t size, size_t offset,
+                     CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  return run(EntryPoint::mem_map, true, [&](State& s, double& units) {
+    if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (flags != 0 || offset != 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    const auto lo = static_cast<uintptr_t>(ptr);
+    if (!aligned(lo, s.cfg.granularity) || !aligned(size, s.cfg.granularity))
+      return CUDA_ERROR_INVALID_VALUE;
+    const uintptr_t hi = lo + size;
+    if (hi < lo) return CUDA_ERROR_INVALID_VALUE;
+    Allocation* a = live_handle(s, handle);
+    if (a == nullptr || size > a->size) return CUDA_ERROR_INVALID_VALUE;
+    if (!inside_reservations(s, lo, hi, !s.policy.map_across_reservations_is_error)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (overlaps_mapping(s, lo, hi)) return CUDA_ERROR_INVALID_VALUE;
+    if (s.cfg.backing &&
+        !detail::va_map_file(lo, size, device(s, a->device).store.fd(), a->offset)) {
+      return CUDA_ERROR_OUT_OF_MEMORY;  // the host ran out of mappings (vm.max_map_count)
+    }
+    Mapping& m = s.mappings[lo];
+    m.size = size;
+    m.alloc = a;
+    m.access.emplace(0, AccessBits{});
+    ++a->map_refs;
+    s.mapped_bytes += size;
+    units = pages(s, size);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult sim_mem_unmap(CUdeviceptr ptr, size_t size) {
+  return run(EntryPoint::mem_unmap, true, [&](State& s, double& units) {
+    if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
+    const auto lo = static_cast<uintptr_t>(ptr);
+    const uintptr_t hi = lo + size;
+    if (size == 0 || hi < lo) return CUDA_ERROR_INVALID_VALUE;
+    const auto ms = whole_mappings(s, lo, hi);
+    if (ms.empty()) return CUDA_ERROR_INVALID_VALUE;
+    const CUresult r = unmap_range(s, lo, hi, ms);
+    if (r == CUDA_SUCCESS) units = pages(s, size);
+    return r;
+  });
+}
+
+CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
+                            size_t count) {
+  return run(EntryPoint::mem_set_access, true, [&](State& s, double& units) {
+    if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; ++i) {
+      const CUmemAccessDesc& d = desc[i];
+      const int f = detail::bits(d.flags);
+      if (f != CU_MEM_ACCESS_FLAGS_PROT_NONE && f != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+          f != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      // All sim allocations are device memory: HOST/HOST_NUMA access descriptors are invalid.
+      if (detail::bits(d.location.type) != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+      if (!valid_device(s, d.location.id)) return CUDA_ERROR_INVALID_DEVICE;
+    }
+    const auto lo = static_cast<uintptr_t>(ptr);
+    const uintptr_t hi = lo + size;
+    if (size == 0 || hi < lo) return CUDA_ERROR_INVALID_VALUE;
+    if (!aligned(lo, s.cfg.granularity) || !aligned(size, s.cfg.granularity))
+      return CUDA_ERROR_INVALID_VALUE;
+    // Fully mapped: adjacent mappings from lo to hi (a granularity-aligned part of one is fine).
+    auto first = mapping_at(s, lo);
+    if (first == s.mappings.end()) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<std::map<uintptr_t, Mapping>::iterator> ms;
+    uintptr_t cur = first->first;
+    for (auto it = first; cur < hi; ++it) {
+      if (it == s.mappings.end() || it->first != cur) return CUDA_ERROR_INVALID_VALUE;
+      ms.push_back(it);
+      cur += it->second.size;
+    }
+    std::vector<std::map<size_t, AccessBits>> saved;
+    saved.reserve(ms.size());
+    for (auto it : ms) {
+      Mapping& m = it->second;
+      saved.push_back(m.access);
+      const size_t off_lo = std::max(lo, it->first) - it->first;
+      const size_t off_hi = std::min(hi, it->first + m.size) - it->first;
+      split_run(m, off_lo);
+      split_run(m, off_hi);
+      for (auto run_it = m.access.find(off_lo); run_it != m.access.end() && run_it->first < off_hi;
+           ++run_it) {
+        for (size_t i = 0; i < count; ++i)
+          run_it->second.set(desc[i].location.id, detail::bits(desc[i].flags));
+      }
+      merge_runs(m);
+    }
+    if (!detail::sync_host_protection(s, lo, size)) {
+      for (size_t i = 0; i < ms.size(); ++i) ms[i]->second.access = std::move(saved[i]);
+      detail::sync_host_protection(s, lo, size);
+      return CUDA_ERROR_OUT_OF_MEMORY;  // the host ran out of mappings (vm.max_map_count)
+    }
+    units = pages(s, size) * static_cast<double>(count);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult sim_mem_get_access(unsigned long long* flags, const CUmemLocation* location,
+                            CUdeviceptr ptr) {
+  return run(EntryPoint::mem_get_access, true, [&](State& s, double&) {
+    if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (flags == nullptr || location == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (detail::bits(location->type) != CU_MEM_LOCATION_TYPE_DEVICE)
+      return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(s, location->id)) return CUDA_ERROR_INVALID_DEVICE;
+    const auto va = static_cast<uintptr_t>(ptr);
+    auto it = mapping_at(s, va);
+    if (it == s.mappings.end()) return CUDA_ERROR_INVALID_VALUE;
+    auto run_it = it->second.access.upper_bound(va - it->first);
+    --run_it;
+    *flags = static_cast<unsigned long long>(run_it->second.flags_of(location->id));
+    return CUDA_SUCCESS;
+  });
+}
+
+}  // namespace expanse::sim
