@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Replays every trace under a traces folder with `expanse replay --min-capacity --json` and
+prints a Markdown table: peak live bytes, what PyTorch's caching allocator reserved for the same
+workload, expanse's peak mapped memory on the default 80 GiB device, and the smallest device on
+which expanse replays the trace with no OOM, each also as a ratio to peak live.
+
+Builds nothing. Usage (paths relative to the repository root by default):
+    bench/replay_traces.py [EXPANSE [TRACES]]      # default build/bin/expanse ../shared/traces
+    bench/replay_traces.py --expanse PATH --traces DIR
+
+Traces are *.pickle / *.pkl (PyTorch memory snapshots) and *.csv (RMM logs), searched
+recursively. When the folder holds a README.md with a table of "peak live bytes" and
+"PyTorch peak reserved bytes" per trace (as ../shared/traces/README.md does), the figures are
+checked against it (column "README"). Exit status: 0, or 1 if a replay failed or a figure
+disagrees with the README.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def gib(b):
+    return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
+
+
+def ratio(v, live):
+    return f"{v / live:.4f}" if live else "-"
+
+
+def readme_figures(folder):
+    """{trace name: (peak live, torch reserved)} from the README's table, if any."""
+    path = os.path.join(folder, "README.md")
+    out = {}
+    if not os.path.exists(path):
+        return out
+    for line in open(path, encoding="utf-8"):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 4 and cells[2].isdigit() and cells[3].isdigit():
+            out[cells[0]] = (int(cells[2]), int(cells[3]))
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("expanse_pos", nargs="?", metavar="EXPANSE", help="the expanse binary")
+    p.add_argument("traces_pos", nargs="?", metavar="TRACES", help="the traces folder")
+    p.add_argument("--expanse", default=os.path.join(ROOT, "build", "bin", "expanse"))
+    p.add_argument("--traces", default=os.path.join(ROOT, "..", "shared", "traces"))
+    a = p.parse_args()
+    a.expanse = a.expanse_pos or a.expanse
+    a.traces = a.traces_pos or a.traces
+    if not os.path.isdir(a.traces):
+        print(f"no traces folder at {a.traces}: nothing to replay")
+        return 0
+    if not os.access(a.expanse, os.X_OK):
+        print(f"{a.expanse} is not an executable (build it first, or pass --expanse)",
+              file=sys.stderr)
+        return 1
+    traces = []
+    for d, _, files in os.walk(a.traces):
+        for f in files:
+            if re.search(r"\.(pickle|pkl|csv)$", f):
+                traces.append(os.path.join(d, f))
+    traces.sort()
+    if not traces:
+        print(f"no traces under {a.traces}")
+        return 0
+    expected = readme_figures(a.traces)
+
+    env = dict(os.environ)
+    env.pop("EXPANSE_CONF", None)  # the default device: 80 GiB sim, default allocator options
+    rows, bad = [], 0
+    for t in traces:
+        name = re.sub(r"\.(pickle|pkl|csv)$", "", os.path.basename(t))
+        r = subprocess.run([a.expanse, "replay", t, "--min-capacity", "--json"],
+                           capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            bad += 1
+            print(f"{name}: expanse replay failed ({r.returncode}): {r.stderr.strip()}",
+                  file=sys.stderr)
+            continue
+        j = json.loads(r.stdout)
+        live = j["peak_live_bytes"]
+        torch = j.get("torch_peak_reserved_bytes")
+        check = ""
+        if name in expected:
+            ok = (live, torch) == expected[name]
+            check = "ok" if ok else f"DIFFERS {expected[name]}"
+            bad += 0 if ok else 1
+        goal = live * 1.01 + 64 * 2**20
+        rows.append([
+            name, str(j["allocs"]), f"{live} ({gib(live)})",
+            f"{torch} ({ratio(torch, live)})" if torch is not None else "-",
+            f"{j['peak_mapped_bytes']} ({ratio(j['peak_mapped_bytes'], live)})",
+            f"{j['min_capacity_bytes']} ({ratio(j['min_capacity_bytes'], live)})",
+            "yes" if j["min_capacity_bytes"] <= goal else "NO",
+            str(j["ooms"]), f"{j['modeled_driver_seconds']:.2f}",
+            f"{j['wall_seconds']:.2f}", check,
+        ])
+    head = ["trace", "allocs", "peak live bytes", "PyTorch peak reserved (x live)",
+            "expanse peak mapped @80GiB (x live)", "expanse min capacity (x live)",
+            "min <= 1.01 live + 64 MiB", "OOMs @80GiB", "modeled driver s", "wall s", "README"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "|".join("---" for _ in head) + "|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

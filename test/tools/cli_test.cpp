@@ -1,0 +1,216 @@
+// The expanse binary itself: exit status, --json output, and the message for every bad input.
+#include "tools_test_util.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace expanse::test {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr uint64_t MiB = uint64_t{1} << 20;
+constexpr uint64_t GiB = uint64_t{1} << 30;
+
+Json parse_json(const RunResult& r) {
+  Json j = Json::parse(r.out, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << "stdout is not JSON:\n" << r.out << "\nstderr:\n" << r.err;
+  return j;
+}
+
+std::string q(const std::string& s) { return "'" + s + "'"; }
+
+TEST(Cli, HelpAndVersion) {
+  RunResult r = run_expanse("--help");
+  EXPECT_EQ(r.status, 0);
+  EXPECT_NE(r.out.find("replay"), std::string::npos);
+  EXPECT_NE(r.out.find("stress"), std::string::npos);
+  r = run_expanse("replay --help");
+  EXPECT_EQ(r.status, 0);
+  EXPECT_NE(r.out.find("--min-capacity"), std::string::npos);
+  EXPECT_EQ(run_expanse("--version").status, 0);
+}
+
+TEST(Cli, UsageErrors) {
+  RunResult r = run_expanse("stress --frobnicate");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--frobnicate"), std::string::npos) << r.err;
+  r = run_expanse("");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("subcommand"), std::string::npos) << r.err;
+  r = run_expanse("stress --size 12XB");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--size"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("'12XB'"), std::string::npos) << r.err;
+  r = run_expanse("replay x.csv --capacity 12XB");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--capacity"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("'12XB'"), std::string::npos) << r.err;
+  r = run_expanse("stress --seed banana");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--seed"), std::string::npos) << r.err;
+  r = run_expanse("stress --capacity 8GiB --size 9GiB");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("does not fit"), std::string::npos) << r.err;
+  r = run_expanse("replay");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("FILE"), std::string::npos) << r.err;
+  // A bad EXPANSE_CONF is named too.
+  r = run_expanse("info", "driver:sim,colour:blue");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("colour"), std::string::npos) << r.err;
+}
+
+TEST(Cli, Info) {
+  RunResult r = run_expanse("info");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("sim"), std::string::npos);
+  EXPECT_NE(r.out.find("granularity 2 MiB"), std::string::npos) << r.out;
+  r = run_expanse("info --json", "driver:sim,sim_capacity:16GiB,sim_devices:2");
+  ASSERT_EQ(r.status, 0) << r.err;
+  Json j = parse_json(r);
+  EXPECT_EQ(j["driver"]["kind"], "sim");
+  ASSERT_EQ(j["devices"].size(), 2u);
+  EXPECT_EQ(j["devices"][0]["capacity_bytes"].get<uint64_t>(), 16 * GiB);
+  EXPECT_EQ(j["devices"][0]["granularity_bytes"].get<uint64_t>(), 2 * MiB);
+  EXPECT_EQ(j["devices"][0]["allocator"]["page_size_bytes"].get<uint64_t>(), 2 * MiB);
+}
+
+TEST(Cli, StressSmallSucceeds) {
+  RunResult r = run_expanse("stress --capacity 8GiB --size 3GiB --seed 7 --json");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  Json j = parse_json(r);
+  EXPECT_TRUE(j["ok"].get<bool>());
+  EXPECT_TRUE(j["sim"].get<bool>());
+  EXPECT_TRUE(j["allocated"].get<bool>());
+  EXPECT_TRUE(j["verified"].get<bool>());
+  EXPECT_EQ(j["capacity_bytes"].get<uint64_t>(), 8 * GiB);
+  EXPECT_EQ(j["size_bytes"].get<uint64_t>(), 3 * GiB);
+  EXPECT_EQ(j["pages_verified"].get<uint64_t>(), 3 * GiB / (2 * MiB));
+  EXPECT_GT(j["live_blocks_verified"].get<uint64_t>(), 0u);
+  EXPECT_GT(j["workload"]["allocs"].get<uint64_t>(), 1000u);
+  // The block needed pages from under free memory between live blocks.
+  EXPECT_GT(j["pages_reclaimed"].get<uint64_t>(), 0u);
+  EXPECT_GE(j["before"]["free_physical_bytes"].get<uint64_t>(), 3 * GiB);
+  EXPECT_TRUE(j["driver_calls"].contains("cuMemMap"));
+  EXPECT_GT(j["modeled_driver_seconds"].get<double>(), 0.0);
+  // The text form says it runs on the sim.
+  r = run_expanse("stress --capacity 4GiB --size 1GiB");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("sim"), std::string::npos);
+  EXPECT_NE(r.out.find("OK"), std::string::npos);
+}
+
+TEST(Cli, ReplaySnapshotJson) {
+  TempDir dir;
+  // Live: 4 KiB before recording (freed in the trace), then 1 MiB + 3 MiB on two streams.
+  const std::string f = dir.write(
+      "snap.pickle",
+      snapshot_pickle({{0, 0x10000000, 20 * MiB,
+                        {{0x10000000, 1 * MiB}, {0x10100000, 4096, "inactive"}}}},
+                      {{{"segment_alloc", 0x10000000, 20 * MiB},
+                        {"alloc", 0x10000000, 1 * MiB, 0},
+                        {"alloc", 0x10200000, 3 * MiB, 9},
+                        {"free_completed", 0x10200000, 3 * MiB, 9},
+                        {"free_completed", 0x10100000, 4096, 0},
+                        {"free_requested", 0x10000000, 1 * MiB, 0}}}));
+  RunResult r = run_expanse("replay " + q(f) + " --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  Json j = parse_json(r);
+  EXPECT_EQ(j["trace"], f);
+  EXPECT_EQ(j["format"], "pytorch-snapshot");
+  EXPECT_EQ(j["events"].get<uint64_t>(), 6u);
+  EXPECT_EQ(j["allocs"].get<uint64_t>(), 2u);
+  EXPECT_EQ(j["peak_live_bytes"].get<uint64_t>(), 4096 + 4 * MiB);
+  EXPECT_EQ(j["torch_peak_reserved_bytes"].get<uint64_t>(), 20 * MiB);
+  EXPECT_EQ(j["capacity_bytes"].get<uint64_t>(), 80 * GiB);
+  EXPECT_EQ(j["ooms"].get<uint64_t>(), 0u);
+  EXPECT_GE(j["peak_mapped_bytes"].get<uint64_t>(), 4096 + 4 * MiB);
+  EXPECT_EQ(j["streams"].get<uint64_t>(), 2u);
+  ASSERT_TRUE(j["driver_calls"].is_object());
+  EXPECT_GT(j["driver_calls"]["cuMemMap"].get<uint64_t>(), 0u);
+  EXPECT_TRUE(j.contains("modeled_driver_seconds"));
+  EXPECT_TRUE(j.contains("wall_seconds"));
+  EXPECT_FALSE(j.contains("min_capacity_bytes"));
+}
+
+TEST(Cli, ReplayCsvMinCapacity) {
+  TempDir dir;
+  std::string csv = "Thread,Time,Action,Pointer,Size,Stream\n";
+  // 10 x 5 MiB (peak live 50 MiB), every other one freed, then 12 MiB.
+  for (int i = 0; i < 10; ++i) {
+    csv += "1,t,allocate,0x" + std::to_string(100 + i) + "00000,5242880,0x0\n";
+  }
+  for (int i = 0; i < 10; i += 2) {
+    csv += "1,t,free,0x" + std::to_string(100 + i) + "00000,5242880,0x0\n";
+  }
+  csv += "1,t,allocate,0x99900000,12582912,0x0\n";
+  const std::string f = dir.write("log.csv", csv);
+  RunResult r = run_expanse("replay " + q(f) + " --min-capacity --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  Json j = parse_json(r);
+  EXPECT_EQ(j["format"], "rmm-csv");
+  EXPECT_EQ(j["peak_live_bytes"].get<uint64_t>(), 50 * MiB);
+  EXPECT_FALSE(j.contains("torch_peak_reserved_bytes"));
+  ASSERT_TRUE(j.contains("min_capacity_bytes"));
+  const uint64_t m = j["min_capacity_bytes"].get<uint64_t>();
+  EXPECT_GE(m, 50 * MiB);
+  EXPECT_LE(m, 52 * MiB);
+  EXPECT_GT(j["min_capacity"]["probes"].get<int>(), 1);
+
+  // On a device smaller than that: OOMs, exit status 1.
+  r = run_expanse("replay " + q(f) + " --capacity 40MiB --json");
+  EXPECT_EQ(r.status, 1);
+  j = parse_json(r);
+  EXPECT_GT(j["ooms"].get<uint64_t>(), 0u);
+  EXPECT_TRUE(j.contains("first_oom"));
+}
+
+// Every bad input of the issue: a clear message naming the file and where, exit status 2.
+TEST(Cli, BadInputs) {
+  TempDir dir;
+  const std::string good = read_file(fixture("snapshot_p4.pickle"));
+  struct Case {
+    std::string name, content, where;
+  };
+  std::string corrupt = good;
+  corrupt[2] = '\xff';  // the FRAME opcode after PROTO 4 becomes no opcode at all
+  PickleWriter not_snapshot;
+  not_snapshot.empty_list().mark().integer(1).integer(2).appends().stop();
+  const std::string hdr = "Thread,Time,Action,Pointer,Size,Stream\n";
+  const std::vector<Case> cases = {
+      {"truncated.pickle", good.substr(0, good.size() / 2), ": byte "},
+      {"corrupt.pickle", corrupt, ": byte 2: unsupported pickle opcode 0xff"},
+      {"list.pickle", not_snapshot.bytes(), ": byte 2: not a PyTorch memory snapshot"},
+      {"empty.pickle", "", ": empty file"},
+      {"badrow.csv", hdr + "1,t,allocate,0x1000,10,0x0\n1,t,allocate,0x2000,ten,0x0\n",
+       ":3: size 'ten' is not a byte count"},
+      {"short.csv", hdr + "1,t,allocate,0x1000\n", ":2: expected 6 comma-separated fields"},
+      {"neverallocated.csv", hdr + "1,t,allocate,0x1000,10,0x0\n1,t,free,0x2000,10,0x0\n",
+       ":3: free of 0x2000, which was never allocated"},
+      {"doublefree.pickle",
+       snapshot_pickle({}, {{{"alloc", 0x1000, 10},
+                             {"free_completed", 0x1000, 10},
+                             {"free_completed", 0x1000, 10}}}),
+       ": byte 127 (device_traces[0][2]): free of 0x1000, which was already freed at byte 91 "
+       "(device_traces[0][1]) (double free)"},
+      {"junk.dat", "\x01\x02garbage", ": byte 0: neither a PyTorch memory snapshot"},
+  };
+  for (const Case& c : cases) {
+    const std::string f = dir.write(c.name, c.content);
+    RunResult r = run_expanse("replay " + q(f));
+    EXPECT_EQ(r.status, 2) << c.name << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("expanse: " + f, 0), 0u) << c.name << ": " << r.err;
+    EXPECT_NE(r.err.find(f + c.where), std::string::npos) << c.name << ": " << r.err;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << c.name << ": one line: " << r.err;
+    EXPECT_TRUE(r.out.empty()) << c.name;
+  }
+  RunResult r = run_expanse("replay " + q(dir.path() + "/nope.csv"));
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("nope.csv: cannot open"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace expanse::test

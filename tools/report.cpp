@@ -1,0 +1,227 @@
+#include "report.hpp"
+
+#include "driver/entry_points.hpp"
+#include "driver/env_config.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+namespace expanse::tools {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+// "51.16 GiB (54937606148 B)"
+std::string bytes_text(uint64_t b) {
+  return conf::format_size(b) + " (" + std::to_string(b) + " B)";
+}
+
+std::string ratio_text(uint64_t v, uint64_t live) {
+  if (live == 0) return "";
+  return " = " + fixed(static_cast<double>(v) / static_cast<double>(live), 3) + " x peak live";
+}
+
+// "12345 (cuMemCreate 3000, cuMemMap 3000, ...)": the busiest entry points first.
+std::string calls_text(const core::DeviceStats& s, size_t top = 6) {
+  std::vector<std::pair<uint64_t, int>> v;
+  for (int i = 0; i < driver::kEntryPointCount; ++i) {
+    if (s.driver_calls[static_cast<size_t>(i)] != 0) {
+      v.emplace_back(s.driver_calls[static_cast<size_t>(i)], i);
+    }
+  }
+  std::sort(v.begin(), v.end(), [](auto a, auto b) { return a.first > b.first; });
+  std::string out = std::to_string(s.total_driver_calls()) + " calls";
+  if (v.empty()) return out;
+  out += " (";
+  for (size_t i = 0; i < v.size() && i < top; ++i) {
+    out += (i == 0 ? "" : ", ") +
+           std::string(driver::entry_point_name(static_cast<driver::EntryPoint>(v[i].second))) +
+           " " + std::to_string(v[i].first);
+  }
+  if (v.size() > top) out += ", ...";
+  return out + ")";
+}
+
+}  // namespace
+
+Json driver_calls_json(const core::DeviceStats& s) {
+  Json j = Json::object();
+  for (int i = 0; i < driver::kEntryPointCount; ++i) {
+    j[driver::entry_point_name(static_cast<driver::EntryPoint>(i))] =
+        s.driver_calls[static_cast<size_t>(i)];
+  }
+  return j;
+}
+
+Json replay_json(const ReplayReport& r) {
+  const Trace& t = *r.trace;
+  const ReplayResult& p = r.replay;
+  Json j;
+  j["trace"] = t.path;
+  j["format"] = t.format;
+  if (t.format == "pytorch-snapshot") j["device"] = t.device;
+  j["events"] = t.events;
+  j["allocs"] = t.allocs;
+  j["frees"] = t.frees;
+  j["preexisting_allocs"] = t.preexisting;
+  j["preexisting_bytes"] = t.preexisting_bytes;
+  if (t.format == "rmm-csv") j["failed_allocs"] = t.failed_allocs;
+  j["streams"] = t.streams.size();
+  j["peak_live_bytes"] = t.peak_live_bytes;
+  if (t.torch_peak_reserved_bytes) j["torch_peak_reserved_bytes"] = *t.torch_peak_reserved_bytes;
+  j["capacity_bytes"] = p.capacity;
+  j["page_size_bytes"] = p.page_size;
+  j["ooms"] = p.ooms;
+  if (p.ooms != 0) {
+    j["first_oom_op"] = p.first_oom_op;
+    j["first_oom"] = p.first_oom;
+  }
+  j["peak_mapped_bytes"] = p.stats.peak_mapped_bytes;
+  j["peak_physical_bytes"] = p.stats.peak_physical_bytes;
+  j["peak_allocated_bytes"] = p.stats.peak_allocated_bytes;
+  j["peak_va_reserved_bytes"] = p.stats.peak_va_reserved_bytes;
+  j["created_pages"] = p.stats.num_created_pages;
+  j["reclaimed_pages"] = p.stats.num_reclaimed_pages;
+  j["released_pages"] = p.stats.num_released_pages;
+  j["driver_calls"] = driver_calls_json(p.stats);
+  j["driver_calls_total"] = p.stats.total_driver_calls();
+  j["modeled_driver_seconds"] = p.stats.modeled_driver_ns * 1e-9;
+  if (r.min_capacity) {
+    const MinCapacity& m = *r.min_capacity;
+    j["min_capacity_bytes"] = m.bytes;
+    j["min_capacity"] = {{"probes", m.probes},
+                         {"wall_seconds", m.wall_seconds},
+                         {"peak_mapped_bytes", m.at_min.stats.peak_mapped_bytes},
+                         {"driver_calls_total", m.at_min.stats.total_driver_calls()},
+                         {"modeled_driver_seconds", m.at_min.stats.modeled_driver_ns * 1e-9}};
+  }
+  j["load_seconds"] = r.load_seconds;
+  j["replay_seconds"] = p.wall_seconds;
+  j["wall_seconds"] = r.wall_seconds;
+  return j;
+}
+
+std::string replay_text(const ReplayReport& r) {
+  const Trace& t = *r.trace;
+  const ReplayResult& p = r.replay;
+  const uint64_t live = t.peak_live_bytes;
+  std::ostringstream o;
+  o << "trace        " << t.path << "\n";
+  o << "format       "
+    << (t.format == "pytorch-snapshot"
+            ? "PyTorch memory snapshot, device " + std::to_string(t.device)
+            : std::string("RMM log CSV"))
+    << ", " << t.streams.size() << " stream" << (t.streams.size() == 1 ? "" : "s") << "\n";
+  o << "events       " << t.events << ": " << t.allocs << " allocs, " << t.frees << " frees";
+  if (t.preexisting != 0) {
+    o << ", " << t.preexisting << " blocks (" << conf::format_size(t.preexisting_bytes)
+      << ") allocated before recording began";
+  }
+  if (t.failed_allocs != 0) o << ", " << t.failed_allocs << " failed allocations skipped";
+  o << "\n";
+  o << "peak live    " << bytes_text(live) << "\n";
+  if (t.torch_peak_reserved_bytes) {
+    o << "PyTorch      peak reserved " << bytes_text(*t.torch_peak_reserved_bytes)
+      << ratio_text(*t.torch_peak_reserved_bytes, live) << "\n";
+  }
+  o << "device       sim, " << conf::format_size(p.capacity) << ", page "
+    << conf::format_size(p.page_size) << "\n";
+  o << "expanse      peak mapped " << bytes_text(p.stats.peak_mapped_bytes)
+    << ratio_text(p.stats.peak_mapped_bytes, live) << "\n";
+  o << "OOMs         " << p.ooms;
+  if (p.ooms != 0) o << " (first at operation " << p.first_oom_op << ": " << p.first_oom << ")";
+  o << "\n";
+  o << "driver       " << calls_text(p.stats) << ", modeled "
+    << fixed(p.stats.modeled_driver_ns * 1e-9, 3) << " s\n";
+  if (r.min_capacity) {
+    const MinCapacity& m = *r.min_capacity;
+    o << "min capacity " << bytes_text(m.bytes) << ratio_text(m.bytes, live) << " ("
+      << m.probes << " replays, " << fixed(m.wall_seconds, 2) << " s)\n";
+  }
+  o << "time         " << fixed(r.wall_seconds, 2) << " s (read " << fixed(r.load_seconds, 2)
+    << " s, replay " << fixed(p.wall_seconds, 2) << " s)\n";
+  return o.str();
+}
+
+Json stress_json(const StressResult& r) {
+  Json j;
+  j["ok"] = r.allocated && r.verified;
+  j["driver"] = r.driver;
+  j["sim"] = r.sim;
+  j["capacity_bytes"] = r.capacity;
+  j["page_size_bytes"] = r.page_size;
+  j["size_bytes"] = r.size;
+  j["seed"] = r.seed;
+  j["streams"] = r.streams;
+  j["workload"] = {{"allocs", r.workload_allocs},
+                   {"frees", r.workload_frees},
+                   {"skipped_ooms", r.workload_ooms},
+                   {"seconds", r.workload_seconds}};
+  j["before"] = {{"live_blocks", r.live_blocks_before},
+                 {"live_bytes", r.live_bytes_before},
+                 {"touched_bytes", r.touched_bytes_before},
+                 {"mapped_bytes", r.mapped_bytes_before},
+                 {"cached_bytes", r.cached_bytes_before},
+                 {"free_physical_bytes", r.free_physical_before}};
+  j["allocated"] = r.allocated;
+  j["alloc_seconds"] = r.alloc_seconds;
+  j["pages_reclaimed"] = r.pages_reclaimed;
+  j["pages_created"] = r.pages_created;
+  j["driver_calls"] = driver_calls_json(r.calls);
+  j["driver_calls_total"] = r.calls.total_driver_calls();
+  j["modeled_driver_seconds"] = r.calls.modeled_driver_ns * 1e-9;
+  j["verified"] = r.verified;
+  j["pages_verified"] = r.pages_verified;
+  j["live_blocks_verified"] = r.live_blocks_verified;
+  j["verify_seconds"] = r.verify_seconds;
+  if (!r.error.empty()) j["error"] = r.error;
+  if (r.sim) j["host_resident_bytes"] = r.host_resident_bytes;
+  j["total_driver_calls"] = r.stats.total_driver_calls();
+  j["total_modeled_driver_seconds"] = r.stats.modeled_driver_ns * 1e-9;
+  j["wall_seconds"] = r.wall_seconds;
+  return j;
+}
+
+std::string stress_text(const StressResult& r) {
+  std::ostringstream o;
+  o << "driver       " << r.driver << "\n";
+  if (r.sim) o << "             (no GPU in use: the sim backs device pages with host memory)\n";
+  o << "device       " << conf::format_size(r.capacity) << ", page "
+    << conf::format_size(r.page_size) << ", " << r.streams << " streams, seed " << r.seed << "\n";
+  o << "workload     " << r.workload_allocs << " allocs, " << r.workload_frees << " frees of 512 B"
+    << " .. 1 GiB tensors in " << fixed(r.workload_seconds, 2) << " s";
+  if (r.workload_ooms != 0) o << " (" << r.workload_ooms << " requests did not fit)";
+  o << "\n";
+  o << "before       " << r.live_blocks_before << " live blocks, "
+    << conf::format_size(r.live_bytes_before) << " live, "
+    << conf::format_size(r.cached_bytes_before) << " cached between them, "
+    << conf::format_size(r.free_physical_before) << " physical free\n";
+  o << "request      " << conf::format_size(r.size) << " contiguous: "
+    << (r.allocated ? "allocated" : "FAILED") << " in " << fixed(r.alloc_seconds * 1e3, 1)
+    << " ms (" << r.pages_reclaimed << " pages reclaimed from under free memory, "
+    << r.pages_created << " created)\n";
+  o << "driver       " << calls_text(r.calls) << ", modeled "
+    << fixed(r.calls.modeled_driver_ns * 1e-9, 3) << " s for the request ("
+    << r.stats.total_driver_calls() << " calls, " << fixed(r.stats.modeled_driver_ns * 1e-9, 3)
+    << " s in all)\n";
+  if (r.verified) {
+    o << "verified     a word in each of " << r.pages_verified << " pages of the block, and "
+      << r.live_blocks_verified << " live blocks kept their data (" << fixed(r.verify_seconds, 2)
+      << " s)\n";
+  }
+  if (!r.error.empty()) o << "error        " << r.error << "\n";
+  o << "result       " << (r.allocated && r.verified ? "OK" : "FAILED") << " in "
+    << fixed(r.wall_seconds, 2) << " s\n";
+  return o.str();
+}
+
+}  // namespace expanse::tools

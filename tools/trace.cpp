@@ -1,0 +1,508 @@
+#include "trace.hpp"
+
+#include "pickle.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <unordered_map>
+
+namespace expanse::tools {
+namespace {
+
+std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
+  return buf;
+}
+
+// Turns alloc/free records keyed by address into TraceOps keyed by block id.
+class Builder {
+ public:
+  // preexisting_on_unknown_free: a free of an address never seen is a block allocated before
+  // recording began (snapshots); otherwise it is an error (RMM logs).
+  // locate: turns a record name into a message prefix ("f.csv:17", "f.pickle: byte 9 (...)").
+  Builder(Trace& t, bool preexisting_on_unknown_free,
+          std::function<std::string(const std::string&)> locate)
+      : t_(t), lenient_(preexisting_on_unknown_free), locate_(std::move(locate)) {}
+
+  // `where` names the record for messages ("line 17", "byte 123 (device_traces[0][4])").
+  void alloc(uint64_t addr, uint64_t size, uint64_t stream,
+             const std::function<std::string()>& where) {
+    ++t_.allocs;
+    auto it = live_.find(addr);
+    if (it != live_.end()) {
+      fail(where, "allocation at " + hex(addr) + ", which is still live (allocated at " +
+                      it->second.where + " and not freed since)");
+    }
+    uint32_t b = next_block();
+    live_.emplace(addr, Live{b, size, where()});
+    freed_.erase(addr);
+    ops_.push_back({TraceOp::Type::alloc, stream_index(stream), b, size});
+  }
+
+  void free(uint64_t addr, uint64_t size, uint64_t stream,
+            const std::function<std::string()>& where) {
+    ++t_.frees;
+    auto it = live_.find(addr);
+    if (it == live_.end()) {
+      auto f = freed_.find(addr);
+      if (f != freed_.end()) {
+        fail(where, "free of " + hex(addr) + ", which was already freed at " + f->second +
+                        " (double free)");
+      }
+      if (!lenient_) {
+        fail(where, "free of " + hex(addr) + ", which was never allocated");
+      }
+      preexisting(size);
+      ops_.push_back({TraceOp::Type::free, stream_index(stream), pre_.back().block, 0});
+      freed_.emplace(addr, where());
+      return;
+    }
+    if (it->second.size != size) {
+      fail(where, "free of " + hex(addr) + " with size " + std::to_string(size) +
+                      ", but it was allocated with size " + std::to_string(it->second.size) +
+                      " at " + it->second.where);
+    }
+    ops_.push_back({TraceOp::Type::free, stream_index(stream), it->second.block, 0});
+    freed_.emplace(addr, where());
+    live_.erase(it);
+  }
+
+  bool is_live(uint64_t addr) const { return live_.count(addr) != 0; }
+
+  // A block live at the end of recording without a recorded allocation (snapshots).
+  void live_at_end_without_alloc(uint64_t size) { preexisting(size); }
+
+  void finish() {
+    t_.ops.clear();
+    t_.ops.reserve(pre_.size() + ops_.size());
+    t_.ops.insert(t_.ops.end(), pre_.begin(), pre_.end());
+    t_.ops.insert(t_.ops.end(), ops_.begin(), ops_.end());
+    std::vector<uint64_t> size(t_.blocks, 0);
+    uint64_t live = 0, peak = 0;
+    for (const TraceOp& op : t_.ops) {
+      if (op.type == TraceOp::Type::alloc) {
+        size[op.block] = op.size;
+        live += op.size;
+        peak = std::max(peak, live);
+      } else {
+        live -= size[op.block];
+      }
+    }
+    t_.peak_live_bytes = peak;
+    t_.live_at_end_bytes = live;
+    if (t_.streams.empty()) t_.streams.push_back(0);
+  }
+
+ private:
+  struct Live {
+    uint32_t block;
+    uint64_t size;
+    std::string where;
+  };
+
+  [[noreturn]] void fail(const std::function<std::string()>& where, const std::string& what) {
+    throw input_error(locate_(where()) + ": " + what);
+  }
+
+  uint32_t next_block() {
+    if (t_.blocks == UINT32_MAX) throw input_error(t_.path + ": too many allocations");
+    return t_.blocks++;
+  }
+
+  void preexisting(uint64_t size) {
+    ++t_.preexisting;
+    t_.preexisting_bytes += size;
+    pre_.push_back({TraceOp::Type::alloc, stream_index(0), next_block(), size});
+  }
+
+  uint32_t stream_index(uint64_t id) {
+    auto it = stream_ids_.find(id);
+    if (it != stream_ids_.end()) return it->second;
+    auto i = static_cast<uint32_t>(t_.streams.size());
+    t_.streams.push_back(id);
+    stream_ids_.emplace(id, i);
+    return i;
+  }
+
+  Trace& t_;
+  bool lenient_;
+  std::function<std::string(const std::string&)> locate_;
+  std::unordered_map<uint64_t, Live> live_;
+  std::unordered_map<uint64_t, std::string> freed_;
+  std::unordered_map<uint64_t, uint32_t> stream_ids_;
+  std::vector<TraceOp> pre_;
+  std::vector<TraceOp> ops_;
+};
+
+// ---- PyTorch snapshot ---------------------------------------------------------------------
+
+class SnapshotReader {
+ public:
+  SnapshotReader(const std::string& path, const pickle::Document& doc) : path_(path), doc_(doc) {}
+
+  [[noreturn]] void fail(const pickle::Node& n, const std::string& where,
+                         const std::string& what) const {
+    throw input_error(path_ + ": byte " + std::to_string(n.offset) +
+                      (where.empty() ? "" : " (" + where + ")") + ": " + what);
+  }
+
+  const pickle::Node& get(const pickle::Node& d, const char* key, const std::string& where) const {
+    const pickle::Node* v = doc_.find(d, key);
+    if (v == nullptr) fail(d, where, "missing key '" + std::string(key) + "'");
+    return *v;
+  }
+  const pickle::Node* get_opt(const pickle::Node& d, const char* key) const {
+    return doc_.find(d, key);
+  }
+
+  void expect(const pickle::Node& n, pickle::Kind k, const std::string& where) const {
+    if (n.kind != k) {
+      fail(n, where, "expected a " + std::string(pickle::kind_name(k)) + ", found " +
+                         doc_.describe(n));
+    }
+  }
+
+  uint64_t uint(const pickle::Node& d, const char* key, const std::string& where) const {
+    const pickle::Node& v = get(d, key, where);
+    if (v.kind != pickle::Kind::integer) {
+      fail(v, where + "['" + key + "']", "expected an int, found " + doc_.describe(v));
+    }
+    if (v.integer < 0) fail(v, where + "['" + key + "']", "negative value " + doc_.describe(v));
+    return static_cast<uint64_t>(v.integer);
+  }
+
+  std::string str(const pickle::Node& d, const char* key, const std::string& where) const {
+    const pickle::Node& v = get(d, key, where);
+    if (v.kind != pickle::Kind::string) {
+      fail(v, where + "['" + key + "']", "expected a str, found " + doc_.describe(v));
+    }
+    return v.text;
+  }
+
+  const pickle::Node& node(pickle::NodeId id) const { return doc_[id]; }
+  const pickle::Document& doc() const { return doc_; }
+
+ private:
+  const std::string& path_;
+  const pickle::Document& doc_;
+};
+
+bool is_replayed_alloc(const std::string& a) { return a == "alloc"; }
+bool is_replayed_free(const std::string& a) { return a == "free_completed" || a == "free"; }
+
+}  // namespace
+
+Trace load_snapshot(const std::string& path, std::string_view data, int device) {
+  pickle::Document doc;
+  try {
+    doc = pickle::parse(data);
+  } catch (const pickle::parse_error& e) {
+    throw input_error(path + ": " + e.what() + " (not a readable PyTorch memory snapshot pickle)");
+  }
+  SnapshotReader r(path, doc);
+  const pickle::Node& root = doc[doc.root()];
+  if (root.kind != pickle::Kind::dict) {
+    r.fail(root, "", "not a PyTorch memory snapshot: the pickle holds a " + doc.describe(root) +
+                         ", expected a dict with 'segments' and 'device_traces'");
+  }
+  const pickle::Node* traces_p = r.get_opt(root, "device_traces");
+  const pickle::Node* segments_p = r.get_opt(root, "segments");
+  if (traces_p == nullptr || segments_p == nullptr) {
+    std::string keys;
+    for (size_t i = 0; i + 1 < root.items.size() && i < 20; i += 2) {
+      keys += (keys.empty() ? "" : ", ") + doc.describe(doc[root.items[i]]);
+    }
+    r.fail(root, "", std::string("not a PyTorch memory snapshot: the top-level dict has no '") +
+                         (traces_p == nullptr ? "device_traces" : "segments") + "' key (keys: " +
+                         (keys.empty() ? "none" : keys) + ")");
+  }
+  r.expect(*traces_p, pickle::Kind::list, "device_traces");
+  r.expect(*segments_p, pickle::Kind::list, "segments");
+
+  Trace t;
+  t.path = path;
+  t.format = "pytorch-snapshot";
+
+  // Which device: the one asked for, else the one with the most allocations.
+  const auto& per_device = traces_p->items;
+  std::vector<uint64_t> allocs(per_device.size(), 0);
+  for (size_t d = 0; d < per_device.size(); ++d) {
+    const pickle::Node& events = doc[per_device[d]];
+    r.expect(events, pickle::Kind::list, "device_traces[" + std::to_string(d) + "]");
+    for (pickle::NodeId id : events.items) {
+      const pickle::Node& e = doc[id];
+      if (e.kind != pickle::Kind::dict) continue;  // reported below for the chosen device
+      const pickle::Node* a = doc.find(e, "action");
+      if (a != nullptr && a->kind == pickle::Kind::string && is_replayed_alloc(a->text)) {
+        ++allocs[d];
+      }
+    }
+    if (allocs[d] != 0) ++t.devices_with_events;
+  }
+  if (device >= 0) {
+    if (static_cast<size_t>(device) >= per_device.size()) {
+      r.fail(*traces_p, "device_traces",
+             "device " + std::to_string(device) + " asked for, but the snapshot records " +
+                 std::to_string(per_device.size()) + " device(s)");
+    }
+    t.device = device;
+  } else {
+    auto best = std::max_element(allocs.begin(), allocs.end());
+    if (best == allocs.end() || *best == 0) {
+      r.fail(*traces_p, "device_traces",
+             "the snapshot records no allocations (was it taken with "
+             "torch.cuda.memory._record_memory_history() enabled?)");
+    }
+    t.device = static_cast<int>(best - allocs.begin());
+  }
+
+  // The trace: alloc / free_completed replayed; segment events give PyTorch's reserved memory.
+  const std::string prefix = "device_traces[" + std::to_string(t.device) + "]";
+  const pickle::Node& events = doc[per_device[static_cast<size_t>(t.device)]];
+  Builder b(t, true, [&path](const std::string& w) { return path + ": " + w; });
+  int64_t seg_delta = 0;
+  std::vector<int64_t> reserved_steps;
+  for (size_t i = 0; i < events.items.size(); ++i) {
+    const pickle::Node& e = doc[events.items[i]];
+    auto where_s = [&] { return prefix + "[" + std::to_string(i) + "]"; };
+    auto where = [&]() -> std::string {
+      return "byte " + std::to_string(e.offset) + " (" + where_s() + ")";
+    };
+    r.expect(e, pickle::Kind::dict, where_s());
+    ++t.events;
+    const std::string action = r.str(e, "action", where_s());
+    if (is_replayed_alloc(action) || is_replayed_free(action)) {
+      const uint64_t addr = r.uint(e, "addr", where_s());
+      const uint64_t size = r.uint(e, "size", where_s());
+      const pickle::Node* s = r.get_opt(e, "stream");
+      uint64_t stream = 0;
+      if (s != nullptr) stream = r.uint(e, "stream", where_s());
+      if (is_replayed_alloc(action)) {
+        b.alloc(addr, size, stream, where);
+      } else {
+        b.free(addr, size, stream, where);
+      }
+    } else if (action == "segment_alloc" || action == "segment_map") {
+      seg_delta += static_cast<int64_t>(r.uint(e, "size", where_s()));
+      reserved_steps.push_back(seg_delta);
+    } else if (action == "segment_free" || action == "segment_unmap") {
+      seg_delta -= static_cast<int64_t>(r.uint(e, "size", where_s()));
+      reserved_steps.push_back(seg_delta);
+    }
+    // free_requested, snapshot, oom, ...: not replayed.
+  }
+
+  // The end state: PyTorch's segments (reserved memory) and the blocks still allocated.
+  int64_t reserved_at_end = 0;
+  for (size_t i = 0; i < segments_p->items.size(); ++i) {
+    const pickle::Node& seg = doc[segments_p->items[i]];
+    const std::string where = "segments[" + std::to_string(i) + "]";
+    r.expect(seg, pickle::Kind::dict, where);
+    const pickle::Node* dev = r.get_opt(seg, "device");
+    if (dev != nullptr && r.uint(seg, "device", where) != static_cast<uint64_t>(t.device)) {
+      continue;
+    }
+    reserved_at_end += static_cast<int64_t>(r.uint(seg, "total_size", where));
+    const pickle::Node& blocks = r.get(seg, "blocks", where);
+    r.expect(blocks, pickle::Kind::list, where + "['blocks']");
+    for (size_t j = 0; j < blocks.items.size(); ++j) {
+      const pickle::Node& blk = doc[blocks.items[j]];
+      const std::string bw = where + "['blocks'][" + std::to_string(j) + "]";
+      r.expect(blk, pickle::Kind::dict, bw);
+      if (r.str(blk, "state", bw) != "active_allocated") continue;
+      const uint64_t addr = r.uint(blk, "address", bw);
+      if (!b.is_live(addr)) b.live_at_end_without_alloc(r.uint(blk, "size", bw));
+    }
+  }
+  b.finish();
+
+  // Reserved before recording = reserved at the end minus the net change the trace recorded.
+  const int64_t reserved = reserved_at_end - seg_delta;
+  int64_t peak = reserved;
+  for (int64_t step : reserved_steps) peak = std::max(peak, reserved + step);
+  t.torch_peak_reserved_bytes = static_cast<uint64_t>(std::max<int64_t>(peak, 0));
+  return t;
+}
+
+// ---- RMM log CSV --------------------------------------------------------------------------
+
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) {
+    s.remove_suffix(1);
+  }
+  return s;
+}
+
+std::vector<std::string_view> split(std::string_view line) {
+  std::vector<std::string_view> out;
+  size_t pos = 0;
+  while (true) {
+    size_t c = line.find(',', pos);
+    out.push_back(trim(line.substr(pos, c == std::string_view::npos ? line.npos : c - pos)));
+    if (c == std::string_view::npos) break;
+    pos = c + 1;
+  }
+  return out;
+}
+
+bool parse_hex(std::string_view s, uint64_t* out) {
+  if (s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) s.remove_prefix(2);
+  if (s.empty() || s.size() > 16) return false;
+  uint64_t v = 0;
+  for (char c : s) {
+    int d;
+    if (c >= '0' && c <= '9') {
+      d = c - '0';
+    } else if (c >= 'a' && c <= 'f') {
+      d = c - 'a' + 10;
+    } else if (c >= 'A' && c <= 'F') {
+      d = c - 'A' + 10;
+    } else {
+      return false;
+    }
+    v = (v << 4) | static_cast<uint64_t>(d);
+  }
+  *out = v;
+  return true;
+}
+
+bool parse_dec(std::string_view s, uint64_t* out) {
+  if (s.empty() || s.size() > 20) return false;
+  uint64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    uint64_t d = static_cast<uint64_t>(c - '0');
+    if (v > (UINT64_MAX - d) / 10) return false;
+    v = v * 10 + d;
+  }
+  *out = v;
+  return true;
+}
+
+}  // namespace
+
+Trace load_rmm_csv(const std::string& path, std::string_view data) {
+  Trace t;
+  t.path = path;
+  t.format = "rmm-csv";
+  if (data.size() >= 3 && data.substr(0, 3) == "\xEF\xBB\xBF") data.remove_prefix(3);
+
+  size_t pos = 0;
+  uint64_t lineno = 0;
+  auto next_line = [&](std::string_view* line) {
+    if (pos >= data.size()) return false;
+    size_t nl = data.find('\n', pos);
+    if (nl == std::string_view::npos) nl = data.size();
+    *line = data.substr(pos, nl - pos);
+    pos = nl + 1;
+    ++lineno;
+    return true;
+  };
+  auto fail = [&](const std::string& what) -> void {
+    throw input_error(path + ":" + std::to_string(lineno) + ": " + what);
+  };
+
+  std::string_view line;
+  if (!next_line(&line)) throw input_error(path + ": empty file: not an RMM log CSV");
+  std::vector<std::string_view> header = split(line);
+  int col_action = -1, col_pointer = -1, col_size = -1, col_stream = -1;
+  for (size_t i = 0; i < header.size(); ++i) {
+    if (header[i] == "Action") col_action = static_cast<int>(i);
+    if (header[i] == "Pointer") col_pointer = static_cast<int>(i);
+    if (header[i] == "Size") col_size = static_cast<int>(i);
+    if (header[i] == "Stream") col_stream = static_cast<int>(i);
+  }
+  if (col_action < 0 || col_pointer < 0 || col_size < 0) {
+    std::string shown(line.substr(0, 80));
+    fail("not an RMM log CSV header: expected Thread,Time,Action,Pointer,Size,Stream, found '" +
+         shown + "'");
+  }
+
+  // Records are named by line: "line 17" in back-references, "path:17" as a message prefix.
+  Builder b(t, false, [&path](const std::string& w) { return path + ":" + w.substr(5); });
+  std::function<std::string()> where_fn = [&] { return "line " + std::to_string(lineno); };
+  while (next_line(&line)) {
+    if (trim(line).empty()) continue;
+    ++t.events;
+    std::vector<std::string_view> f = split(line);
+    if (f.size() != header.size()) {
+      fail("expected " + std::to_string(header.size()) + " comma-separated fields, found " +
+           std::to_string(f.size()));
+    }
+    std::string_view action = f[static_cast<size_t>(col_action)];
+    uint64_t ptr = 0, size = 0, stream = 0;
+    if (!parse_hex(f[static_cast<size_t>(col_pointer)], &ptr)) {
+      fail("pointer '" + std::string(f[static_cast<size_t>(col_pointer)]) +
+           "' is not a hexadecimal address");
+    }
+    if (!parse_dec(f[static_cast<size_t>(col_size)], &size)) {
+      fail("size '" + std::string(f[static_cast<size_t>(col_size)]) +
+           "' is not a byte count");
+    }
+    if (col_stream >= 0) {
+      std::string_view s = f[static_cast<size_t>(col_stream)];
+      bool ok = (s.size() > 1 && (s[1] == 'x' || s[1] == 'X')) ? parse_hex(s, &stream)
+                                                               : parse_dec(s, &stream);
+      if (!ok) fail("stream '" + std::string(s) + "' is neither hexadecimal (0x...) nor decimal");
+    }
+    if (action == "allocate") {
+      if (size == 0) continue;  // a zero-byte allocation: nothing to replay
+      if (ptr == 0) fail("allocation of " + std::to_string(size) + " bytes at a null pointer");
+      b.alloc(ptr, size, stream, where_fn);
+    } else if (action == "free" || action == "deallocate") {
+      if (ptr == 0) continue;  // freeing nullptr is a no-op
+      b.free(ptr, size, stream, where_fn);
+    } else if (action == "allocate failure") {
+      ++t.failed_allocs;
+    } else {
+      fail("unknown action '" + std::string(action) +
+           "' (expected allocate, free, deallocate or allocate failure)");
+    }
+  }
+  if (t.allocs == 0) {
+    throw input_error(path + ": the log records no allocations");
+  }
+  b.finish();
+  return t;
+}
+
+// ---- either -------------------------------------------------------------------------------
+
+Trace load_trace(const std::string& path, int device) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw input_error(path + ": cannot open: " + std::strerror(errno));
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw input_error(path + ": read error: " + std::strerror(errno));
+  const std::string data = ss.str();
+  if (data.empty()) throw input_error(path + ": empty file: not a trace");
+
+  auto ends_with = [&](const char* ext) {
+    size_t n = std::strlen(ext);
+    return path.size() >= n && path.compare(path.size() - n, n, ext) == 0;
+  };
+  const bool pickle_name = ends_with(".pickle") || ends_with(".pkl");
+  if (static_cast<uint8_t>(data[0]) == 0x80 || pickle_name) {
+    return load_snapshot(path, data, device);
+  }
+  if (data.find("Action") < data.find('\n') || ends_with(".csv")) {
+    return load_rmm_csv(path, data);
+  }
+  throw input_error(path +
+                    ": byte 0: neither a PyTorch memory snapshot pickle (which starts with byte "
+                    "0x80) nor an RMM log CSV (header Thread,Time,Action,Pointer,Size,Stream)");
+}
+
+}  // namespace expanse::tools
