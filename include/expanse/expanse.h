@@ -93,11 +93,14 @@ EXPANSE_C_API const char* expanse_entry_point_name(int i);
 EXPANSE_C_API const char* expanse_last_error(void);
 
 /* Configures expanse with an EXPANSE_CONF-style string instead of the environment. Allowed before
- * first use, or when no block is live (everything cached is released first). */
+ * first use, or when no block is live (everything cached is released first). If it fails, expanse
+ * stays unconfigured (calls fail, naming the reason) until expanse_init succeeds or
+ * expanse_shutdown returns it to EXPANSE_CONF. Not to be called while other threads use expanse. */
 EXPANSE_C_API int expanse_init(const char* conf);
 /* Releases everything expanse holds; fails if blocks are still live. */
 EXPANSE_C_API int expanse_shutdown(void);
-/* "cuda: libcuda.so.1, driver 13.0" or "sim: ...". Initializes on first use. NULL on failure. */
+/* "cuda: libcuda.so.1, driver 13.0" or "sim: ...". Initializes on first use. NULL on failure.
+ * The string stays valid until expanse_init or expanse_shutdown. */
 EXPANSE_C_API const char* expanse_driver_description(void);
 EXPANSE_C_API int expanse_device_count(void);
 

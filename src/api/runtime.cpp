@@ -10,6 +10,10 @@ namespace {
 // gone then. expanse_shutdown() destroys it explicitly.
 std::mutex g_mu;
 std::atomic<Runtime*> g_runtime{nullptr};
+// After a failed expanse_init the runtime stays unconfigured — it does not silently fall back to
+// EXPANSE_CONF — and every call reports that failure until init succeeds or shutdown is called.
+std::string g_init_failure;
+int g_init_failure_code = 0;  // 0: usage_error, else the CUresult of a driver_failure
 
 }  // namespace
 
@@ -39,6 +43,12 @@ Runtime& Runtime::get() {
   if (r != nullptr) return *r;
   std::lock_guard<std::mutex> lock(g_mu);
   r = g_runtime.load(std::memory_order_relaxed);
+  if (r == nullptr && !g_init_failure.empty()) {
+    const std::string m = "expanse: not configured: expanse_init failed (" + g_init_failure +
+                          "); call expanse_init again, or expanse_shutdown to use EXPANSE_CONF";
+    if (g_init_failure_code != 0) throw driver_failure(m, g_init_failure_code);
+    throw usage_error(m);
+  }
   if (r == nullptr) {
     r = new Runtime(conf::from_environment());
     g_runtime.store(r, std::memory_order_release);
@@ -63,11 +73,23 @@ void Runtime::init(const std::string& conf) {
   (void)checked;
   g_runtime.store(nullptr, std::memory_order_release);
   delete old;
-  g_runtime.store(new Runtime(conf), std::memory_order_release);
+  try {
+    g_runtime.store(new Runtime(conf), std::memory_order_release);
+    g_init_failure.clear();
+  } catch (const driver_failure& e) {
+    g_init_failure = e.what();
+    g_init_failure_code = e.cu_result();
+    throw;
+  } catch (const std::exception& e) {
+    g_init_failure = e.what();
+    g_init_failure_code = 0;
+    throw;
+  }
 }
 
 void Runtime::shutdown() {
   std::lock_guard<std::mutex> lock(g_mu);
+  g_init_failure.clear();
   Runtime* old = g_runtime.load(std::memory_order_relaxed);
   if (old == nullptr) return;
   if (old->any_live()) {

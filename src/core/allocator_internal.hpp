@@ -36,6 +36,7 @@ struct DeviceAllocator::PageRequest {
   bool limit_hit = false;
   bool waited = false;
   bool va_exhausted = false;
+  bool hopeless = false;  // more pages than the device (or limit) has left: nothing was tried
 };
 
 }  // namespace expanse::core

@@ -19,7 +19,7 @@ bool DeviceAllocator::owns(const void* ptr, size_t* size) const {
   return true;
 }
 
-std::string DeviceAllocator::describe_pointer(const void* ptr) const {
+std::string DeviceAllocator::describe_pointer_locked(const void* ptr) const {
   auto addr = reinterpret_cast<CUdeviceptr>(ptr);
   const auto& blocks = index_.blocks();
   auto it = blocks.upper_bound(addr);
@@ -63,7 +63,10 @@ std::string DeviceAllocator::describe_pointer(const void* ptr) const {
     << conf::format_size(reclaimable * page_) << ", pooled "
     << conf::format_size(pool_.size() * page_) << ", limit "
     << (limit_pages_ == SIZE_MAX ? std::string("none") : conf::format_size(limit_pages_ * page_))
-    << "; tried: pool (" << req.from_pool << " pages), reclaim (" << req.reclaimed
+    << "; " << (req.hopeless ? "nothing tried: the pages do not exist (" +
+                                    std::to_string(pages_left()) + " pages of " +
+                                    conf::format_size(page_) + " left)" : "tried")
+    << ": pool (" << req.from_pool << " pages), reclaim (" << req.reclaimed
     << " pages), cuMemCreate (" << req.created << " pages"
     << (req.create_oom ? ", then CUDA_ERROR_OUT_OF_MEMORY" : "")
     << (req.limit_hit ? ", stopped at the limit" : "") << ")"
@@ -132,8 +135,8 @@ std::string DeviceAllocator::check_invariants() const {
         if (z != a) ++edges[z];
         for (size_t p = a + 1; p < z; ++p) interior[p] = 1;
         for (size_t p = a; p <= z; ++p) {
-          if (!r.mapped(p)) {
-            err << "live block " << hex(it->first) << " has unmapped page " << p;
+          if (!r.ready(p)) {
+            err << "live block " << hex(it->first) << " has an unmapped or inaccessible page " << p;
             return err.str();
           }
         }

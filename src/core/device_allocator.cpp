@@ -99,8 +99,7 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
     // Reused only if that touches no more new pages than a fresh placement would.
     if (it->second.size != sz || r.arena != a) continue;
     const size_t fresh = untouched_pages(r, it->first, sz);
-    if (fresh <= (sz + page_ - 1) / page_ &&
-        (limit_pages_ == SIZE_MAX || touched_pages_ + fresh <= limit_pages_)) {
+    if (fresh <= (sz + page_ - 1) / page_ && fresh <= pages_left()) {
       ss.lifo.erase(ss.lifo.begin() + static_cast<std::ptrdiff_t>(i));
       make_live(it, bytes, stream);
       return reinterpret_cast<void*>(it->first);
@@ -111,16 +110,25 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
   req.bytes = bytes;
   req.stream = stream;
   try {
+    // A placement touches at least ceil(sz / page) pages, at most two of them already touched:
+    // when even that does not fit, fail before reserving, creating, reclaiming or waiting.
+    const size_t max_new = (sz + page_ - 1) / page_;
+    if (max_new > 2 && max_new - 2 > pages_left()) {
+      req.hopeless = true;
+      req.needed = max_new;
+      throw_oom(req);
+    }
     size_t offset = 0;
     BlockIt it = find_block(sz, a, stream, req, &offset);
     it = index_.carve(it, sz, a, offset);
     it->second.state = BlockState::live;  // out of the index: reclaim cannot pick its pages
     Reservation& r = res(it->second.res);
     try {
-      if (limit_pages_ != SIZE_MAX &&
-          touched_pages_ + untouched_pages(r, it->first, sz) > limit_pages_) {
-        req.limit_hit = true;
-        req.needed = untouched_pages(r, it->first, sz);
+      const size_t fresh = untouched_pages(r, it->first, sz);
+      if (fresh > pages_left()) {
+        req.limit_hit = limit_pages_ < capacity_pages_;
+        req.hopeless = true;
+        req.needed = fresh;
         throw_oom(req);
       }
       ensure_pages(r, r.first_page(it->first), r.last_page(it->first, sz), req);
@@ -175,7 +183,7 @@ BlockIt DeviceAllocator::find_block(size_t sz, Arena a, CUstream stream, PageReq
     size_t off = 0;
     if (!tight_offset(c, sz, &off)) return false;
     const Reservation& r = res(c->second.res);
-    if (!r.all_mapped(r.first_page(c->first + off), r.last_page(c->first + off, sz))) {
+    if (!r.all_ready(r.first_page(c->first + off), r.last_page(c->first + off, sz))) {
       return false;
     }
     *offset = off;
@@ -251,7 +259,7 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream) {
   if (it == index_.blocks().end() || it->second.state != BlockState::live) {
     std::string what = it == index_.blocks().end() ? std::string() : "a block that is not live";
     throw usage_error("expanse: free of " + hex(addr) + " on device " + std::to_string(device()) +
-                      ": " + (what.empty() ? describe_pointer(ptr) : what) +
+                      ": " + (what.empty() ? describe_pointer_locked(ptr) : what) +
                       " (double free, or not a pointer expanse returned); nothing was changed");
   }
   Block& b = it->second;
@@ -265,8 +273,12 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream) {
   try {
     for (CUstream u : users) {
       CUevent e = get_event();
-      events.push_back(e);
-      drv_.event_record(e, u);
+      // A destroyed user stream: the device was synchronized instead, nothing to wait for.
+      if (drv_.event_record_or_synchronize(e, u)) {
+        events.push_back(e);
+      } else {
+        put_event(e);
+      }
     }
   } catch (const driver::driver_error& e) {
     for (CUevent ev : events) put_event(ev);

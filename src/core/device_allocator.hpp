@@ -20,6 +20,7 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -54,8 +55,6 @@ class DeviceAllocator {
 
   // True if ptr is the start of a live block here; *size gets its requested size.
   bool owns(const void* ptr, size_t* size = nullptr) const;
-  // "live block 0x... of 1.00 MiB", "interior of live block ...", "free memory", or "" (foreign).
-  std::string describe_pointer(const void* ptr) const;
 
   DeviceStats stats() const;
   void reset_peaks();
@@ -81,6 +80,10 @@ class DeviceAllocator {
   };
   struct PageRequest;  // bookkeeping of one ensure_pages() call, for the OOM message
 
+  // "live block of N bytes", "interior pointer, ... into the live block ...", "free memory", or
+  // "not a pointer expanse returned". Call with mu_ held.
+  std::string describe_pointer_locked(const void* ptr) const;
+
   Reservation& res(uint32_t id) { return *reservations_[id]; }
   const Reservation& res(uint32_t id) const { return *reservations_[id]; }
   Arena arena_for(size_t bytes) const noexcept {
@@ -98,13 +101,20 @@ class DeviceAllocator {
   void flush_lifos();
   void flush_lifo_entry(StreamState& ss, size_t i);
   void poll(bool wait);
+  void forget_stream(CUstream s);
   void free_block(BlockIt it);
   void make_live(BlockIt it, size_t requested, CUstream stream);
   void trim_to(size_t max_held_pages, bool release_reservations);
   void release_empty_reservations();
   [[noreturn]] void throw_oom(const PageRequest& req);
-  void update_peaks();
+  // Raises the mapped/physical peaks to now (plus pages created but not yet mapped or pooled).
+  void note_peaks(size_t in_hand);
   size_t held_pages() const noexcept { return mapped_pages_ + pool_.size(); }
+  // Pages that may still become touched by live blocks: min(capacity, limit) - touched.
+  size_t pages_left() const noexcept {
+    const size_t cap = std::min(capacity_pages_, limit_pages_);
+    return cap > touched_pages_ ? cap - touched_pages_ : 0;
+  }
   CUevent get_event();
   void put_event(CUevent e);
 

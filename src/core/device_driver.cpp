@@ -130,6 +130,23 @@ void DeviceDriver::event_record(CUevent e, CUstream s) {
   check(t_.event_record(e, s), EntryPoint::event_record);
 }
 
+bool DeviceDriver::event_record_or_synchronize(CUevent e, CUstream s) {
+  ScopedContext scope(*this);
+  count(EntryPoint::event_record, 0);
+  CUresult r = t_.event_record(e, s);
+  if (r == CUDA_SUCCESS) return true;
+  if (r != CUDA_ERROR_INVALID_HANDLE) check(r, EntryPoint::event_record);
+  count(EntryPoint::ctx_synchronize, 0);
+  check(t_.ctx_synchronize(), EntryPoint::ctx_synchronize);
+  return false;
+}
+
+void DeviceDriver::ctx_synchronize() {
+  ScopedContext scope(*this);
+  count(EntryPoint::ctx_synchronize, 0);
+  check(t_.ctx_synchronize(), EntryPoint::ctx_synchronize);
+}
+
 bool DeviceDriver::event_query(CUevent e) {
   count(EntryPoint::event_query, 0);
   CUresult r = t_.event_query(e);

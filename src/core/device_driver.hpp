@@ -51,6 +51,11 @@ class DeviceDriver {
   CUevent event_create();
   void event_destroy(CUevent e);
   void event_record(CUevent e, CUstream s);
+  // Records e on s and returns true; if s no longer exists (destroyed: CUDA_ERROR_INVALID_HANDLE),
+  // waits for all of the device's work instead (a destroyed stream's work still runs to the end)
+  // and returns false — nothing recorded, nothing left to wait for.
+  bool event_record_or_synchronize(CUevent e, CUstream s);
+  void ctx_synchronize();
   bool event_query(CUevent e);  // true when complete
   void event_synchronize(CUevent e);
 

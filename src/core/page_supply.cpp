@@ -17,11 +17,16 @@ CUmemGenericAllocationHandle DeviceAllocator::take_pool() {
 }
 
 void DeviceAllocator::ensure_pages(Reservation& r, size_t first, size_t last, PageRequest& req) {
-  std::vector<size_t> need;
+  std::vector<size_t> need;     // pages to map
+  std::vector<size_t> regrant;  // mapped pages still without access (a failed undo left them)
   for (size_t p = first; p <= last; ++p) {
-    if (!r.mapped(p)) need.push_back(p);
+    if (!r.mapped(p)) {
+      need.push_back(p);
+    } else if (!r.ready(p)) {
+      regrant.push_back(p);
+    }
   }
-  if (need.empty()) return;
+  if (need.empty() && regrant.empty()) return;
   const size_t k = need.size();
   req.needed = k;
 
@@ -48,6 +53,7 @@ void DeviceAllocator::ensure_pages(Reservation& r, size_t first, size_t last, Pa
         hs.push_back(h);
         ++req.created;
         ++stats_.num_created_pages;
+        note_peaks(hs.size());
       }
     };
     auto reclaim_more = [&] {
@@ -86,13 +92,18 @@ void DeviceAllocator::ensure_pages(Reservation& r, size_t first, size_t last, Pa
     for (; mapped < k; ++mapped) {
       drv_.map(r.page_addr(need[mapped]), page_, hs[mapped]);
       r.handles[need[mapped]] = hs[mapped];
+      r.granted[need[mapped]] = 0;
       ++r.mapped_pages;
       ++mapped_pages_;
     }
-    for (size_t i = 0; i < k;) {
+    std::vector<size_t> grant = need;
+    grant.insert(grant.end(), regrant.begin(), regrant.end());
+    std::sort(grant.begin(), grant.end());
+    for (size_t i = 0; i < grant.size();) {
       size_t j = i + 1;
-      while (j < k && need[j] == need[j - 1] + 1) ++j;
-      drv_.set_access(r.page_addr(need[i]), (j - i) * page_);
+      while (j < grant.size() && grant[j] == grant[j - 1] + 1) ++j;
+      drv_.set_access(r.page_addr(grant[i]), (j - i) * page_);
+      for (size_t q = i; q < j; ++q) r.granted[grant[q]] = 1;
       i = j;
     }
   } catch (...) {
@@ -110,11 +121,16 @@ void DeviceAllocator::ensure_pages(Reservation& r, size_t first, size_t last, Pa
       pool_.push_back(hs[i]);
     }
     pool_.insert(pool_.end(), hs.begin() + static_cast<std::ptrdiff_t>(mapped), hs.end());
+    note_peaks(0);
     throw;
   }
+  note_peaks(0);
+}
+
+void DeviceAllocator::note_peaks(size_t in_hand) {
   stats_.peak_mapped_bytes = std::max<uint64_t>(stats_.peak_mapped_bytes, mapped_pages_ * page_);
   stats_.peak_physical_bytes =
-      std::max<uint64_t>(stats_.peak_physical_bytes, held_pages() * page_);
+      std::max<uint64_t>(stats_.peak_physical_bytes, (held_pages() + in_hand) * page_);
 }
 
 // Unmaps up to `want` mapped pages lying wholly under safe free blocks (large arena first, largest
@@ -138,6 +154,7 @@ size_t DeviceAllocator::reclaim(size_t want, std::vector<CUmemGenericAllocationH
         for (size_t i = p; i < q; ++i) {
           out.push_back(r.handles[i]);
           r.handles[i] = 0;
+          r.granted[i] = 0;
         }
         r.mapped_pages -= q - p;
         mapped_pages_ -= q - p;

@@ -20,7 +20,7 @@ inline constexpr int kArenaCount = 2;
 struct Reservation {
   Reservation(uint32_t id_, Arena arena_, CUdeviceptr base_, size_t size_, size_t page_)
       : id(id_), arena(arena_), base(base_), size(size_), page(page_),
-        handles(size_ / page_, 0), edge_refs(size_ / page_, 0) {}
+        handles(size_ / page_, 0), granted(size_ / page_, 0), edge_refs(size_ / page_, 0) {}
 
   uint32_t id;
   Arena arena;
@@ -28,6 +28,9 @@ struct Reservation {
   size_t size;
   size_t page;
   std::vector<CUmemGenericAllocationHandle> handles;  // per page; 0 = not mapped
+  // Per page: cuMemSetAccess succeeded since it was mapped. A mapped page without access (left by
+  // a failed undo) is not ready: the next block placed over it grants access first.
+  std::vector<uint8_t> granted;
   std::vector<uint32_t> edge_refs;  // live blocks whose first or last page this is
   size_t mapped_pages = 0;
   size_t live_blocks = 0;
@@ -37,6 +40,7 @@ struct Reservation {
   size_t page_of(CUdeviceptr a) const noexcept { return static_cast<size_t>((a - base) / page); }
   CUdeviceptr page_addr(size_t i) const noexcept { return base + i * page; }
   bool mapped(size_t i) const noexcept { return handles[i] != 0; }
+  bool ready(size_t i) const noexcept { return handles[i] != 0 && granted[i] != 0; }
   bool contains(CUdeviceptr a) const noexcept { return a >= base && a - base < size; }
 
   // First and last page of [addr, addr+bytes), bytes > 0.
@@ -44,9 +48,10 @@ struct Reservation {
   size_t last_page(CUdeviceptr addr, size_t bytes) const noexcept {
     return page_of(addr + bytes - 1);
   }
-  bool all_mapped(size_t first, size_t last) const noexcept {
+  // Every page of [first, last] mapped and accessible.
+  bool all_ready(size_t first, size_t last) const noexcept {
     for (size_t i = first; i <= last; ++i) {
-      if (handles[i] == 0) return false;
+      if (!ready(i)) return false;
     }
     return true;
   }

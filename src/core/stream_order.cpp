@@ -27,7 +27,7 @@ void DeviceAllocator::record_stream(void* ptr, CUstream stream) {
   auto it = index_.blocks().find(addr);
   if (it == index_.blocks().end() || it->second.state != BlockState::live) {
     throw usage_error("expanse: record_stream of " + hex(addr) + " on device " +
-                      std::to_string(device()) + ": " + describe_pointer(ptr) +
+                      std::to_string(device()) + ": " + describe_pointer_locked(ptr) +
                       "; nothing was changed");
   }
   Block& b = it->second;
@@ -83,11 +83,17 @@ void DeviceAllocator::poll(bool wait) {
     StreamState& ss = stream_state(s);
     if (ss.safe_seq < ss.free_seq && (ss.fences.empty() || ss.fences.back().seq < ss.free_seq)) {
       CUevent e = get_event();
+      bool recorded = false;
       try {
-        drv_.event_record(e, s);
+        recorded = drv_.event_record_or_synchronize(e, s);
       } catch (...) {
         put_event(e);
         throw;
+      }
+      if (!recorded) {
+        put_event(e);
+        forget_stream(s);  // destroyed; the device has been synchronized
+        continue;
       }
       ss.fences.push_back({e, ss.free_seq});
     }
@@ -105,6 +111,21 @@ void DeviceAllocator::poll(bool wait) {
     for (Arena a : {Arena::small, Arena::large}) {
       for (BlockIt it : index_.owned_up_to(a, s, ss.safe_seq)) index_.make_safe(it, a);
     }
+  }
+}
+
+// A stream that no longer exists, after the device was synchronized: everything freed on it is
+// safe, and its state goes (a new stream may get the same handle).
+void DeviceAllocator::forget_stream(CUstream s) {
+  auto found = streams_.find(s);
+  if (found != streams_.end()) {
+    StreamState& ss = found->second;
+    while (!ss.lifo.empty()) flush_lifo_entry(ss, ss.lifo.size() - 1);
+    for (const Fence& f : ss.fences) put_event(f.event);
+    streams_.erase(found);
+  }
+  for (Arena a : {Arena::small, Arena::large}) {
+    for (BlockIt it : index_.owned_up_to(a, s, UINT64_MAX)) index_.make_safe(it, a);
   }
 }
 

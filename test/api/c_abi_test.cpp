@@ -226,6 +226,10 @@ TEST(CAbiConfig, NoGpuMeansAClearErrorNotSilentHostMemory) {
   EXPECT_NE(m.find("/nonexistent/libcuda.so.1"), std::string::npos) << m;
   EXPECT_NE(m.find("driver:sim"), std::string::npos) << m;
   ASSERT_EQ(expanse_init("driver:auto,driver_library:/nonexistent/libcuda.so.1"), EXPANSE_EDRIVER);
+  // Until init succeeds, calls report that failure: no silent fallback to the environment.
+  EXPECT_EQ(expanse_malloc(512, 0, nullptr), nullptr);
+  EXPECT_NE(std::string(expanse_last_error()).find("expanse_init failed"), std::string::npos)
+      << expanse_last_error();
   expanse_shutdown();
 }
 

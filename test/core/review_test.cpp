@@ -1,5 +1,5 @@
 // Review tests for the core allocator: stream-ordered safety checked by an oracle, failure paths,
-// accounting corners. Tests marked "BUG" fail on purpose until the bug they expose is fixed; the
+// accounting corners. Tests marked "Was a bug" pin bugs this review found, now fixed; the
 // others pin down behaviour that was checked and found correct.
 #include "core_fixture.hpp"
 #include "expanse/errors.hpp"
@@ -275,13 +275,13 @@ INSTANTIATE_TEST_SUITE_P(
 
 // ---- bugs ------------------------------------------------------------------------------------
 
-// BUG (invariant 5, peaks): ensure_pages() creates pages, then fails (capacity reached) and parks
-// them in the pool; physical_bytes grows but peak_physical_bytes is updated only after a
-// successful mapping, so the peak ends up below the current value.
+// Was a bug (invariant 5, peaks): ensure_pages() creates pages, then fails (here: the 5th
+// cuMemCreate) and parks them in the pool; physical_bytes grows, so the peak must too.
 TEST_F(ReviewTest, PeakPhysicalCoversPagesCreatedForAFailedRequest) {
   make(sim_config(1 * GiB));
   void* a = alloc_->allocate(600 * MiB, nullptr);
-  EXPECT_THROW(alloc_->allocate(600 * MiB, nullptr), out_of_memory);
+  sim::inject_failure(EntryPoint::mem_create, 5, CUDA_ERROR_UNKNOWN);
+  EXPECT_THROW(alloc_->allocate(100 * MiB, nullptr), driver_failure);
   core::DeviceStats st = alloc_->stats();
   EXPECT_GT(st.pooled_bytes, 0u) << "the failed request created pages and kept them";
   EXPECT_GE(st.peak_physical_bytes, st.physical_bytes)
@@ -289,7 +289,7 @@ TEST_F(ReviewTest, PeakPhysicalCoversPagesCreatedForAFailedRequest) {
   alloc_->deallocate(a, nullptr);
 }
 
-// BUG (invariants 2/4): cuMemMap fails on the 2nd page of a request and undoing the 1st page's
+// Was a bug (invariants 2/4): cuMemMap fails on the 2nd page of a request and undoing the 1st page's
 // mapping fails too. The 1st page stays mapped (the books say so, rightly) but was never granted
 // access (cuMemSetAccess runs only after all maps). The next block placed there sees the page as
 // mapped, grants access only to the pages it maps itself, and hands out memory that faults.
@@ -325,7 +325,7 @@ TEST_F(ReviewTest, SetAccessFailureWhoseUndoFailsLeavesNoInaccessibleMappedPage)
   alloc_->deallocate(p, nullptr);
 }
 
-// BUG (invariant 4, "later requests work"): memory freed on a stream gets its fence lazily, in
+// Was a bug (invariant 4, "later requests work"): memory freed on a stream gets its fence lazily, in
 // poll(). When the application destroys the stream after the free (legal: cudaFreeAsync then
 // cudaStreamDestroy), every later poll() records an event on a dead stream, fails, and throws —
 // every allocation that needs poll() and every release_cached() fail from then on.
@@ -346,7 +346,7 @@ TEST_F(ReviewTest, DestroyingAStreamAfterFreeingOnItDoesNotBreakTheAllocator) {
   EXPECT_NO_THROW(alloc_->release_cached());
 }
 
-// BUG (same root cause, record_stream): a block used on a stream that is destroyed before the free
+// Was a bug (same root cause, record_stream): a block used on a stream that is destroyed before the free
 // can never be freed — deallocate() records an event on the dead stream and throws every time.
 TEST_F(ReviewTest, FreeAfterTheRecordedStreamWasDestroyedSucceeds) {
   make(sim_config(1 * GiB));
@@ -359,7 +359,7 @@ TEST_F(ReviewTest, FreeAfterTheRecordedStreamWasDestroyedSucceeds) {
   // (While the bug stands the block stays live; the allocator's destructor gives it back.)
 }
 
-// BUG (design): a request larger than the whole device can never succeed, yet it reserves VA for
+// Was a bug (design): a request larger than the whole device can never succeed, yet it reserves VA for
 // itself, creates every page the device has left, unmaps the whole cache into the pool and
 // synchronizes every stream before saying OOM. capacity_pages_ is computed and never used; an
 // early "untouched pages > capacity - touched" check (like the one for the limit) avoids it.
