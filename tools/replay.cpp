@@ -49,12 +49,18 @@ ReplayResult replay(const Trace& t, const api::Config& conf, size_t capacity,
     for (uint64_t i = 0; i < total; ++i) {
       const TraceOp& op = t.ops[i];
       if (op.type == TraceOp::Type::alloc) {
+        std::string failure;
         try {
           ptr[op.block] = alloc.allocate(op.size, streams[op.stream]);
         } catch (const out_of_memory& e) {
+          failure = e.what();
+        } catch (const usage_error& e) {  // a size no device can hold: an OOM too
+          failure = e.what();
+        }
+        if (!failure.empty()) {
           if (r.ooms++ == 0) {
             r.first_oom_op = i;
-            r.first_oom = e.what();
+            r.first_oom = failure;
           }
           if (stop_at_first_oom) {
             r.ops_done = i;

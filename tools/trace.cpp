@@ -493,6 +493,11 @@ Trace load_trace(const std::string& path, int device) {
     size_t n = std::strlen(ext);
     return path.size() >= n && path.compare(path.size() - n, n, ext) == 0;
   };
+  if (data.compare(0, 4, "PK\x03\x04") == 0) {
+    throw input_error(path +
+                      ": byte 0: a zip archive (torch.save?), not a snapshot pickle: write the "
+                      "snapshot with torch.cuda.memory._dump_snapshot(path) or pickle.dump()");
+  }
   const bool pickle_name = ends_with(".pickle") || ends_with(".pkl");
   if (static_cast<uint8_t>(data[0]) == 0x80 || pickle_name) {
     return load_snapshot(path, data, device);

@@ -197,6 +197,7 @@ TEST(Cli, BadInputs) {
        ": byte 127 (device_traces[0][2]): free of 0x1000, which was already freed at byte 91 "
        "(device_traces[0][1]) (double free)"},
       {"junk.dat", "\x01\x02garbage", ": byte 0: neither a PyTorch memory snapshot"},
+      {"saved.pt", std::string("PK\x03\x04\x00\x00", 6), ": byte 0: a zip archive (torch.save?)"},
   };
   for (const Case& c : cases) {
     const std::string f = dir.write(c.name, c.content);

@@ -66,6 +66,20 @@ TEST(Replay, TooSmallADeviceCountsOoms) {
   EXPECT_EQ(s.ops_done, s.first_oom_op);
 }
 
+TEST(Replay, ARequestNoDeviceCanHoldIsAnOom) {
+  Trace t = load_rmm_csv("huge.csv",
+                         "Thread,Time,Action,Pointer,Size,Stream\n"
+                         "1,t,allocate,0x1000,100,0x0\n"
+                         "1,t,allocate,0x2000,9223372036854775808,0x0\n"
+                         "1,t,free,0x2000,9223372036854775808,0x0\n"
+                         "1,t,free,0x1000,100,0x0\n");
+  tools::ReplayResult r = tools::replay(t, sim_conf(), 1 * GiB);
+  EXPECT_EQ(r.ooms, 1u);
+  EXPECT_EQ(r.first_oom_op, 1u);
+  EXPECT_EQ(r.ops_done, 4u);
+  EXPECT_THROW(tools::find_min_capacity(t, sim_conf(), 1 * GiB), tools::input_error);
+}
+
 TEST(Replay, MinCapacityIsTheBoundary) {
   Trace t = load_rmm_csv("sample.csv", sample_csv());
   tools::MinCapacity m = tools::find_min_capacity(t, sim_conf(), 80 * GiB);
