@@ -44,6 +44,16 @@ DeviceStreams::~DeviceStreams() {
   t.device_primary_ctx_release(dev_);
 }
 
+void DeviceStreams::to_device(void* dst, const void* src, size_t bytes) const {
+  drv_.check(drv_.table().memcpy_htod(reinterpret_cast<CUdeviceptr>(dst), src, bytes),
+             EntryPoint::memcpy_htod);
+}
+
+void DeviceStreams::to_host(void* dst, const void* src, size_t bytes) const {
+  drv_.check(drv_.table().memcpy_dtoh(dst, reinterpret_cast<CUdeviceptr>(src), bytes),
+             EntryPoint::memcpy_dtoh);
+}
+
 void DeviceStreams::push() const {
   drv_.check(drv_.table().ctx_push_current(ctx_), EntryPoint::ctx_push_current);
 }

@@ -1,9 +1,12 @@
 // Streams created in a device's primary context for the CLI's workloads, one per id (id 0 is the
-// legacy default stream, NULL, and is not created); destroyed in the same context.
+// legacy default stream, NULL, and is not created); destroyed in the same context. Also the
+// synchronous copies the CLI reads and writes device memory with, the same way on the sim and on
+// a real GPU.
 #pragma once
 
 #include "driver/driver.hpp"
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -18,6 +21,24 @@ class DeviceStreams {
 
   CUstream operator[](size_t i) const { return streams_[i]; }
   size_t size() const noexcept { return streams_.size(); }
+
+  // The device's primary context made current while it lives (push / pop), for a run of copies.
+  class Current {
+   public:
+    explicit Current(const DeviceStreams& s) : s_(s) { s_.push(); }
+    ~Current() { s_.pop(); }
+    Current(const Current&) = delete;
+    Current& operator=(const Current&) = delete;
+
+   private:
+    const DeviceStreams& s_;
+  };
+
+  // cuMemcpyHtoD_v2 / cuMemcpyDtoH_v2: synchronous copies of `bytes` between host memory and
+  // device memory (a pointer the allocator returned). The caller holds a Current. Throws
+  // driver::driver_error when the driver refuses.
+  void to_device(void* dst, const void* src, size_t bytes) const;
+  void to_host(void* dst, const void* src, size_t bytes) const;
 
  private:
   void push() const;

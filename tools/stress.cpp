@@ -75,8 +75,8 @@ struct Block {
 class Workload {
  public:
   Workload(core::DeviceAllocator& a, const DeviceStreams& s, const StressOptions& o,
-           StressResult& r, bool touch)
-      : a_(a), s_(s), o_(o), r_(r), rng_(o.seed), touch_(touch) {}
+           StressResult& r)
+      : a_(a), s_(s), o_(o), r_(r), rng_(o.seed) {}
 
   // Fragments the device: live memory about `live_target` bytes in blocks of 512 B .. 1 GiB,
   // with a burst up to `burst_target` that maps pages nearly everywhere; the memory the burst
@@ -110,7 +110,8 @@ class Workload {
     }
   }
 
-  // Checks the pattern of every live block. Returns the number checked; throws on a mismatch.
+  // Checks the pattern of every live block (the caller holds a DeviceStreams::Current). Returns
+  // the number checked; throws on a mismatch or a failed copy.
   uint64_t verify_live() const {
     uint64_t n = 0;
     for (const Block& b : blocks_) {
@@ -239,7 +240,7 @@ class Workload {
     live_ += size;
     ++live_count_;
     ++r_.workload_allocs;
-    if (touch_) write(b);
+    write(b);
     return true;
   }
 
@@ -252,22 +253,24 @@ class Workload {
     free_slots_.push_back(static_cast<size_t>(&b - blocks_.data()));
   }
 
-  // 8 bytes at the start and at the end of the block (fewer for tiny blocks).
+  // 8 bytes at the start and at the end of the block (fewer for tiny blocks), copied in with the
+  // driver (cuMemcpyHtoD), so the same code runs on the sim and on a real GPU.
   void write(const Block& b) const {
     const uint64_t v = pattern(o_.seed, b.tag);
     auto* p = static_cast<unsigned char*>(b.ptr);
     const size_t n = std::min<size_t>(8, b.size);
-    std::memcpy(p, &v, n);
-    if (b.size >= 16) std::memcpy(p + b.size - 8, &v, 8);
+    const DeviceStreams::Current current(s_);
+    s_.to_device(p, &v, n);
+    if (b.size >= 16) s_.to_device(p + b.size - 8, &v, 8);
   }
+  // Reads both words back (cuMemcpyDtoH); the caller holds a DeviceStreams::Current.
   void check(const Block& b) const {
-    if (!touch_) return;
     const uint64_t v = pattern(o_.seed, b.tag);
     const auto* p = static_cast<const unsigned char*>(b.ptr);
     const size_t n = std::min<size_t>(8, b.size);
     uint64_t head = 0, tail = v;
-    std::memcpy(&head, p, n);
-    if (b.size >= 16) std::memcpy(&tail, p + b.size - 8, 8);
+    s_.to_host(&head, p, n);
+    if (b.size >= 16) s_.to_host(&tail, p + b.size - 8, 8);
     if (std::memcmp(&head, &v, n) != 0 || tail != v) {
       char buf[160];
       std::snprintf(buf, sizeof buf, "live block %p of %zu bytes lost its data", b.ptr, b.size);
@@ -280,7 +283,6 @@ class Workload {
   const StressOptions& o_;
   StressResult& r_;
   Rng rng_;
-  bool touch_;
   bool counting_ = true;
   size_t target_ = 0;
   size_t max_block_ = GiB;
@@ -369,7 +371,7 @@ StressResult run_stress(const StressOptions& o) {
 
     // 1. Fragment: live memory at 90% of what the block leaves free, in blocks up to 1 GiB,
     // after a burst to 92% of the device.
-    Workload w(a, streams, o, r, r.sim);
+    Workload w(a, streams, o, r);
     const size_t room = capacity - need;
     const auto tw = Clock::now();
     w.run(room / 10 * 9, capacity / 100 * 92,
@@ -401,25 +403,26 @@ StressResult run_stress(const StressOptions& o) {
     r.pages_reclaimed = after.num_reclaimed_pages - before.num_reclaimed_pages;
     r.pages_created = after.num_created_pages - before.num_created_pages;
 
-    // 3. Verify: a word in every page of the block, then every live block's own pattern.
-    if (r.allocated && !r.sim) {
-      r.error =
-          "not verified: on a real GPU the block's memory is not host-accessible and the driver "
-          "table has no copy entry points";
-    } else if (r.allocated) {
+    // 3. Verify: a word in every page of the block, then every live block's own pattern, read
+    // and written with the driver's copies (cuMemcpyHtoD / cuMemcpyDtoH in device 0's primary
+    // context), the same on the sim and on a real GPU.
+    if (r.allocated) {
       const auto tv = Clock::now();
       auto* base = static_cast<unsigned char*>(big);
       const size_t pages = (r.size + page - 1) / page;
-      auto at = [&](size_t i) { return std::min(i * page, r.size - 8); };
+      auto at = [&](size_t i) { return r.size < 8 ? size_t{0} : std::min(i * page, r.size - 8); };
+      const size_t word = std::min<size_t>(8, r.size);
       try {
+        const DeviceStreams::Current current(streams);
         for (size_t i = 0; i < pages; ++i) {
           const uint64_t v = pattern(o.seed ^ 0xB16B10C, i);
-          std::memcpy(base + at(i), &v, 8);
+          streams.to_device(base + at(i), &v, word);
         }
         for (size_t i = 0; i < pages; ++i) {
           uint64_t got = 0;
-          std::memcpy(&got, base + at(i), 8);
-          if (got != pattern(o.seed ^ 0xB16B10C, i)) {
+          const uint64_t want = pattern(o.seed ^ 0xB16B10C, i);
+          streams.to_host(&got, base + at(i), word);
+          if (std::memcmp(&got, &want, word) != 0) {
             throw std::runtime_error("page " + std::to_string(i) + " of the block reads back " +
                                      "a different value");
           }
@@ -431,7 +434,7 @@ StressResult run_stress(const StressOptions& o) {
         r.error = std::string("verification failed: ") + e.what();
       }
       r.verify_seconds = seconds_since(tv);
-      r.host_resident_bytes = sim::resident_bytes(0);
+      if (r.sim) r.host_resident_bytes = sim::resident_bytes(0);
     }
     r.stats = a.stats();
     if (big != nullptr) a.deallocate(big, streams[0]);

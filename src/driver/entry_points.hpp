@@ -59,7 +59,9 @@
   X(event_destroy, "cuEventDestroy", cuEventDestroy_v2, 4000)                              \
   X(event_record, "cuEventRecord", cuEventRecord, 2000)                                    \
   X(event_query, "cuEventQuery", cuEventQuery, 2000)                                       \
-  X(event_synchronize, "cuEventSynchronize", cuEventSynchronize, 2000)
+  X(event_synchronize, "cuEventSynchronize", cuEventSynchronize, 2000)                    \
+  X(memcpy_htod, "cuMemcpyHtoD", cuMemcpyHtoD_v2, 3020)                                    \
+  X(memcpy_dtoh, "cuMemcpyDtoH", cuMemcpyDtoH_v2, 3020)
 
 namespace expanse::driver {
 

@@ -52,6 +52,8 @@ CUresult sim_event_destroy(CUevent event);  // _v2 (and v1)
 CUresult sim_event_record(CUevent event, CUstream stream);
 CUresult sim_event_query(CUevent event);
 CUresult sim_event_synchronize(CUevent event);
+CUresult sim_memcpy_htod(CUdeviceptr dst, const void* src, size_t bytes);  // cuMemcpyHtoD_v2
+CUresult sim_memcpy_dtoh(void* dst, CUdeviceptr src, size_t bytes);        // cuMemcpyDtoH_v2
 
 // Variants outside the entry-point list (counted under the entry point of the same base name).
 CUresult sim_ctx_synchronize_v2(CUcontext ctx);  // cuCtxSynchronize_v2

@@ -84,6 +84,8 @@ const Variant* variants(size_t* n) {
       {"cuEventRecord", 7000, true, fp(&sim_event_record), "cuEventRecord_ptsz"},
       {"cuEventQuery", 2000, false, fp(&sim_event_query), "cuEventQuery"},
       {"cuEventSynchronize", 2000, false, fp(&sim_event_synchronize), "cuEventSynchronize"},
+      {"cuMemcpyHtoD", 3020, false, fp(&sim_memcpy_htod), "cuMemcpyHtoD_v2"},
+      {"cuMemcpyDtoH", 3020, false, fp(&sim_memcpy_dtoh), "cuMemcpyDtoH_v2"},
       {"cuGetProcAddress", 11030, false, fp(&sim_get_proc_address_v1), "cuGetProcAddress"},
       {"cuGetProcAddress", 12000, false, fp(&sim_get_proc_address), "cuGetProcAddress_v2"},
   };

@@ -47,6 +47,8 @@ const driver::DriverTable& table() {
     d.event_record = &sim_event_record;
     d.event_query = &sim_event_query;
     d.event_synchronize = &sim_event_synchronize;
+    d.memcpy_htod = &sim_memcpy_htod;
+    d.memcpy_dtoh = &sim_memcpy_dtoh;
     return d;
   }();
   return t;

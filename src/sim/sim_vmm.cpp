@@ -139,7 +139,76 @@ void merge_runs(Mapping& m) {
   }
 }
 
+// Whether [lo, hi) lies in adjacent mappings whose access for device dev is at least `need`
+// (CU_MEM_ACCESS_FLAGS_PROT_READ or _READWRITE) throughout.
+bool accessible(State& s, uintptr_t lo, uintptr_t hi, int dev, int need) {
+  auto it = mapping_at(s, lo);
+  if (it == s.mappings.end()) return false;
+  uintptr_t cur = lo;
+  while (cur < hi) {
+    if (it == s.mappings.end() || cur < it->first || cur >= it->first + it->second.size) {
+      return false;  // a gap before the next mapping
+    }
+    const Mapping& m = it->second;
+    const size_t off_hi = std::min(hi, it->first + m.size) - it->first;
+    auto run_it = m.access.upper_bound(cur - it->first);
+    --run_it;  // the run containing cur (key 0 always exists)
+    for (; run_it != m.access.end() && run_it->first < off_hi; ++run_it) {
+      if ((run_it->second.flags_of(dev) & need) != need) return false;
+    }
+    cur = it->first + m.size;
+    ++it;
+  }
+  return true;
+}
+
+// cuMemcpyHtoD / cuMemcpyDtoH (spec inference: the header documents the signatures and that the
+// copy is synchronous for pageable memory, not the codes of misuse). Checks, in order: a current
+// context (INVALID_CONTEXT), ByteCount 0 is a no-op (SUCCESS), a NULL host pointer
+// (INVALID_VALUE), the device range wholly in mappings the current context's device may read
+// (DtoH) or read and write (HtoD), possibly spanning adjacent mappings (else INVALID_VALUE; the
+// real driver may report some of these, an unmapped or inaccessible range, as
+// CUDA_ERROR_ILLEGAL_ADDRESS or fault asynchronously, so the sim's code is a strict policy), and
+// host memory behind the pages (sim_backing; else NOT_SUPPORTED: nothing to copy from). The copy
+// completes before the call returns; it does not wait on (or order against) any stream's pending
+// work — the sim has no device-side writers for it to wait for.
+CUresult check_copy(State& s, uintptr_t dev_ptr, const void* host, size_t bytes, int need) {
+  const int d = detail::current_device(s);
+  if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (bytes == 0) return CUDA_SUCCESS;
+  if (host == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const uintptr_t hi = dev_ptr + bytes;
+  if (hi < dev_ptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!accessible(s, dev_ptr, hi, d, need)) return CUDA_ERROR_INVALID_VALUE;
+  if (!s.cfg.backing) return CUDA_ERROR_NOT_SUPPORTED;
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
+
+// ---- copies -------------------------------------------------------------------------------------
+// The host protection of a mapping is the union of every device's access (so at least the current
+// device's): once check_copy passed, the host mapping allows the copy.
+
+CUresult sim_memcpy_htod(CUdeviceptr dst, const void* src, size_t bytes) {
+  return run(EntryPoint::memcpy_htod, true, [&](State& s, double&) {
+    const auto va = static_cast<uintptr_t>(dst);
+    const CUresult r = check_copy(s, va, src, bytes, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    if (r == CUDA_SUCCESS && bytes != 0) std::memcpy(reinterpret_cast<void*>(va), src, bytes);
+    return r;
+  });
+}
+
+CUresult sim_memcpy_dtoh(void* dst, CUdeviceptr src, size_t bytes) {
+  return run(EntryPoint::memcpy_dtoh, true, [&](State& s, double&) {
+    const auto va = static_cast<uintptr_t>(src);
+    const CUresult r = check_copy(s, va, dst, bytes, CU_MEM_ACCESS_FLAGS_PROT_READ);
+    if (r == CUDA_SUCCESS && bytes != 0) {
+      std::memcpy(dst, reinterpret_cast<const void*>(va), bytes);
+    }
+    return r;
+  });
+}
 
 // ---- VMM: address space -------------------------------------------------------------------------
 

@@ -187,5 +187,18 @@ TEST_F(SimNoBacking, BookkeepingOnly) {
   EXPECT_TRUE(outstanding().empty()) << describe_outstanding();
 }
 
+// Without host memory behind the pages there is nothing to copy: a valid copy is NOT_SUPPORTED
+// (after the context, ByteCount-0 and range checks).
+TEST_F(SimNoBacking, MemcpyIsNotSupported) {
+  make_current(0);
+  const Buffer b = make_buffer(2 * MiB);
+  uint64_t v = 1;
+  EXPECT_EQ(CUDA_ERROR_NOT_SUPPORTED, t().memcpy_htod(b.va, &v, sizeof v));
+  EXPECT_EQ(CUDA_ERROR_NOT_SUPPORTED, t().memcpy_dtoh(&v, b.va, sizeof v));
+  EXPECT_EQ(CUDA_SUCCESS, t().memcpy_dtoh(&v, b.va, 0));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().memcpy_dtoh(&v, b.va + 2 * MiB, sizeof v));
+  free_buffer(b);
+}
+
 }  // namespace
 }  // namespace expanse::sim::testing

@@ -114,6 +114,8 @@ TEST_F(SimExport, ExportsOnlyDriverAndControlNames) {
                                 "cuEventRecord_ptsz",
                                 "cuEventQuery",
                                 "cuEventSynchronize",
+                                "cuMemcpyHtoD_v2",
+                                "cuMemcpyDtoH_v2",
                                 "expanse_sim_configure",
                                 "expanse_sim_last_error",
                                 "expanse_sim_call_count",

@@ -252,6 +252,15 @@ EXPANSE_EXPORT CUresult cuEventSynchronize(CUevent event) {
   ensure_configured();
   return sim::sim_event_synchronize(event);
 }
+EXPANSE_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost,
+                                        size_t ByteCount) {
+  ensure_configured();
+  return sim::sim_memcpy_htod(dstDevice, srcHost, ByteCount);
+}
+EXPANSE_EXPORT CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
+  ensure_configured();
+  return sim::sim_memcpy_dtoh(dstHost, srcDevice, ByteCount);
+}
 EXPANSE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
                                             cuuint64_t flags,
                                             CUdriverProcAddressQueryResult* status) {
@@ -313,6 +322,8 @@ const Export kExports[] = {
     {"cuEventRecord_ptsz", fp(&cuEventRecord_ptsz)},
     {"cuEventQuery", fp(&cuEventQuery)},
     {"cuEventSynchronize", fp(&cuEventSynchronize)},
+    {"cuMemcpyHtoD_v2", fp(&cuMemcpyHtoD_v2)},
+    {"cuMemcpyDtoH_v2", fp(&cuMemcpyDtoH_v2)},
     {"cuGetProcAddress_v2", fp(&cuGetProcAddress_v2)},
 };
 
