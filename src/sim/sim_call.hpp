@@ -58,3 +58,22 @@ inline double pages(const State& s, size_t bytes) noexcept {
 void reset_device_context(State& s, int d);
 
 }  // namespace expanse::sim::detail
+
+// The names every entry-point file uses, without the detail:: prefix.
+namespace expanse::sim {
+using detail::AccessBits;
+using detail::Allocation;
+using detail::Context;
+using detail::Device;
+using detail::Event;
+using detail::Mapping;
+using detail::State;
+using detail::Stream;
+using detail::aligned;
+using detail::device;
+using detail::pages;
+using detail::run;
+using detail::valid_device;
+using detail::vmm_context_ok;
+using driver::EntryPoint;
+}  // namespace expanse::sim

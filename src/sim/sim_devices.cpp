@@ -16,23 +16,6 @@
 #include <string>
 
 namespace expanse::sim {
-
-using detail::AccessBits;
-using detail::Allocation;
-using detail::Context;
-using detail::Device;
-using detail::Event;
-using detail::Mapping;
-using detail::State;
-using detail::Stream;
-using detail::aligned;
-using detail::device;
-using detail::pages;
-using detail::run;
-using detail::valid_device;
-using detail::vmm_context_ok;
-using driver::EntryPoint;
-
 namespace {
 
 // ---- device attributes --------------------------------------------------------------------------
