@@ -143,13 +143,6 @@ std::vector<BlockIt> BlockIndex::owned_up_to(Arena a, CUstream stream, uint64_t 
   return out;
 }
 
-bool BlockIndex::has_unsafe(CUstream stream) const {
-  for (const auto& m : owned_) {
-    if (m.count(stream) != 0) return true;
-  }
-  return false;
-}
-
 std::vector<CUstream> BlockIndex::streams_with_unsafe() const {
   std::vector<CUstream> out;
   for (const auto& m : owned_) {

@@ -98,7 +98,6 @@ class BlockIndex {
 
   // Unsafe free blocks owned by `stream` in arena `a` with seq <= upto.
   std::vector<BlockIt> owned_up_to(Arena a, CUstream stream, uint64_t upto);
-  bool has_unsafe(CUstream stream) const;
   std::vector<CUstream> streams_with_unsafe() const;
 
   // Safe free blocks of arena `a`, largest first (for reclaiming pages under them).
