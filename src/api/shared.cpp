@@ -21,11 +21,14 @@ std::string& last_error() {
   return message;
 }
 
+// One lock acquisition on the way through: the size is checked inside deallocate(). Only when
+// the pointer is not live on `device` are the other devices asked, to name the right one.
 void free_on_device(void* ptr, size_t size, int device, CUstream stream) {
   Runtime& rt = Runtime::get();
   core::DeviceAllocator& a = rt.device(device);
-  size_t live_size = 0;
-  if (!a.owns(ptr, &live_size)) {
+  try {
+    a.deallocate(ptr, stream, size);
+  } catch (const usage_error&) {
     for (int d = 0; d < rt.device_count(); ++d) {
       core::DeviceAllocator* other = rt.existing(d);
       if (d != device && other != nullptr && other->owns(ptr)) {
@@ -34,15 +37,8 @@ void free_on_device(void* ptr, size_t size, int device, CUstream stream) {
                           "; nothing was changed");
       }
     }
-    a.deallocate(ptr, stream);  // throws the precise description (double free, interior, ...)
-    return;
+    throw;
   }
-  if (size != 0 && size != live_size) {
-    throw usage_error("expanse: free of " + hex(ptr) + " on device " + std::to_string(device) +
-                      " with size " + std::to_string(size) + ", but it was allocated with size " +
-                      std::to_string(live_size) + "; nothing was changed");
-  }
-  a.deallocate(ptr, stream);
 }
 
 core::DeviceAllocator& owner_of(void* ptr, const char* what) {

@@ -251,7 +251,7 @@ void DeviceAllocator::make_live(BlockIt it, size_t requested, CUstream stream) {
 
 // ---- free ------------------------------------------------------------------------------------
 
-void DeviceAllocator::deallocate(void* ptr, CUstream stream) {
+void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_size) {
   if (ptr == nullptr) return;
   std::lock_guard<std::mutex> lock(mu_);
   auto addr = reinterpret_cast<CUdeviceptr>(ptr);
@@ -263,6 +263,12 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream) {
                       " (double free, or not a pointer expanse returned); nothing was changed");
   }
   Block& b = it->second;
+  if (expected_size != 0 && expected_size != b.requested) {
+    throw usage_error("expanse: free of " + hex(addr) + " on device " + std::to_string(device()) +
+                      " with size " + std::to_string(expected_size) +
+                      ", but it was allocated with size " + std::to_string(b.requested) +
+                      "; nothing was changed");
+  }
   // The free is ordered on `stream`; if the block was allocated on another stream, work there
   // may still use it too.
   std::vector<CUstream> users = b.users;

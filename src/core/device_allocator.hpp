@@ -41,8 +41,9 @@ class DeviceAllocator {
   // expanse::driver_failure. On any throw nothing changed.
   void* allocate(size_t bytes, CUstream stream);
   // Throws expanse::usage_error for a pointer that is not a live block's start (double free,
-  // interior or foreign pointer) without changing anything. nullptr is ignored.
-  void deallocate(void* ptr, CUstream stream);
+  // interior or foreign pointer), or whose size is not expected_size (0: any), without changing
+  // anything. nullptr is ignored.
+  void deallocate(void* ptr, CUstream stream, size_t expected_size = 0);
   // `ptr` is used by work on `stream` too: its memory is reused only after that work completes.
   void record_stream(void* ptr, CUstream stream);
 

@@ -60,6 +60,13 @@ TEST_F(ErrorsTest, InteriorPointerIsRejected) {
   alloc_->deallocate(p, nullptr);
 }
 
+TEST_F(ErrorsTest, FreeWithAnotherSizeIsRejected) {
+  void* p = alloc_->allocate(3000, nullptr);
+  expect_rejected([&] { alloc_->deallocate(p, nullptr, 2999); }, "allocated with size 3000");
+  alloc_->deallocate(p, nullptr, 3000);
+  EXPECT_EQ(alloc_->stats().live_blocks, 0u);
+}
+
 TEST_F(ErrorsTest, ForeignPointerIsRejected) {
   int on_stack = 0;
   expect_rejected([&] { alloc_->deallocate(&on_stack, nullptr); }, "not a pointer expanse returned");
