@@ -143,6 +143,13 @@ std::vector<BlockIt> BlockIndex::owned_up_to(Arena a, CUstream stream, uint64_t 
   return out;
 }
 
+bool BlockIndex::any_unsafe() const noexcept {
+  for (const auto& m : owned_) {
+    if (!m.empty()) return true;
+  }
+  return false;
+}
+
 std::vector<CUstream> BlockIndex::streams_with_unsafe() const {
   std::vector<CUstream> out;
   for (const auto& m : owned_) {

@@ -99,6 +99,7 @@ class BlockIndex {
   // Unsafe free blocks owned by `stream` in arena `a` with seq <= upto.
   std::vector<BlockIt> owned_up_to(Arena a, CUstream stream, uint64_t upto);
   std::vector<CUstream> streams_with_unsafe() const;
+  bool any_unsafe() const noexcept;
 
   // Safe free blocks of arena `a`, largest first (for reclaiming pages under them).
   template <class F>

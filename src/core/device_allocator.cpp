@@ -194,7 +194,7 @@ BlockIt DeviceAllocator::find_block(size_t sz, Arena a, CUstream stream, PageReq
   BlockIt it = index_.first_fit_where(a, sz, stream, kMappedSearchBudget, mapped_and_tight);
   if (it != index_.end()) return it;
   // Other streams' frees may have completed since: make them usable before mapping more.
-  if (!pending_.empty() || !index_.streams_with_unsafe().empty()) {
+  if (has_unfinished_frees()) {
     poll(false);
     it = index_.first_fit_where(a, sz, stream, kMappedSearchBudget, mapped_and_tight);
     if (it != index_.end()) return it;

@@ -102,6 +102,8 @@ class DeviceAllocator {
   void flush_lifos();
   void flush_lifo_entry(StreamState& ss, size_t i);
   void poll(bool wait);
+  // Freed memory that some stream's work may still use (pending or owned free blocks).
+  bool has_unfinished_frees() const noexcept { return !pending_.empty() || index_.any_unsafe(); }
   void forget_stream(CUstream s);
   void free_block(BlockIt it);
   void make_live(BlockIt it, size_t requested, CUstream stream);

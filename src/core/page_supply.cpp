@@ -58,7 +58,7 @@ void DeviceAllocator::ensure_pages(Reservation& r, size_t first, size_t last, Pa
     };
     auto reclaim_more = [&] {
       if (hs.size() >= k) return;
-      if (!pending_.empty() || !index_.streams_with_unsafe().empty()) poll(false);
+      if (has_unfinished_frees()) poll(false);
       req.reclaimed += reclaim(k - hs.size(), hs);
     };
     if (opts_.reclaim_before_create) {

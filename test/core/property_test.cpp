@@ -49,8 +49,7 @@ TEST_P(PropertyTest, RandomOperationsMatchReferenceModel) {
       if (pick(1000) < 15) {
         n = GiB + rng() % (7 * GiB + 1);
       } else {
-        size_t bits = pick(30);
-        n = (size_t{1} << bits) + (bits == 0 ? 0 : rng() % (size_t{1} << bits));
+        n = log_uniform_size(rng, 30);
       }
       CUstream s = streams[pick(streams.size())];
       const size_t avail = model.avail();

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <random>
 #include <unordered_map>
 
 namespace expanse::test {
@@ -19,6 +20,12 @@ struct ModelBlock {
   CUstream stream;
   uint64_t seed;
 };
+
+// A size in [2^b, 2^(b+1)) for b uniform in [0, max_bits): log-uniform over 1 B .. 2^max_bits.
+inline size_t log_uniform_size(std::mt19937_64& rng, size_t max_bits) {
+  const auto bits = static_cast<size_t>(rng() % max_bits);
+  return (size_t{1} << bits) + (bits == 0 ? 0 : rng() % (size_t{1} << bits));
+}
 
 class ReferenceModel {
  public:

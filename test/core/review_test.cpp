@@ -146,8 +146,7 @@ TEST_P(ReviewOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
       if (pick(20) == 0) {
         n = P + rng() % (prm.capacity / 2);
       } else {
-        size_t bits = pick(23);
-        n = (size_t{1} << bits) + (bits == 0 ? 0 : rng() % (size_t{1} << bits));
+        n = log_uniform_size(rng, 23);
       }
       CUstream s = streams[pick(streams.size())];
       const size_t avail = model.avail();
