@@ -45,10 +45,9 @@ DeviceDriver::~DeviceDriver() {
 
 // Start-up queries (device count, attributes, granularity) are not counted: stats describe the
 // allocator's work, and those calls happen once per device whatever it does.
-void DeviceDriver::count(EntryPoint e, size_t bytes) {
+void DeviceDriver::count(EntryPoint e, size_t bytes, size_t mappings) {
   ++calls_[static_cast<int>(e)];
-  size_t pages = granularity_ == 0 ? 1 : (bytes + granularity_ - 1) / granularity_;
-  modeled_ns_ += driver::CostModel::a100().cost_ns(e, pages);
+  modeled_ns_ += driver::CostModel::get_default().cost_ns(e, bytes, mappings);
 }
 
 DeviceDriver::ScopedContext::ScopedContext(DeviceDriver& d) : d_(d) {
@@ -101,12 +100,12 @@ void DeviceDriver::map(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle
 }
 
 void DeviceDriver::unmap(CUdeviceptr va, size_t size) {
-  count(EntryPoint::mem_unmap, size);
+  count(EntryPoint::mem_unmap, size, size / granularity_);  // one handle per page today
   check(t_.mem_unmap(va, size), EntryPoint::mem_unmap);
 }
 
 void DeviceDriver::set_access(CUdeviceptr va, size_t size) {
-  count(EntryPoint::mem_set_access, size);
+  count(EntryPoint::mem_set_access, size, size / granularity_);  // one handle per page today
   check(t_.mem_set_access(va, size, &access_, 1), EntryPoint::mem_set_access);
 }
 

@@ -64,7 +64,8 @@ class DeviceDriver {
   double modeled_ns() const noexcept { return modeled_ns_; }
 
  private:
-  void count(driver::EntryPoint e, size_t bytes);
+  // mappings: how many handles a range call (unmap, set_access) covers.
+  void count(driver::EntryPoint e, size_t bytes, size_t mappings = 1);
   void check(CUresult r, driver::EntryPoint e) const { drv_.check(r, e); }
 
   const driver::LoadedDriver& drv_;

@@ -1,23 +1,65 @@
-// Modeled GPU driver time per call. Defaults: the A100 figures of DESIGN.md (kvcached bench);
-// map/unmap/create/set-access scale with the number of pages they touch.
+// Modeled GPU driver time per call: a per-call part and a per-byte part for every entry point.
+//
+// Each entry point has a curve of (bytes, ns) samples: the cost of one call on one handle /
+// mapping of that many bytes. Between samples the cost is linear; beyond the last it follows the
+// last two samples' slope; a single sample is flat. So "28 us + 0.24 us/MiB" is two samples, and a
+// table measured by `expanse selftest` is many. Calls over a range of several mappings
+// (cuMemSetAccess, cuMemUnmap) may also have a curve over the mapping count, measured with
+// granularity-sized mappings; without one, a range costs one call per mapping.
+//
+// The default is the H100 table (see h100()); `expanse selftest` measures a table, and the CLI's
+// `--cost-table FILE` reads one (its JSON form lives with the CLI, not in this layer).
 #pragma once
 
 #include "driver/entry_points.hpp"
 
 #include <cstddef>
+#include <vector>
 
 namespace expanse::driver {
 
-struct CostModel {
-  double per_call_ns[kEntryPointCount] = {};
-  bool per_page[kEntryPointCount] = {};  // cost is per granularity page touched
-
-  static const CostModel& a100() noexcept;
-  // Nanoseconds for one successful call touching `pages` pages (ignored unless per_page).
-  double cost_ns(EntryPoint e, size_t pages = 1) const noexcept {
-    int i = static_cast<int>(e);
-    return per_page[i] ? per_call_ns[i] * static_cast<double>(pages) : per_call_ns[i];
-  }
+struct CostSample {
+  double x = 0;   // bytes (per-handle curve) or mappings (range curve)
+  double ns = 0;  // nanoseconds for one call
 };
+
+class CostModel {
+ public:
+  // Every entry point 0.5 us flat (bookkeeping calls), no range curves.
+  CostModel();
+
+  // The H100 figures of reference/driver_costs.md (the built-in default).
+  static const CostModel& h100() noexcept;
+
+  // The process-wide model used by the allocator's stats and the sim unless told otherwise.
+  // set_default() is for start-up (CLI --cost-table) and tests; not synchronized with readers.
+  static const CostModel& get_default() noexcept;
+  static void set_default(const CostModel& m);
+
+  // ns for one successful call covering `bytes` over `mappings` handles (mappings >= 1).
+  double cost_ns(EntryPoint e, size_t bytes = 0, size_t mappings = 1) const noexcept;
+
+  // Replace an entry point's curves. Samples are sorted by x; x must be >= 0, ns >= 0.
+  void set_flat(EntryPoint e, double ns);
+  void set_linear(EntryPoint e, double per_call_ns, double per_mib_ns);
+  void set_samples(EntryPoint e, std::vector<CostSample> by_bytes);
+  void set_range_samples(EntryPoint e, std::vector<CostSample> by_mappings);
+
+  const std::vector<CostSample>& samples(EntryPoint e) const noexcept {
+    return by_bytes_[static_cast<int>(e)];
+  }
+  const std::vector<CostSample>& range_samples(EntryPoint e) const noexcept {
+    return by_mappings_[static_cast<int>(e)];
+  }
+
+
+ private:
+  std::vector<CostSample> by_bytes_[kEntryPointCount];
+  std::vector<CostSample> by_mappings_[kEntryPointCount];
+};
+
+// Linear interpolation over sorted samples, extrapolated from the last two beyond the ends
+// (never below zero).
+double interpolate(const std::vector<CostSample>& s, double x) noexcept;
 
 }  // namespace expanse::driver

@@ -60,9 +60,9 @@ void inject_failure(driver::EntryPoint e, uint64_t nth, CUresult code);
 void clear_injections();
 
 // --- modeled GPU driver time -----------------------------------------------------------------
-// Per-call costs in nanoseconds; map/unmap/set_access/create scale with the number of
-// granularity pages they touch (set_access also with its descriptors). The same model the
-// allocator's stats use; defaults: the A100 figures of DESIGN.md (driver::CostModel::a100()).
+// A per-call and a per-byte part per entry point (driver/cost_model.hpp); ranges of several
+// mappings cost one call per mapping unless the table has a range curve; cuMemSetAccess counts
+// once per descriptor. Default: driver::CostModel::get_default() at start-up (the H100 table).
 using CostTable = driver::CostModel;
 void set_cost_table(const CostTable& t);
 double modeled_seconds();

@@ -12,6 +12,14 @@ namespace expanse::sim::detail {
 
 using driver::EntryPoint;
 
+// What one call covered, for the cost model: bytes over `mappings` handles, `times` over (one
+// per access descriptor of cuMemSetAccess).
+struct CallSize {
+  size_t bytes = 0;
+  size_t mappings = 1;
+  double times = 1;
+};
+
 template <class Body>
 CUresult run(EntryPoint e, bool needs_init, Body&& body) {
   std::lock_guard<std::mutex> lock(detail::state_mutex());
@@ -29,12 +37,9 @@ CUresult run(EntryPoint e, bool needs_init, Body&& body) {
     }
   }
   if (needs_init && !s.initialized) return CUDA_ERROR_NOT_INITIALIZED;
-  double units = 1;
-  const CUresult r = body(s, units);
-  if (r == CUDA_SUCCESS) {
-    const double c = s.costs.per_call_ns[i];
-    s.modeled_ns += s.costs.per_page[i] ? c * units : c;
-  }
+  CallSize size;
+  const CUresult r = body(s, size);
+  if (r == CUDA_SUCCESS) s.modeled_ns += s.costs.cost_ns(e, size.bytes, size.mappings) * size.times;
   return r;
 }
 
@@ -50,9 +55,6 @@ inline bool vmm_context_ok(State& s) {
 
 inline bool aligned(uint64_t v, uint64_t a) noexcept { return v % a == 0; }
 
-inline double pages(const State& s, size_t bytes) noexcept {
-  return static_cast<double>(bytes / s.cfg.granularity);
-}
 
 // Shared between the entry-point files (sim_streams.cpp defines it).
 void reset_device_context(State& s, int d);
@@ -63,6 +65,7 @@ void reset_device_context(State& s, int d);
 namespace expanse::sim {
 using detail::AccessBits;
 using detail::Allocation;
+using detail::CallSize;
 using detail::Context;
 using detail::Device;
 using detail::Event;
@@ -71,7 +74,7 @@ using detail::State;
 using detail::Stream;
 using detail::aligned;
 using detail::device;
-using detail::pages;
+
 using detail::run;
 using detail::valid_device;
 using detail::vmm_context_ok;

@@ -125,7 +125,7 @@ bool device_attribute(int attr, int* value) {
 // ---- errors, init, version ----------------------------------------------------------------------
 
 CUresult sim_get_error_name(CUresult error, const char** str) {
-  return run(EntryPoint::get_error_name, false, [&](State&, double&) {
+  return run(EntryPoint::get_error_name, false, [&](State&, CallSize&) {
     if (str == nullptr) return CUDA_ERROR_INVALID_VALUE;
     *str = detail::error_name(detail::bits(error));
     return *str == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
@@ -133,7 +133,7 @@ CUresult sim_get_error_name(CUresult error, const char** str) {
 }
 
 CUresult sim_get_error_string(CUresult error, const char** str) {
-  return run(EntryPoint::get_error_string, false, [&](State&, double&) {
+  return run(EntryPoint::get_error_string, false, [&](State&, CallSize&) {
     if (str == nullptr) return CUDA_ERROR_INVALID_VALUE;
     *str = detail::error_string(detail::bits(error));
     return *str == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
@@ -141,7 +141,7 @@ CUresult sim_get_error_string(CUresult error, const char** str) {
 }
 
 CUresult sim_init(unsigned int flags) {
-  return run(EntryPoint::init, false, [&](State& s, double&) {
+  return run(EntryPoint::init, false, [&](State& s, CallSize&) {
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (s.devices.empty()) return CUDA_ERROR_NO_DEVICE;
     s.initialized = true;
@@ -150,7 +150,7 @@ CUresult sim_init(unsigned int flags) {
 }
 
 CUresult sim_driver_get_version(int* version) {
-  return run(EntryPoint::driver_get_version, false, [&](State& s, double&) {
+  return run(EntryPoint::driver_get_version, false, [&](State& s, CallSize&) {
     if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
     *version = s.cfg.driver_version;
     return CUDA_SUCCESS;
@@ -160,7 +160,7 @@ CUresult sim_driver_get_version(int* version) {
 // ---- devices ------------------------------------------------------------------------------------
 
 CUresult sim_device_get(CUdevice* dev, int ordinal) {
-  return run(EntryPoint::device_get, true, [&](State& s, double&) {
+  return run(EntryPoint::device_get, true, [&](State& s, CallSize&) {
     if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(s, ordinal)) return CUDA_ERROR_INVALID_DEVICE;
     *dev = ordinal;
@@ -169,7 +169,7 @@ CUresult sim_device_get(CUdevice* dev, int ordinal) {
 }
 
 CUresult sim_device_get_count(int* count) {
-  return run(EntryPoint::device_get_count, true, [&](State& s, double&) {
+  return run(EntryPoint::device_get_count, true, [&](State& s, CallSize&) {
     if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
     *count = static_cast<int>(s.devices.size());
     return CUDA_SUCCESS;
@@ -177,7 +177,7 @@ CUresult sim_device_get_count(int* count) {
 }
 
 CUresult sim_device_get_attribute(int* value, CUdevice_attribute attrib, CUdevice dev) {
-  return run(EntryPoint::device_get_attribute, true, [&](State& s, double&) {
+  return run(EntryPoint::device_get_attribute, true, [&](State& s, CallSize&) {
     if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
     const int a = detail::bits(attrib);
@@ -191,7 +191,7 @@ CUresult sim_device_get_attribute(int* value, CUdevice_attribute attrib, CUdevic
 }
 
 CUresult sim_device_get_name(char* name, int len, CUdevice dev) {
-  return run(EntryPoint::device_get_name, true, [&](State& s, double&) {
+  return run(EntryPoint::device_get_name, true, [&](State& s, CallSize&) {
     if (name == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
     std::snprintf(name, static_cast<size_t>(len), "expanse sim device %d", dev);
@@ -200,7 +200,7 @@ CUresult sim_device_get_name(char* name, int len, CUdevice dev) {
 }
 
 CUresult sim_device_total_mem(size_t* bytes, CUdevice dev) {
-  return run(EntryPoint::device_total_mem, true, [&](State& s, double&) {
+  return run(EntryPoint::device_total_mem, true, [&](State& s, CallSize&) {
     if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
     *bytes = s.cfg.capacity;
@@ -209,7 +209,7 @@ CUresult sim_device_total_mem(size_t* bytes, CUdevice dev) {
 }
 
 CUresult sim_device_total_mem_v1(unsigned int* bytes, CUdevice dev) {
-  return run(EntryPoint::device_total_mem, true, [&](State& s, double&) {
+  return run(EntryPoint::device_total_mem, true, [&](State& s, CallSize&) {
     if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
     *bytes = static_cast<unsigned int>(std::min<size_t>(s.cfg.capacity, UINT_MAX));
@@ -220,7 +220,7 @@ CUresult sim_device_total_mem_v1(unsigned int* bytes, CUdevice dev) {
 // ---- contexts -----------------------------------------------------------------------------------
 
 CUresult sim_device_primary_ctx_retain(CUcontext* ctx, CUdevice dev) {
-  return run(EntryPoint::device_primary_ctx_retain, true, [&](State& s, double&) {
+  return run(EntryPoint::device_primary_ctx_retain, true, [&](State& s, CallSize&) {
     if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
     Device& d = device(s, dev);
@@ -231,7 +231,7 @@ CUresult sim_device_primary_ctx_retain(CUcontext* ctx, CUdevice dev) {
 }
 
 CUresult sim_device_primary_ctx_release(CUdevice dev) {
-  return run(EntryPoint::device_primary_ctx_release, true, [&](State& s, double&) {
+  return run(EntryPoint::device_primary_ctx_release, true, [&](State& s, CallSize&) {
     if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
     Device& d = device(s, dev);
     if (d.primary_refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
@@ -241,7 +241,7 @@ CUresult sim_device_primary_ctx_release(CUdevice dev) {
 }
 
 CUresult sim_ctx_get_current(CUcontext* ctx) {
-  return run(EntryPoint::ctx_get_current, true, [&](State& s, double&) {
+  return run(EntryPoint::ctx_get_current, true, [&](State& s, CallSize&) {
     if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
     auto& stack = detail::context_stack(s);
     *ctx = stack.empty() ? nullptr : reinterpret_cast<CUcontext>(stack.back());
@@ -250,7 +250,7 @@ CUresult sim_ctx_get_current(CUcontext* ctx) {
 }
 
 CUresult sim_ctx_set_current(CUcontext ctx) {
-  return run(EntryPoint::ctx_set_current, true, [&](State& s, double&) {
+  return run(EntryPoint::ctx_set_current, true, [&](State& s, CallSize&) {
     auto& stack = detail::context_stack(s);
     if (ctx == nullptr) {
       if (!stack.empty()) stack.pop_back();
@@ -268,7 +268,7 @@ CUresult sim_ctx_set_current(CUcontext ctx) {
 }
 
 CUresult sim_ctx_push_current(CUcontext ctx) {
-  return run(EntryPoint::ctx_push_current, true, [&](State& s, double&) {
+  return run(EntryPoint::ctx_push_current, true, [&](State& s, CallSize&) {
     Context* c = detail::find_context(s, ctx);
     if (c == nullptr || device(s, c->device).primary_refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
     detail::context_stack(s).push_back(c);
@@ -277,7 +277,7 @@ CUresult sim_ctx_push_current(CUcontext ctx) {
 }
 
 CUresult sim_ctx_pop_current(CUcontext* ctx) {
-  return run(EntryPoint::ctx_pop_current, true, [&](State& s, double&) {
+  return run(EntryPoint::ctx_pop_current, true, [&](State& s, CallSize&) {
     auto& stack = detail::context_stack(s);
     if (stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
     Context* c = stack.back();
@@ -288,7 +288,7 @@ CUresult sim_ctx_pop_current(CUcontext* ctx) {
 }
 
 CUresult sim_ctx_synchronize() {
-  return run(EntryPoint::ctx_synchronize, true, [&](State& s, double&) {
+  return run(EntryPoint::ctx_synchronize, true, [&](State& s, CallSize&) {
     const int d = detail::current_device(s);
     if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
     detail::complete_device(s, d);
@@ -297,7 +297,7 @@ CUresult sim_ctx_synchronize() {
 }
 
 CUresult sim_ctx_synchronize_v2(CUcontext ctx) {
-  return run(EntryPoint::ctx_synchronize, true, [&](State& s, double&) {
+  return run(EntryPoint::ctx_synchronize, true, [&](State& s, CallSize&) {
     int d = -1;
     if (ctx == nullptr) {
       d = detail::current_device(s);
@@ -311,7 +311,7 @@ CUresult sim_ctx_synchronize_v2(CUcontext ctx) {
 }
 
 CUresult sim_mem_get_info(size_t* free_bytes, size_t* total_bytes) {
-  return run(EntryPoint::mem_get_info, true, [&](State& s, double&) {
+  return run(EntryPoint::mem_get_info, true, [&](State& s, CallSize&) {
     const int d = detail::current_device(s);
     if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (free_bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -322,7 +322,7 @@ CUresult sim_mem_get_info(size_t* free_bytes, size_t* total_bytes) {
 }
 
 CUresult sim_mem_get_info_v1(unsigned int* free_bytes, unsigned int* total_bytes) {
-  return run(EntryPoint::mem_get_info, true, [&](State& s, double&) {
+  return run(EntryPoint::mem_get_info, true, [&](State& s, CallSize&) {
     const int d = detail::current_device(s);
     if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (free_bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;

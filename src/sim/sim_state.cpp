@@ -43,7 +43,7 @@ void validate(const SimConfig& c) {
 
 }  // namespace
 
-State::State(const SimConfig& c) : cfg(c), costs(CostTable::a100()) {
+State::State(const SimConfig& c) : cfg(c), costs(CostTable::get_default()) {
   generation = g_next_generation.fetch_add(1);
   for (int d = 0; d < cfg.devices; ++d) {
     auto dev = std::make_unique<Device>();

@@ -83,7 +83,7 @@ void detail::reset_device_context(State& s, int d) {
 // ---- streams and events -------------------------------------------------------------------------
 
 CUresult sim_stream_create(CUstream* stream, unsigned int flags) {
-  return run(EntryPoint::stream_create, true, [&](State& s, double&) {
+  return run(EntryPoint::stream_create, true, [&](State& s, CallSize&) {
     const int d = detail::current_device(s);
     if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (stream == nullptr || (flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
@@ -99,7 +99,7 @@ CUresult sim_stream_create(CUstream* stream, unsigned int flags) {
 }
 
 CUresult sim_stream_destroy(CUstream stream) {
-  return run(EntryPoint::stream_destroy, true, [&](State& s, double&) {
+  return run(EntryPoint::stream_destroy, true, [&](State& s, CallSize&) {
     auto it = s.streams.find(reinterpret_cast<const Stream*>(stream));
     if (it == s.streams.end()) return CUDA_ERROR_INVALID_HANDLE;
     // Returns at once; pending work still completes (the stream lives on in s.busy until then).
@@ -110,7 +110,7 @@ CUresult sim_stream_destroy(CUstream stream) {
 }
 
 CUresult sim_stream_synchronize(CUstream stream) {
-  return run(EntryPoint::stream_synchronize, true, [&](State& s, double&) {
+  return run(EntryPoint::stream_synchronize, true, [&](State& s, CallSize&) {
     Stream* st = nullptr;
     const CUresult r = stream_arg(s, stream, -1, &st);
     if (r != CUDA_SUCCESS) return r;
@@ -121,7 +121,7 @@ CUresult sim_stream_synchronize(CUstream stream) {
 }
 
 CUresult sim_stream_query(CUstream stream) {
-  return run(EntryPoint::stream_query, true, [&](State& s, double&) {
+  return run(EntryPoint::stream_query, true, [&](State& s, CallSize&) {
     Stream* st = nullptr;
     const CUresult r = stream_arg(s, stream, -1, &st);
     if (r != CUDA_SUCCESS) return r;
@@ -130,7 +130,7 @@ CUresult sim_stream_query(CUstream stream) {
 }
 
 CUresult sim_stream_wait_event(CUstream stream, CUevent event, unsigned int flags) {
-  return run(EntryPoint::stream_wait_event, true, [&](State& s, double&) {
+  return run(EntryPoint::stream_wait_event, true, [&](State& s, CallSize&) {
     if ((flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL)) != 0)
       return CUDA_ERROR_INVALID_VALUE;
     Event* e = event_arg(s, event);
@@ -144,7 +144,7 @@ CUresult sim_stream_wait_event(CUstream stream, CUevent event, unsigned int flag
 }
 
 CUresult sim_event_create(CUevent* event, unsigned int flags) {
-  return run(EntryPoint::event_create, true, [&](State& s, double&) {
+  return run(EntryPoint::event_create, true, [&](State& s, CallSize&) {
     const int d = detail::current_device(s);
     if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
     constexpr unsigned kKnown =
@@ -163,7 +163,7 @@ CUresult sim_event_create(CUevent* event, unsigned int flags) {
 }
 
 CUresult sim_event_destroy(CUevent event) {
-  return run(EntryPoint::event_destroy, true, [&](State& s, double&) {
+  return run(EntryPoint::event_destroy, true, [&](State& s, CallSize&) {
     auto it = s.events.find(reinterpret_cast<const Event*>(event));
     if (it == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
     s.events.erase(it);
@@ -172,7 +172,7 @@ CUresult sim_event_destroy(CUevent event) {
 }
 
 CUresult sim_event_record(CUevent event, CUstream stream) {
-  return run(EntryPoint::event_record, true, [&](State& s, double&) {
+  return run(EntryPoint::event_record, true, [&](State& s, CallSize&) {
     Event* e = event_arg(s, event);
     if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     Stream* st = nullptr;
@@ -187,7 +187,7 @@ CUresult sim_event_record(CUevent event, CUstream stream) {
 }
 
 CUresult sim_event_query(CUevent event) {
-  return run(EntryPoint::event_query, true, [&](State& s, double&) {
+  return run(EntryPoint::event_query, true, [&](State& s, CallSize&) {
     Event* e = event_arg(s, event);
     if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     return e->complete() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
@@ -195,7 +195,7 @@ CUresult sim_event_query(CUevent event) {
 }
 
 CUresult sim_event_synchronize(CUevent event) {
-  return run(EntryPoint::event_synchronize, true, [&](State& s, double&) {
+  return run(EntryPoint::event_synchronize, true, [&](State& s, CallSize&) {
     Event* e = event_arg(s, event);
     if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     if (e->stream) {

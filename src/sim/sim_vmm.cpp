@@ -174,7 +174,7 @@ CUresult check_copy(State& s, uintptr_t dev_ptr, const void* host, size_t bytes,
 // device's): once check_copy passed, the host mapping allows the copy.
 
 CUresult sim_memcpy_htod(CUdeviceptr dst, const void* src, size_t bytes) {
-  return run(EntryPoint::memcpy_htod, true, [&](State& s, double&) {
+  return run(EntryPoint::memcpy_htod, true, [&](State& s, CallSize&) {
     const auto va = static_cast<uintptr_t>(dst);
     const CUresult r = check_copy(s, va, src, bytes, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     if (r == CUDA_SUCCESS && bytes != 0) std::memcpy(reinterpret_cast<void*>(va), src, bytes);
@@ -183,7 +183,7 @@ CUresult sim_memcpy_htod(CUdeviceptr dst, const void* src, size_t bytes) {
 }
 
 CUresult sim_memcpy_dtoh(void* dst, CUdeviceptr src, size_t bytes) {
-  return run(EntryPoint::memcpy_dtoh, true, [&](State& s, double&) {
+  return run(EntryPoint::memcpy_dtoh, true, [&](State& s, CallSize&) {
     const auto va = static_cast<uintptr_t>(src);
     const CUresult r = check_copy(s, va, dst, bytes, CU_MEM_ACCESS_FLAGS_PROT_READ);
     if (r == CUDA_SUCCESS && bytes != 0) {
@@ -197,7 +197,7 @@ CUresult sim_memcpy_dtoh(void* dst, CUdeviceptr src, size_t bytes) {
 
 CUresult sim_mem_address_reserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
                                  unsigned long long flags) {
-  return run(EntryPoint::mem_address_reserve, true, [&](State& s, double&) {
+  return run(EntryPoint::mem_address_reserve, true, [&](State& s, CallSize&) {
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     const size_t hp = detail::host_page_size();
     if (ptr == nullptr || size == 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -213,7 +213,7 @@ CUresult sim_mem_address_reserve(CUdeviceptr* ptr, size_t size, size_t alignment
 }
 
 CUresult sim_mem_address_free(CUdeviceptr ptr, size_t size) {
-  return run(EntryPoint::mem_address_free, true, [&](State& s, double&) {
+  return run(EntryPoint::mem_address_free, true, [&](State& s, CallSize&) {
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     const auto base = static_cast<uintptr_t>(ptr);
     auto it = s.reservations.find(base);
@@ -244,7 +244,7 @@ CUresult sim_mem_address_free(CUdeviceptr ptr, size_t size) {
 
 CUresult sim_mem_create(CUmemGenericAllocationHandle* handle, size_t size,
                         const CUmemAllocationProp* prop, unsigned long long flags) {
-  return run(EntryPoint::mem_create, true, [&](State& s, double& units) {
+  return run(EntryPoint::mem_create, true, [&](State& s, CallSize& units) {
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     if (handle == nullptr || prop == nullptr || flags != 0 || size == 0)
       return CUDA_ERROR_INVALID_VALUE;
@@ -303,13 +303,13 @@ CUresult sim_mem_create(CUmemGenericAllocationHandle* handle, size_t size,
     d.physical_used += size;
     *handle = a->handle;
     s.allocations.emplace(a->handle, std::move(a));
-    units = pages(s, size);
+    units = {size, 1, 1};
     return CUDA_SUCCESS;
   });
 }
 
 CUresult sim_mem_release(CUmemGenericAllocationHandle handle) {
-  return run(EntryPoint::mem_release, true, [&](State& s, double&) {
+  return run(EntryPoint::mem_release, true, [&](State& s, CallSize&) {
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     Allocation* a = live_handle(s, handle);
     if (a == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -321,7 +321,7 @@ CUresult sim_mem_release(CUmemGenericAllocationHandle handle) {
 
 CUresult sim_mem_get_allocation_granularity(size_t* granularity, const CUmemAllocationProp* prop,
                                             CUmemAllocationGranularity_flags option) {
-  return run(EntryPoint::mem_get_allocation_granularity, true, [&](State& s, double&) {
+  return run(EntryPoint::mem_get_allocation_granularity, true, [&](State& s, CallSize&) {
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     if (granularity == nullptr || prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
     const int opt = detail::bits(option);
@@ -340,7 +340,7 @@ CUresult sim_mem_get_allocation_granularity(size_t* granularity, const CUmemAllo
 
 CUresult sim_mem_get_allocation_properties_from_handle(CUmemAllocationProp* prop,
                                                        CUmemGenericAllocationHandle handle) {
-  return run(EntryPoint::mem_get_allocation_properties_from_handle, true, [&](State& s, double&) {
+  return run(EntryPoint::mem_get_allocation_properties_from_handle, true, [&](State& s, CallSize&) {
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
     Allocation* a = live_handle(s, handle);
@@ -351,7 +351,7 @@ CUresult sim_mem_get_allocation_properties_from_handle(CUmemAllocationProp* prop
 }
 
 CUresult sim_mem_retain_allocation_handle(CUmemGenericAllocationHandle* handle, void* addr) {
-  return run(EntryPoint::mem_retain_allocation_handle, true, [&](State& s, double&) {
+  return run(EntryPoint::mem_retain_allocation_handle, true, [&](State& s, CallSize&) {
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
     auto it = mapping_at(s, reinterpret_cast<uintptr_t>(addr));
@@ -367,7 +367,7 @@ CUresult sim_mem_retain_allocation_handle(CUmemGenericAllocationHandle* handle, 
 
 CUresult sim_mem_map(CUdeviceptr ptr, size_t size, size_t offset,
                      CUmemGenericAllocationHandle handle, unsigned long long flags) {
-  return run(EntryPoint::mem_map, true, [&](State& s, double& units) {
+  return run(EntryPoint::mem_map, true, [&](State& s, CallSize& units) {
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     if (flags != 0 || offset != 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
     const auto lo = static_cast<uintptr_t>(ptr);
@@ -391,13 +391,13 @@ CUresult sim_mem_map(CUdeviceptr ptr, size_t size, size_t offset,
     m.access.emplace(0, AccessBits{});
     ++a->map_refs;
     s.mapped_bytes += size;
-    units = pages(s, size);
+    units = {size, 1, 1};
     return CUDA_SUCCESS;
   });
 }
 
 CUresult sim_mem_unmap(CUdeviceptr ptr, size_t size) {
-  return run(EntryPoint::mem_unmap, true, [&](State& s, double& units) {
+  return run(EntryPoint::mem_unmap, true, [&](State& s, CallSize& units) {
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     const auto lo = static_cast<uintptr_t>(ptr);
     const uintptr_t hi = lo + size;
@@ -405,14 +405,14 @@ CUresult sim_mem_unmap(CUdeviceptr ptr, size_t size) {
     const auto ms = whole_mappings(s, lo, hi);
     if (ms.empty()) return CUDA_ERROR_INVALID_VALUE;
     const CUresult r = unmap_range(s, lo, hi, ms);
-    if (r == CUDA_SUCCESS) units = pages(s, size);
+    if (r == CUDA_SUCCESS) units = {size, ms.size(), 1};
     return r;
   });
 }
 
 CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
                             size_t count) {
-  return run(EntryPoint::mem_set_access, true, [&](State& s, double& units) {
+  return run(EntryPoint::mem_set_access, true, [&](State& s, CallSize& units) {
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < count; ++i) {
@@ -463,14 +463,14 @@ CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc*
       detail::sync_host_protection(s, lo, size);
       return CUDA_ERROR_OUT_OF_MEMORY;  // the host ran out of mappings (vm.max_map_count)
     }
-    units = pages(s, size) * static_cast<double>(count);
+    units = {size, ms.size(), static_cast<double>(count)};
     return CUDA_SUCCESS;
   });
 }
 
 CUresult sim_mem_get_access(unsigned long long* flags, const CUmemLocation* location,
                             CUdeviceptr ptr) {
-  return run(EntryPoint::mem_get_access, true, [&](State& s, double&) {
+  return run(EntryPoint::mem_get_access, true, [&](State& s, CallSize&) {
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     if (flags == nullptr || location == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (detail::bits(location->type) != CU_MEM_LOCATION_TYPE_DEVICE)

@@ -82,35 +82,79 @@ TEST_F(SimAccounting, InjectionSurvivesResetCounts) {
 }
 
 TEST_F(SimAccounting, ModeledTime) {
+  // A table with round numbers, so the expected total can be written by hand.
+  CostTable c;  // every entry point 500 ns flat
+  c.set_flat(EntryPoint::mem_address_reserve, 20000);
+  c.set_linear(EntryPoint::mem_create, 28000, 1000);     // + 1 us per MiB
+  c.set_linear(EntryPoint::mem_map, 3000, 100);          // + 0.1 us per MiB
+  c.set_linear(EntryPoint::mem_set_access, 50000, 500);  // per descriptor
+  c.set_flat(EntryPoint::mem_unmap, 40000);              // per mapping (no range curve)
+  c.set_flat(EntryPoint::mem_release, 20000);
+  c.set_flat(EntryPoint::mem_address_free, 20000);
+  c.set_flat(EntryPoint::mem_get_info, 10000);
+  set_cost_table(c);
   reset_counts();
   EXPECT_EQ(0.0, modeled_seconds());
-  make_current(0);
+  make_current(0);                                             // 2 x 500 ns
   const CUdeviceptr va = reserve(8 * MiB);                     // 20 us
-  const CUmemGenericAllocationHandle h = create(8 * MiB);      // 4 pages * 193 us
-  ASSERT_EQ(CUDA_SUCCESS, t().mem_map(va, 8 * MiB, 0, h, 0));  // 4 * 1.5 us
+  const CUmemGenericAllocationHandle h = create(4 * MiB);      // 28 + 4 us
+  const CUmemGenericAllocationHandle h2 = create(4 * MiB);     // 28 + 4 us
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_map(va, 4 * MiB, 0, h, 0));  // 3 + 0.4 us
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_map(va + 4 * MiB, 4 * MiB, 0, h2, 0));  // 3 + 0.4 us
   const CUmemAccessDesc two[] = {access(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
                                  access(1, CU_MEM_ACCESS_FLAGS_PROT_READ)};
-  ASSERT_EQ(CUDA_SUCCESS, t().mem_set_access(va, 8 * MiB, two, 2));  // 4 pages * 2 descs * 36 us
-  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_unmap(va, 2 * MiB));   // failing: free
-  ASSERT_EQ(CUDA_SUCCESS, t().mem_unmap(va, 8 * MiB));               // 4 * 26 us
-  ASSERT_EQ(CUDA_SUCCESS, t().mem_release(h));                       // 26 us
-  ASSERT_EQ(CUDA_SUCCESS, t().mem_address_free(va, 8 * MiB));        // 20 us
+  // One call over two 4 MiB mappings, two descriptors: 2 x 2 x (50 + 2) us.
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_set_access(va, 8 * MiB, two, 2));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_unmap(va, 2 * MiB));  // failing: free
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_unmap(va, 8 * MiB));              // 2 mappings x 40 us
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_release(h));                      // 20 us
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_release(h2));                     // 20 us
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_address_free(va, 8 * MiB));       // 20 us
   size_t f = 0;
   ASSERT_EQ(CUDA_SUCCESS, t().mem_get_info(&f, nullptr));  // 10 us
-  const CostTable a = CostTable::a100();
-  const double retain_and_set =
-      a.per_call_ns[static_cast<int>(EntryPoint::device_primary_ctx_retain)] +
-      a.per_call_ns[static_cast<int>(EntryPoint::ctx_set_current)];
-  const double expected_ns = retain_and_set + 20000 + 4 * 193000 + 4 * 1500 + 4 * 2 * 36000 +
-                             4 * 26000 + 26000 + 20000 + 10000;
-  EXPECT_NEAR(expected_ns * 1e-9, modeled_seconds(), 1e-12);
-  // A custom table.
-  CostTable flat;
-  for (double& c : flat.per_call_ns) c = 1000;
-  set_cost_table(flat);
+  const double expected_us = 2 * 0.5 + 20 + 2 * 32 + 2 * 3.4 + 2 * 2 * 52 + 2 * 40 + 2 * 20 +
+                             20 + 10;
+  EXPECT_NEAR(expected_us * 1e-6, modeled_seconds(), 1e-12);
+  // A range curve replaces the per-mapping sum for ranges of several mappings.
+  c.set_range_samples(EntryPoint::mem_unmap, {{1, 40000}, {2, 50000}});
+  set_cost_table(c);
+  const CUmemGenericAllocationHandle h3 = create(2 * MiB);
+  const CUmemGenericAllocationHandle h4 = create(2 * MiB);
+  const CUdeviceptr va2 = reserve(4 * MiB);
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_map(va2, 2 * MiB, 0, h3, 0));
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_map(va2 + 2 * MiB, 2 * MiB, 0, h4, 0));
   reset_counts();
-  ASSERT_EQ(CUDA_SUCCESS, t().mem_get_info(&f, nullptr));
-  EXPECT_NEAR(1e-6, modeled_seconds(), 1e-15);
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_unmap(va2, 4 * MiB));
+  EXPECT_NEAR(50e-6, modeled_seconds(), 1e-12);
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_release(h3));
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_release(h4));
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_address_free(va2, 4 * MiB));
+  set_cost_table(CostTable::h100());
+}
+
+TEST(CostModel, LinearFitsInterpolateAndExtrapolate) {
+  const CostTable& m = CostTable::h100();
+  // cuMemCreate ~ 28 us + 0.24 us/MiB (reference/driver_costs.md)
+  EXPECT_NEAR(28480, m.cost_ns(EntryPoint::mem_create, 2 * MiB), 1e-6);
+  EXPECT_NEAR(28000 + 240 * 1024, m.cost_ns(EntryPoint::mem_create, 1024 * MiB), 1e-6);
+  // cuMemRelease: the two published points, and linear between them.
+  EXPECT_NEAR(23000, m.cost_ns(EntryPoint::mem_release, 2 * MiB), 1e-6);
+  EXPECT_NEAR(67000, m.cost_ns(EntryPoint::mem_release, 112 * MiB), 1e-6);
+  EXPECT_NEAR(45000, m.cost_ns(EntryPoint::mem_release, 57 * MiB), 1e-6);
+  // Without a range curve a range costs one call per mapping.
+  EXPECT_NEAR(16 * m.cost_ns(EntryPoint::mem_unmap, 2 * MiB),
+              m.cost_ns(EntryPoint::mem_unmap, 32 * MiB, 16), 1e-6);
+  // Per call, not per byte: one 64 MiB handle is far cheaper than 32 of 2 MiB.
+  EXPECT_LT(10 * m.cost_ns(EntryPoint::mem_create, 64 * MiB),
+            32 * m.cost_ns(EntryPoint::mem_create, 2 * MiB));
+  // Bad samples are refused with the entry point's name.
+  CostTable bad;
+  try {
+    bad.set_samples(EntryPoint::mem_map, {{-1, 5}});
+    FAIL() << "negative bytes accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("cuMemMap"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(SimAccounting, InjectedCallsCostNothing) {
