@@ -56,10 +56,12 @@ def _device(device):
         if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
             return torch.cuda.current_device()
         return 0
-    if hasattr(device, "index"):  # torch.device
-        return 0 if device.index is None else device.index
     if isinstance(device, str):  # "cuda:1"
         return int(device.split(":")[1]) if ":" in device else 0
+    if isinstance(device, int):
+        return device
+    if hasattr(device, "index"):  # torch.device
+        return 0 if device.index is None else device.index
     return int(device)
 
 
