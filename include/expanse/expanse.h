@@ -1,10 +1,14 @@
 /* expanse — a virtual-memory GPU allocator. C ABI (C99; no CUDA headers needed).
  *
- * expanse_malloc / expanse_free have exactly the signatures PyTorch's CUDAPluggableAllocator
- * expects:  CUDAPluggableAllocator("libexpanse.so", "expanse_malloc", "expanse_free").
- * Nothing here throws or aborts. Failures return NULL or a non-zero EXPANSE_E* code and leave a
- * message (what was asked, what was free, what was tried) for expanse_last_error() in the calling
- * thread. Configuration: the EXPANSE_CONF environment variable (see README), or expanse_init().
+ * Nothing here throws or aborts, except expanse_torch_malloc (below), by design. Failures return
+ * NULL or a non-zero EXPANSE_E* code and leave a message (what was asked, what was free, what was
+ * tried) for expanse_last_error() in the calling thread. Configuration: the EXPANSE_CONF
+ * environment variable (see README), or expanse_init().
+ *
+ * PyTorch: give CUDAPluggableAllocator the pair expanse_torch_malloc / expanse_torch_free (the
+ * Python package does: expanse.torch.use()). expanse_malloc / expanse_free have the same
+ * signatures but C's contract: PyTorch does not check for NULL, so an OOM through them becomes a
+ * tensor at address 0 and a crash at its first use.
  */
 #ifndef EXPANSE_EXPANSE_H
 #define EXPANSE_EXPANSE_H
@@ -82,6 +86,8 @@ typedef struct expanse_stats {
   uint64_t limit_bytes;       /* UINT64_MAX when none */
   uint32_t num_entry_points;  /* valid entries of driver_calls */
   uint64_t driver_calls[EXPANSE_MAX_ENTRY_POINTS]; /* per entry point, see expanse_entry_point_name */
+  uint64_t num_free_size_mismatches; /* expanse_torch_free calls whose size disagreed (freed) */
+  uint64_t num_unknown_frees;        /* expanse_torch_free calls with a pointer not live (ignored) */
 } expanse_stats;
 
 EXPANSE_C_API int expanse_get_stats(int device, expanse_stats* out);
@@ -103,6 +109,34 @@ EXPANSE_C_API int expanse_shutdown(void);
  * The string stays valid until expanse_init or expanse_shutdown. */
 EXPANSE_C_API const char* expanse_driver_description(void);
 EXPANSE_C_API int expanse_device_count(void);
+
+/* ---- PyTorch ------------------------------------------------------------------------------
+ * expanse_torch_malloc / expanse_torch_free keep PyTorch's pluggable-allocator contract:
+ *   CUDAPluggableAllocator("libexpanse.so", "expanse_torch_malloc", "expanse_torch_free").
+ * expanse_torch_malloc returns NULL only for size 0. On failure it THROWS a C++ exception derived
+ * from std::runtime_error (so from std::exception); for lack of memory its what() starts with
+ * "CUDA out of memory. Tried to allocate <size>." followed by expanse's explanation. PyTorch's
+ * bindings turn it into a Python RuntimeError with that message. Call it only from C++ built with
+ * exceptions (never from C or through ctypes: an exception cannot cross those frames).
+ * expanse_torch_free never throws. It frees by pointer on whichever device holds it: a size that
+ * disagrees with the allocation's is counted (expanse_stats.num_free_size_mismatches), reported
+ * once on stderr, and the block is freed; a pointer that is not a live block is reported on
+ * stderr, counted (num_unknown_frees) and ignored. */
+EXPANSE_C_API void* expanse_torch_malloc(size_t size, int device, struct CUstream_st* stream);
+EXPANSE_C_API void expanse_torch_free(void* ptr, size_t size, int device,
+                                      struct CUstream_st* stream);
+
+/* Memory history, as torch.cuda.memory._record_memory_history() keeps it. enabled != 0 starts a
+ * new trace (alloc, free_requested, free_completed, segment_map, segment_unmap and oom entries
+ * with address, size, stream and time; at most max_entries per device, the oldest dropped);
+ * enabled == 0 stops recording and keeps the trace for expanse_dump_snapshot. Every allocation
+ * path (expanse_malloc, expanse_torch_malloc, the C++ API) is recorded. */
+EXPANSE_C_API int expanse_record_history(int enabled, size_t max_entries);
+/* Writes a snapshot to path: a pickle with the structure of torch.cuda.memory._snapshot()
+ * ("segments": each mapped range with its blocks; "device_traces": the recorded trace per
+ * device; "allocator_settings"), which pytorch.org/memory_viz draws and `expanse replay` replays.
+ * No stack frames ("frames" lists are empty). */
+EXPANSE_C_API int expanse_dump_snapshot(const char* path);
 
 #ifdef __cplusplus
 }

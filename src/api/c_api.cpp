@@ -1,6 +1,7 @@
 // The C ABI: every entry point catches everything, records the message for expanse_last_error()
 // and returns a code. Nothing escapes into C (or PyTorch).
 #include "api/errors.hpp"
+#include "api/history.hpp"
 #include "api/runtime.hpp"
 #include "expanse/expanse.h"
 
@@ -79,6 +80,17 @@ EXPANSE_C_API int expanse_device_count(void) {
   int n = -1;
   guarded([&] { n = Runtime::get().device_count(); });
   return n;
+}
+
+EXPANSE_C_API int expanse_record_history(int enabled, size_t max_entries) {
+  return guarded([&] { expanse::api::History::get().record(enabled != 0, max_entries); });
+}
+
+EXPANSE_C_API int expanse_dump_snapshot(const char* path) {
+  return guarded([&] {
+    if (path == nullptr) throw expanse::usage_error("expanse_dump_snapshot: path is NULL");
+    expanse::api::dump_snapshot(path);
+  });
 }
 
 }  // extern "C"

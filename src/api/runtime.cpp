@@ -1,5 +1,7 @@
 #include "api/runtime.hpp"
 
+#include "api/history.hpp"
+
 #include "driver/env_config.hpp"
 #include "expanse/errors.hpp"
 
@@ -99,6 +101,8 @@ void Runtime::shutdown() {
   delete old;
 }
 
+Runtime* Runtime::current() noexcept { return g_runtime.load(std::memory_order_acquire); }
+
 core::DeviceAllocator* Runtime::existing(int device) const {
   if (device < 0 || device >= device_count()) return nullptr;
   return slots_[static_cast<size_t>(device)].load(std::memory_order_acquire);
@@ -128,6 +132,9 @@ core::DeviceAllocator& Runtime::device(int device) {
                          static_cast<int>(e.code()));
   }
   slot.store(owned_[static_cast<size_t>(device)].get(), std::memory_order_release);
+  // Paired with the fence in History::record: either it sees this slot or this sees its flag.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  History::get().attach_if_recording(*owned_[static_cast<size_t>(device)]);
   return *owned_[static_cast<size_t>(device)];
 }
 

@@ -22,6 +22,8 @@ class Runtime {
   static void init(const std::string& conf);
   // Destroys the runtime (everything is given back to the driver). Throws if blocks are live.
   static void shutdown();
+  // The runtime if it exists, without creating it.
+  static Runtime* current() noexcept;
 
   core::DeviceAllocator& device(int device);
   // The allocator of device d if it exists already, else nullptr.

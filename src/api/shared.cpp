@@ -1,5 +1,6 @@
 #include "api/errors.hpp"
 #include "api/runtime.hpp"
+#include "api/torch_entry.hpp"
 
 #include <cinttypes>
 #include <cstdio>
@@ -92,6 +93,9 @@ void fill_stats(int device, expanse_stats* out) {
   for (int i = 0; i < driver::kEntryPointCount; ++i) {
     full.driver_calls[i] = s.driver_calls[static_cast<size_t>(i)];
   }
+  const TorchFreeCounts tc = torch_free_counts(device);
+  full.num_free_size_mismatches = tc.size_mismatches;
+  full.num_unknown_frees = tc.unknown;
   size_t n = out->struct_size < sizeof(expanse_stats) ? out->struct_size : sizeof(expanse_stats);
   size_t caller_size = out->struct_size;
   std::memcpy(out, &full, n);

@@ -1,0 +1,206 @@
+"""expanse: a virtual-memory GPU allocator, from Python.
+
+Everything here works without PyTorch; `expanse.torch` makes expanse PyTorch's CUDA allocator.
+The library is found through EXPANSE_LIBRARY, next to this package, or on the loader path.
+Configuration: EXPANSE_CONF (see the README), or expanse.init(conf).
+
+    import expanse
+    expanse.memory_stats()["allocated_bytes.all.current"]
+    expanse.record_history(True)
+    ...
+    expanse.dump_snapshot("snap.pickle")   # pytorch.org/memory_viz, `expanse replay`
+"""
+import ctypes
+import os
+import sys
+
+from ._lib import ExpanseError, Stats, check, last_error, library, library_path
+
+__all__ = [
+    "ExpanseError", "init", "shutdown", "driver_description", "device_count", "library",
+    "library_path", "memory_stats", "memory_summary", "empty_cache", "set_limit",
+    "reset_peak_stats", "record_history", "dump_snapshot",
+]
+
+DEFAULT_MAX_ENTRIES = 100000  # PyTorch's default for _record_memory_history
+
+
+def init(conf):
+    """Configures expanse with an EXPANSE_CONF-style string (no block may be live)."""
+    check(library().expanse_init(conf.encode()), f"expanse.init({conf!r})")
+
+
+def shutdown():
+    """Gives everything back to the driver (no block may be live); EXPANSE_CONF applies again."""
+    check(library().expanse_shutdown(), "expanse.shutdown()")
+
+
+def driver_description():
+    d = library().expanse_driver_description()
+    if d is None:
+        raise ExpanseError(f"expanse.driver_description(): {last_error()}")
+    return d.decode()
+
+
+def device_count():
+    n = library().expanse_device_count()
+    if n < 0:
+        raise ExpanseError(f"expanse.device_count(): {last_error()}")
+    return n
+
+
+def _device(device):
+    """PyTorch's convention: None is the current device (0 when PyTorch has not set up CUDA)."""
+    if device is None:
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            return torch.cuda.current_device()
+        return 0
+    if isinstance(device, str):  # "cuda:1"
+        return int(device.split(":")[1]) if ":" in device else 0
+    if isinstance(device, int):
+        return device
+    if hasattr(device, "index"):  # torch.device
+        return 0 if device.index is None else device.index
+    return int(device)
+
+
+def _raw_stats(device):
+    s = Stats()
+    s.struct_size = ctypes.sizeof(Stats)
+    check(library().expanse_get_stats(device, ctypes.byref(s)), f"expanse stats of device {device}")
+    return s
+
+
+def memory_stats(device=None):
+    """A dict with the keys torch.cuda.memory_stats() uses where the meaning matches, plus
+    expanse's own figures under "expanse.*".
+
+    allocated_bytes: live blocks as carved (512 B granularity); requested_bytes: as asked;
+    reserved_bytes: physical memory expanse holds from the driver (mapped + pooled);
+    active_bytes: the same as allocated_bytes (expanse reuses a freed block at once on its stream).
+    """
+    d = _device(device)
+    s = _raw_stats(d)
+    out = {
+        "allocated_bytes.all.current": s.allocated_bytes,
+        "allocated_bytes.all.peak": s.peak_allocated_bytes,
+        "requested_bytes.all.current": s.requested_bytes,
+        "requested_bytes.all.peak": s.peak_requested_bytes,
+        "active_bytes.all.current": s.allocated_bytes,
+        "active_bytes.all.peak": s.peak_allocated_bytes,
+        "reserved_bytes.all.current": s.physical_bytes,
+        "reserved_bytes.all.peak": s.peak_physical_bytes,
+        "inactive_split_bytes.all.current": s.cached_bytes,
+        "allocation.all.current": s.live_blocks,
+        "active.all.current": s.live_blocks,
+        "allocation.all.allocated": s.num_allocs,
+        "allocation.all.freed": s.num_frees,
+        "num_ooms": s.num_ooms,
+        "num_alloc_retries": 0,
+        "num_device_alloc": s.num_created_pages,
+        "num_device_free": s.num_released_pages,
+    }
+    for name, _ in Stats._fields_:
+        if name in ("struct_size", "driver_calls", "num_entry_points"):
+            continue
+        out["expanse." + name] = getattr(s, name)
+    lib = library()
+    for i in range(s.num_entry_points):
+        if s.driver_calls[i]:
+            out["expanse.driver_calls." + lib.expanse_entry_point_name(i).decode()] = \
+                s.driver_calls[i]
+    if s.limit_bytes == 2**64 - 1:
+        out["expanse.limit_bytes"] = None
+    return out
+
+
+def _fmt(n):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024.0
+    return str(n)
+
+
+def memory_summary(device=None, abbreviated=False):
+    """A readable table of memory_stats(), like torch.cuda.memory_summary()."""
+    d = _device(device)
+    s = _raw_stats(d)
+    rows = [
+        ("Requested memory", s.requested_bytes, s.peak_requested_bytes),
+        ("Allocated memory", s.allocated_bytes, s.peak_allocated_bytes),
+        ("Mapped memory", s.mapped_bytes, s.peak_mapped_bytes),
+        ("Reserved (physical) memory", s.physical_bytes, s.peak_physical_bytes),
+        ("VA reserved", s.va_reserved_bytes, s.peak_va_reserved_bytes),
+    ]
+    lines = [f"expanse memory summary, device {d} ({driver_description()})",
+             f"{'':28}{'current':>16}{'peak':>16}"]
+    for name, cur, peak in rows:
+        lines.append(f"{name:28}{_fmt(cur):>16}{_fmt(peak):>16}")
+    if not abbreviated:
+        limit = "none" if s.limit_bytes == 2**64 - 1 else _fmt(s.limit_bytes)
+        lines += [
+            f"{'Cached (mapped, free)':28}{_fmt(s.cached_bytes):>16}",
+            f"{'Pooled (unmapped)':28}{_fmt(s.pooled_bytes):>16}",
+            f"Live blocks {s.live_blocks}, allocs {s.num_allocs}, frees {s.num_frees}, "
+            f"OOMs {s.num_ooms}",
+            f"Pages: created {s.num_created_pages}, released {s.num_released_pages}, reclaimed "
+            f"{s.num_reclaimed_pages}; page size {_fmt(s.page_size)}",
+            f"Capacity {_fmt(s.capacity_bytes)}, limit {limit}; driver calls "
+            f"{s.driver_calls_total}",
+        ]
+        if s.num_free_size_mismatches or s.num_unknown_frees:
+            lines.append(f"Frees with a wrong size {s.num_free_size_mismatches}, "
+                         f"of unknown pointers {s.num_unknown_frees}")
+    return "\n".join(lines) + "\n"
+
+
+def empty_cache():
+    """Unmaps and releases every cached page of every device (after the streams' work on freed
+    memory completes), as torch.cuda.empty_cache() does for PyTorch's own allocator."""
+    lib = library()
+    for d in range(device_count()):
+        check(lib.expanse_release_cached(d), f"expanse.empty_cache() on device {d}")
+
+
+def set_limit(bytes_or_fraction, device=None):
+    """Caps the physical memory expanse holds on device: a number of bytes (int), a fraction of
+    the device's capacity (float in (0, 1], like torch.cuda.set_per_process_memory_fraction), or
+    None to remove the cap."""
+    d = _device(device)
+    if bytes_or_fraction is None:
+        limit = 2**64 - 1
+    elif isinstance(bytes_or_fraction, float):
+        if not 0.0 < bytes_or_fraction <= 1.0:
+            raise ValueError(f"expanse.set_limit: fraction {bytes_or_fraction} is not in (0, 1]")
+        limit = int(_raw_stats(d).capacity_bytes * bytes_or_fraction)
+    elif isinstance(bytes_or_fraction, int) and not isinstance(bytes_or_fraction, bool):
+        if bytes_or_fraction < 0:
+            raise ValueError(f"expanse.set_limit: negative size {bytes_or_fraction}")
+        limit = bytes_or_fraction
+    else:
+        raise TypeError("expanse.set_limit: expected bytes (int), a fraction (float) or None, "
+                        f"got {type(bytes_or_fraction).__name__}")
+    check(library().expanse_set_limit(d, min(limit, 2**64 - 1)), f"expanse.set_limit on device {d}")
+
+
+def reset_peak_stats(device=None):
+    d = _device(device)
+    check(library().expanse_reset_peak_stats(d), f"expanse.reset_peak_stats on device {d}")
+
+
+def record_history(enabled=True, max_entries=DEFAULT_MAX_ENTRIES):
+    """Starts (a new trace, the last max_entries entries per device kept) or stops recording
+    what the allocator does, like torch.cuda.memory._record_memory_history(). Stopping keeps
+    the trace for dump_snapshot()."""
+    if max_entries < 0:
+        raise ValueError(f"expanse.record_history: negative max_entries {max_entries}")
+    check(library().expanse_record_history(1 if enabled else 0, max_entries),
+          "expanse.record_history")
+
+
+def dump_snapshot(path):
+    """Writes a snapshot pickle in PyTorch's format (torch.cuda.memory._dump_snapshot()):
+    drop it on pytorch.org/memory_viz, or run `expanse replay PATH`."""
+    check(library().expanse_dump_snapshot(os.fsencode(path)), f"expanse.dump_snapshot({path!r})")
