@@ -50,6 +50,9 @@ enum Op : uint8_t {
   BUILD = 'b',
   PROTO = 0x80,
   NEWOBJ = 0x81,
+  EXT1 = 0x82,
+  EXT2 = 0x83,
+  EXT4 = 0x84,
   TUPLE1 = 0x85,
   TUPLE2 = 0x86,
   TUPLE3 = 0x87,
@@ -68,6 +71,8 @@ enum Op : uint8_t {
   MEMOIZE = 0x94,
   FRAME = 0x95,
   BYTEARRAY8 = 0x96,
+  NEXT_BUFFER = 0x97,
+  READONLY_BUFFER = 0x98,
 };
 
 std::string opcode_text(uint8_t op) {
@@ -452,6 +457,14 @@ class Machine {
         if (n.kind != Kind::object) fail(std::string("BUILD on a ") + kind_name(n.kind));
         return;
       }
+      // A class named by its copyreg extension code: opaque, like any global.
+      case EXT1: push(make_text(Kind::global, "extension " + std::to_string(le(1)))); return;
+      case EXT2: push(make_text(Kind::global, "extension " + std::to_string(le(2)))); return;
+      case EXT4: push(make_text(Kind::global, "extension " + std::to_string(le(4)))); return;
+      case READONLY_BUFFER: top(); return;  // marks the buffer on the stack read-only
+      case NEXT_BUFFER:
+        fail("NEXT_BUFFER: the pickle refers to an out-of-band buffer that is not in the file "
+             "(pickled with a buffer_callback)");
       default:
         fail("unsupported pickle opcode " + opcode_text(op) +
              " (not something a PyTorch memory snapshot contains)");
