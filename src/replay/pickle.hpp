@@ -1,8 +1,9 @@
 // A small, strict reader of Python pickles (protocols 2 to 5), enough for PyTorch memory
 // snapshots: dicts, lists, tuples, sets, str, bytes, ints (of any width: wider ones are kept
-// opaque), floats, None, bools, the memo, frames. Nothing is ever executed: GLOBAL / STACK_GLOBAL give an opaque "global"
-// node, and REDUCE / NEWOBJ / BUILD an opaque "object" node (collections.OrderedDict becomes a
-// dict). Anything else is an error naming the byte offset.
+// opaque), floats, None, bools, the memo, frames. Nothing is ever executed: GLOBAL /
+// STACK_GLOBAL / EXT* give an opaque "global" node, and REDUCE / NEWOBJ / BUILD an opaque
+// "object" node (collections.OrderedDict becomes a dict). Anything else is an error naming the
+// byte offset.
 #pragma once
 
 #include <cstddef>
