@@ -102,6 +102,10 @@ int cmd_replay(const ReplayArgs& a) {
       throw usage_error("replay: --capacity " + a.capacity +
                         " is less than one page of " + conf::format_size(g));
     }
+    if (req.capacity > replay::kMaxReplayCapacity) {
+      throw usage_error("replay: --capacity " + a.capacity + " is more than replay models (" +
+                        conf::format_size(replay::kMaxReplayCapacity) + ")");
+    }
   }
 
   ProgressBar bar(stderr_is_terminal());

@@ -32,6 +32,11 @@ size_t replay_granularity(const api::Config& conf) {
 ReplayResult replay_trace(const Trace& t, const api::Config& conf, size_t capacity,
                           bool stop_at_first_oom, const ReplayProgress& progress, int passes) {
   const auto t0 = Clock::now();
+  if (capacity > kMaxReplayCapacity) {
+    throw usage_error("replay: a device of " + conf::format_size(capacity) +
+                      " is more than replay models (at most " +
+                      conf::format_size(kMaxReplayCapacity) + ")");
+  }
   sim::SimConfig cfg = sim::sim_config_from_string(conf.text);
   cfg.devices = 1;
   cfg.capacity = capacity;
@@ -145,11 +150,17 @@ MinCapacity find_min_capacity(const Trace& t, const api::Config& conf, size_t st
   };
 
   // lo: known too small (cannot hold the peak of live bytes); hi: known to replay.
-  size_t lo = static_cast<size_t>((t.peak_live_bytes + g - 1) / g);
+  const size_t max_units = kMaxReplayCapacity / g;
+  size_t lo = static_cast<size_t>(t.peak_live_bytes / g + (t.peak_live_bytes % g != 0));
+  if (lo > max_units) {
+    throw input_error(t.path + ": the trace's peak of live bytes, " +
+                      conf::format_size(t.peak_live_bytes) + ", is more than the largest device " +
+                      "replay models (" + conf::format_size(kMaxReplayCapacity) + ")");
+  }
   lo = lo == 0 ? 0 : lo - 1;
-  size_t hi = std::max<size_t>(start / g, lo + 1);
+  size_t hi = std::min(std::max<size_t>(start / g, lo + 1), max_units);
   ReplayResult at_hi = probe(hi, 1 + expected_probes(lo, hi));
-  const size_t cap_units = hi * 64;
+  const size_t cap_units = hi > max_units / 64 ? max_units : hi * 64;
   while (at_hi.ooms != 0) {
     lo = hi;
     if (hi >= cap_units) {

@@ -36,6 +36,10 @@ struct ReplayResult {
   double wall_seconds = 0;
 };
 
+// The largest device a replay models: the sim reserves its VA in this process's address space
+// (47 bits on x86-64), and no GPU comes near it.
+constexpr size_t kMaxReplayCapacity = size_t{64} << 40;
+
 // done / total operations of the replay in progress.
 using ReplayProgress = std::function<void(uint64_t done, uint64_t total)>;
 
@@ -46,7 +50,7 @@ size_t replay_granularity(const api::Config& conf);
 // allocator options of conf, `passes` times back to back on the same allocator (so that steady
 // state shows): the blocks a pass leaves live are freed before the next one. An OOM is counted
 // and its block's free skipped; with stop_at_first_oom the replay ends there. Throws driver /
-// usage errors from the allocator.
+// usage errors from the allocator, and usage_error for a capacity above kMaxReplayCapacity.
 ReplayResult replay_trace(const Trace& t, const api::Config& conf, size_t capacity,
                           bool stop_at_first_oom = false,
                           const ReplayProgress& progress = {}, int passes = 1);

@@ -207,6 +207,12 @@ TEST(Cli, ReplayRepeat) {
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("pass 2       0 driver calls"), std::string::npos) << r.out;
 
+  r = run_expanse("replay " + q(f) + " --capacity 100TiB");
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("--capacity 100TiB is more than replay models (64 TiB)"),
+            std::string::npos)
+      << r.err;
+
   for (const char* bad : {"0", "-1", "x", "1001"}) {
     r = run_expanse("replay " + q(f) + " --repeat " + bad);
     EXPECT_EQ(r.status, 2) << bad;

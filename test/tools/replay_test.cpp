@@ -127,6 +127,27 @@ TEST(Replay, StopAtFirstOomEndsEveryPass) {
   EXPECT_EQ(r.ops_done, 1u);
 }
 
+TEST(Replay, APeakNoDeviceHoldsIsAnInputErrorForTheSearch) {
+  // 2^62 + 2^61 bytes live: each replay counts OOMs; the search had overflowed its page counts
+  // into a 0-byte device (an internal error) before.
+  std::string csv = "Thread,Time,Action,Pointer,Size,Stream\n";
+  csv += "1,t,allocate,0x1000,4611686018427387904,0x0\n";
+  csv += "1,t,allocate,0x2000,2305843009213693952,0x0\n";
+  Trace t = load_rmm_csv("huge.csv", csv);
+  EXPECT_EQ(replay::replay_trace(t, sim_conf(), 80 * GiB).ooms, 2u);
+  try {
+    replay::find_min_capacity(t, sim_conf(), 80 * GiB);
+    ADD_FAILURE() << "no error";
+  } catch (const replay::input_error& e) {
+    EXPECT_NE(std::string(e.what()).find("more than the largest device replay models"),
+              std::string::npos)
+        << e.what();
+  }
+  // A device above that is refused before any driver call.
+  EXPECT_THROW(replay::replay_trace(t, sim_conf(), replay::kMaxReplayCapacity + 2 * MiB),
+               usage_error);
+}
+
 TEST(Replay, TooSmallADeviceCountsOoms) {
   Trace t = load_rmm_csv("sample.csv", sample_csv());
   replay::ReplayResult r = replay::replay_trace(t, sim_conf(), 64 * MiB);
