@@ -11,9 +11,19 @@ root="$(cd "$here/../.." && pwd)"
 seconds="${1:-30}"
 build="${BUILD_DIR:-$root/build-fuzz}"
 
-if ! command -v clang++ >/dev/null; then
-  echo "fuzz: clang++ is missing (Debian: apt-get install clang libclang-rt-14-dev)" >&2
-  exit 1
+# clang and its libFuzzer / sanitizer runtimes, from Debian's packages.
+missing=()
+for p in clang libclang-rt-14-dev; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    echo "fuzz: missing ${missing[*]} (Debian: apt-get install ${missing[*]})" >&2
+    exit 1
+  fi
+  echo "fuzz: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 CXX=clang++ cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j"$(nproc)" >/dev/null
