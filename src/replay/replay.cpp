@@ -1,0 +1,189 @@
+#include "replay/replay.hpp"
+
+#include "replay/device_streams.hpp"
+
+#include "core/device_allocator.hpp"
+#include "driver/driver.hpp"
+#include "driver/env_config.hpp"
+#include "expanse/errors.hpp"
+#include "sim/sim.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+namespace expanse::replay {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+size_t replay_granularity(const api::Config& conf) {
+  return sim::sim_config_from_string(conf.text).granularity;
+}
+
+ReplayResult replay_trace(const Trace& t, const api::Config& conf, size_t capacity,
+                          bool stop_at_first_oom, const ReplayProgress& progress, int passes) {
+  const auto t0 = Clock::now();
+  if (capacity > kMaxReplayCapacity) {
+    throw usage_error("replay: a device of " + conf::format_size(capacity) +
+                      " is more than replay models (at most " +
+                      conf::format_size(kMaxReplayCapacity) + ")");
+  }
+  sim::SimConfig cfg = sim::sim_config_from_string(conf.text);
+  cfg.devices = 1;
+  cfg.capacity = capacity;
+  cfg.backing = false;  // replay never touches the memory
+  auto drv = driver::load_sim(cfg, "replay");
+
+  ReplayResult r;
+  r.capacity = capacity;
+  passes = std::max(passes, 1);
+  const uint64_t total = t.ops.size() * static_cast<uint64_t>(passes);
+  {
+    DeviceStreams streams(*drv, 0, t.streams);
+    core::DeviceAllocator alloc(*drv, 0, api::options_for_device(conf, capacity));
+    r.page_size = alloc.page_size();
+    std::vector<void*> ptr(t.blocks, nullptr);
+    std::vector<uint32_t> stream_of(passes > 1 ? t.blocks : 0, 0);  // each block's alloc stream
+    core::DeviceStats peaks;  // the highest of each pass's peaks
+    bool stopped = false;
+    for (int pass = 1; pass <= passes && !stopped; ++pass) {
+      const core::DeviceStats before = alloc.stats();
+      PassResult pr;
+      for (uint64_t i = 0; i < t.ops.size(); ++i) {
+        const TraceOp& op = t.ops[i];
+        if (op.type == TraceOp::Type::alloc) {
+          std::string failure;
+          try {
+            ptr[op.block] = alloc.allocate(op.size, streams[op.stream]);
+            if (passes > 1) stream_of[op.block] = op.stream;
+          } catch (const out_of_memory& e) {
+            failure = e.what();
+          } catch (const usage_error& e) {  // a size no device can hold: an OOM too
+            failure = e.what();
+          }
+          if (!failure.empty()) {
+            ++pr.ooms;
+            if (r.ooms++ == 0) {
+              r.first_oom_op = i;
+              r.first_oom_pass = pass;
+              r.first_oom = failure;
+            }
+            if (stop_at_first_oom) {
+              stopped = true;
+              break;
+            }
+          }
+        } else if (ptr[op.block] != nullptr) {
+          alloc.deallocate(ptr[op.block], streams[op.stream]);
+          ptr[op.block] = nullptr;
+        }
+        ++r.ops_done;
+        if (progress && (r.ops_done & 4095) == 0) progress(r.ops_done, total);
+      }
+      if (pass < passes && !stopped) {
+        // What the pass left live goes before the next one starts from nothing live.
+        for (uint32_t b = 0; b < t.blocks; ++b) {
+          if (ptr[b] == nullptr) continue;
+          alloc.deallocate(ptr[b], streams[stream_of[b]]);
+          ptr[b] = nullptr;
+        }
+      }
+      const core::DeviceStats after = alloc.stats();
+      pr.driver_calls_total = after.total_driver_calls() - before.total_driver_calls();
+      pr.modeled_driver_seconds = (after.modeled_driver_ns - before.modeled_driver_ns) * 1e-9;
+      pr.peak_physical_bytes = after.peak_physical_bytes;
+      pr.peak_mapped_bytes = after.peak_mapped_bytes;
+      r.passes.push_back(pr);
+      peaks.peak_requested_bytes = std::max(peaks.peak_requested_bytes, after.peak_requested_bytes);
+      peaks.peak_allocated_bytes = std::max(peaks.peak_allocated_bytes, after.peak_allocated_bytes);
+      peaks.peak_mapped_bytes = std::max(peaks.peak_mapped_bytes, after.peak_mapped_bytes);
+      peaks.peak_physical_bytes = std::max(peaks.peak_physical_bytes, after.peak_physical_bytes);
+      peaks.peak_va_reserved_bytes =
+          std::max(peaks.peak_va_reserved_bytes, after.peak_va_reserved_bytes);
+      if (pass < passes) alloc.reset_peaks();  // the next pass's peaks are its own
+    }
+    r.stats = alloc.stats();
+    r.stats.peak_requested_bytes = peaks.peak_requested_bytes;
+    r.stats.peak_allocated_bytes = peaks.peak_allocated_bytes;
+    r.stats.peak_mapped_bytes = peaks.peak_mapped_bytes;
+    r.stats.peak_physical_bytes = peaks.peak_physical_bytes;
+    r.stats.peak_va_reserved_bytes = peaks.peak_va_reserved_bytes;
+    // Destroying the allocator gives every page and reservation back; the streams go after it.
+  }
+  if (progress) progress(total, total);
+  r.wall_seconds = seconds_since(t0);
+  return r;
+}
+
+MinCapacity find_min_capacity(const Trace& t, const api::Config& conf, size_t start,
+                              const SearchProgress& progress) {
+  const auto t0 = Clock::now();
+  const size_t g = replay_granularity(conf);
+  MinCapacity out;
+
+  auto probe = [&](size_t units, int expected) {
+    ++out.probes;
+    ReplayProgress p;
+    if (progress) {
+      p = [&, expected](uint64_t done, uint64_t total) {
+        progress(out.probes, std::max(expected, out.probes), done, total);
+      };
+    }
+    return replay_trace(t, conf, units * g, true, p);
+  };
+  auto expected_probes = [](size_t lo, size_t hi) {
+    int n = 0;
+    while (hi - lo > 1) {
+      lo += (hi - lo) / 2;
+      ++n;
+    }
+    return n;
+  };
+
+  // lo: known too small (cannot hold the peak of live bytes); hi: known to replay.
+  const size_t max_units = kMaxReplayCapacity / g;
+  size_t lo = static_cast<size_t>(t.peak_live_bytes / g + (t.peak_live_bytes % g != 0));
+  if (lo > max_units) {
+    throw input_error(t.path + ": the trace's peak of live bytes, " +
+                      conf::format_size(t.peak_live_bytes) + ", is more than the largest device " +
+                      "replay models (" + conf::format_size(kMaxReplayCapacity) + ")");
+  }
+  lo = lo == 0 ? 0 : lo - 1;
+  size_t hi = std::min(std::max<size_t>(start / g, lo + 1), max_units);
+  ReplayResult at_hi = probe(hi, 1 + expected_probes(lo, hi));
+  const size_t cap_units = hi > max_units / 64 ? max_units : hi * 64;
+  while (at_hi.ooms != 0) {
+    lo = hi;
+    if (hi >= cap_units) {
+      throw input_error(t.path + ": the trace does not replay with no OOM even on " +
+                        conf::format_size(hi * g) + " (" + at_hi.first_oom + ")");
+    }
+    hi = std::min(hi * 2, cap_units);
+    at_hi = probe(hi, out.probes + 1 + expected_probes(lo, hi));
+  }
+  while (hi - lo > 1) {
+    const size_t mid = lo + (hi - lo) / 2;
+    ReplayResult r = probe(mid, out.probes + expected_probes(lo, hi));
+    if (r.ooms == 0) {
+      hi = mid;
+      at_hi = std::move(r);
+    } else {
+      lo = mid;
+    }
+  }
+  out.bytes = hi * g;
+  out.at_min = std::move(at_hi);
+  out.wall_seconds = seconds_since(t0);
+  return out;
+}
+
+}  // namespace expanse::replay
