@@ -6,28 +6,24 @@
 
 #include "info.hpp"
 #include "progress.hpp"
-#include "replay.hpp"
 #include "report.hpp"
 #include "stress.hpp"
-#include "trace.hpp"
 
 #include "api/config.hpp"
 #include "driver/env_config.hpp"
 #include "expanse/errors.hpp"
+#include "replay/report.hpp"
 
 #include <CLI/CLI.hpp>
 
-#include <chrono>
 #include <cstdio>
 #include <iostream>
-#include <optional>
 #include <string>
 
 namespace {
 
 using namespace expanse;
 using namespace expanse::tools;
-using Clock = std::chrono::steady_clock;
 
 constexpr int kOk = 0;
 constexpr int kFailed = 1;
@@ -91,41 +87,25 @@ struct ReplayArgs {
 };
 
 int cmd_replay(const ReplayArgs& a) {
-  const auto t0 = Clock::now();
-  const api::Config conf = api::parse_config(conf::from_environment());
-  const size_t g = replay_granularity(conf);
-  size_t capacity = size_t{80} << 30;
+  replay::ReplayRequest req;
+  req.path = a.file;
+  req.device = a.device;
+  req.conf = api::parse_config(conf::from_environment());
+  req.min_capacity = a.min_capacity;
+  const size_t g = replay::replay_granularity(req.conf);
+  req.capacity = size_t{80} << 30;
   if (!a.capacity.empty()) {
-    capacity = size_arg("replay", "--capacity", a.capacity) / g * g;
-    if (capacity == 0) {
+    req.capacity = size_arg("replay", "--capacity", a.capacity) / g * g;
+    if (req.capacity == 0) {
       throw usage_error("replay: --capacity " + a.capacity +
                         " is less than one page of " + conf::format_size(g));
     }
   }
 
   ProgressBar bar(stderr_is_terminal());
-  bar.update(0, "reading " + a.file);
-  Trace trace = load_trace(a.file, a.device);
-  ReplayReport rep;
-  rep.trace = &trace;
-  rep.load_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-
-  rep.replay = replay(trace, conf, capacity, false, [&](uint64_t done, uint64_t total) {
-    bar.update(total == 0 ? 1.0 : static_cast<double>(done) / static_cast<double>(total),
-               "replay");
-  });
-  if (a.min_capacity) {
-    rep.min_capacity = find_min_capacity(
-        trace, conf, capacity, [&](int probe, int expected, uint64_t done, uint64_t total) {
-          const double within = total == 0 ? 1.0 : static_cast<double>(done) /
-                                                        static_cast<double>(total);
-          bar.update((probe - 1 + within) / expected,
-                     "min-capacity: replay " + std::to_string(probe) + "/" +
-                         std::to_string(expected));
-        });
-  }
+  const replay::ReplayReport rep = replay::make_replay_report(
+      req, [&bar](double f, const std::string& label) { bar.update(f, label); });
   bar.clear();
-  rep.wall_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   if (a.json) {
     print_json(replay_json(rep));
   } else {
@@ -200,7 +180,7 @@ int run(int argc, char** argv) {
     if (*info) return cmd_info(info_json);
     if (*stress) return cmd_stress(sa);
     if (*replay_cmd) return cmd_replay(ra);
-  } catch (const input_error& e) {
+  } catch (const replay::input_error& e) {
     print_error("", e.what());
     return kUsage;
   } catch (const usage_error& e) {

@@ -13,6 +13,10 @@ namespace expanse::tools {
 namespace {
 
 using Json = nlohmann::ordered_json;
+using replay::MinCapacity;
+using replay::ReplayReport;
+using replay::ReplayResult;
+using replay::Trace;
 
 std::string fixed(double v, int digits) {
   char buf[64];
@@ -63,7 +67,7 @@ Json driver_calls_json(const core::DeviceStats& s) {
 }
 
 Json replay_json(const ReplayReport& r) {
-  const Trace& t = *r.trace;
+  const Trace& t = r.trace;
   const ReplayResult& p = r.replay;
   Json j;
   j["trace"] = t.path;
@@ -111,7 +115,7 @@ Json replay_json(const ReplayReport& r) {
 }
 
 std::string replay_text(const ReplayReport& r) {
-  const Trace& t = *r.trace;
+  const Trace& t = r.trace;
   const ReplayResult& p = r.replay;
   const uint64_t live = t.peak_live_bytes;
   std::ostringstream o;

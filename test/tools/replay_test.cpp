@@ -1,5 +1,5 @@
 // Replay on the sim and the minimum-capacity search.
-#include "replay.hpp"
+#include "replay/replay.hpp"
 #include "tools_test_util.hpp"
 
 #include "driver/env_config.hpp"
@@ -12,9 +12,9 @@
 namespace expanse::test {
 namespace {
 
-using tools::load_rmm_csv;
-using tools::load_snapshot;
-using tools::Trace;
+using replay::load_rmm_csv;
+using replay::load_snapshot;
+using replay::Trace;
 
 constexpr uint64_t MiB = uint64_t{1} << 20;
 constexpr uint64_t GiB = uint64_t{1} << 30;
@@ -45,7 +45,7 @@ api::Config sim_conf() { return api::parse_config(""); }
 TEST(Replay, SmallTraceReplaysWithoutOom) {
   Trace t = load_rmm_csv("sample.csv", sample_csv());
   ASSERT_EQ(t.streams.size(), 2u);
-  tools::ReplayResult r = tools::replay(t, sim_conf(), 8 * GiB);
+  replay::ReplayResult r = replay::replay_trace(t, sim_conf(), 8 * GiB);
   EXPECT_EQ(r.ooms, 0u);
   EXPECT_EQ(r.ops_done, t.ops.size());
   EXPECT_EQ(r.page_size, 2 * MiB);
@@ -57,11 +57,11 @@ TEST(Replay, SmallTraceReplaysWithoutOom) {
 
 TEST(Replay, TooSmallADeviceCountsOoms) {
   Trace t = load_rmm_csv("sample.csv", sample_csv());
-  tools::ReplayResult r = tools::replay(t, sim_conf(), 64 * MiB);
+  replay::ReplayResult r = replay::replay_trace(t, sim_conf(), 64 * MiB);
   EXPECT_GT(r.ooms, 0u);
   EXPECT_NE(r.first_oom.find("out of memory"), std::string::npos);
   EXPECT_EQ(r.ops_done, t.ops.size());  // the replay goes on past an OOM
-  tools::ReplayResult s = tools::replay(t, sim_conf(), 64 * MiB, true);
+  replay::ReplayResult s = replay::replay_trace(t, sim_conf(), 64 * MiB, true);
   EXPECT_EQ(s.ooms, 1u);
   EXPECT_EQ(s.ops_done, s.first_oom_op);
 }
@@ -73,34 +73,34 @@ TEST(Replay, ARequestNoDeviceCanHoldIsAnOom) {
                          "1,t,allocate,0x2000,9223372036854775808,0x0\n"
                          "1,t,free,0x2000,9223372036854775808,0x0\n"
                          "1,t,free,0x1000,100,0x0\n");
-  tools::ReplayResult r = tools::replay(t, sim_conf(), 1 * GiB);
+  replay::ReplayResult r = replay::replay_trace(t, sim_conf(), 1 * GiB);
   EXPECT_EQ(r.ooms, 1u);
   EXPECT_EQ(r.first_oom_op, 1u);
   EXPECT_EQ(r.ops_done, 4u);
-  EXPECT_THROW(tools::find_min_capacity(t, sim_conf(), 1 * GiB), tools::input_error);
+  EXPECT_THROW(replay::find_min_capacity(t, sim_conf(), 1 * GiB), replay::input_error);
 }
 
 TEST(Replay, MinCapacityIsTheBoundary) {
   Trace t = load_rmm_csv("sample.csv", sample_csv());
-  tools::MinCapacity m = tools::find_min_capacity(t, sim_conf(), 80 * GiB);
+  replay::MinCapacity m = replay::find_min_capacity(t, sim_conf(), 80 * GiB);
   EXPECT_EQ(m.bytes % (2 * MiB), 0u);
   EXPECT_GE(m.bytes, t.peak_live_bytes);
   EXPECT_LE(m.bytes, t.peak_live_bytes + t.peak_live_bytes / 100 + 64 * MiB);
   EXPECT_EQ(m.at_min.ooms, 0u);
-  EXPECT_EQ(tools::replay(t, sim_conf(), m.bytes).ooms, 0u);
-  EXPECT_GT(tools::replay(t, sim_conf(), m.bytes - 2 * MiB).ooms, 0u);
+  EXPECT_EQ(replay::replay_trace(t, sim_conf(), m.bytes).ooms, 0u);
+  EXPECT_GT(replay::replay_trace(t, sim_conf(), m.bytes - 2 * MiB).ooms, 0u);
   // Starting below the answer grows the bound first.
-  tools::MinCapacity from_below = tools::find_min_capacity(t, sim_conf(), 16 * MiB);
+  replay::MinCapacity from_below = replay::find_min_capacity(t, sim_conf(), 16 * MiB);
   EXPECT_EQ(from_below.bytes, m.bytes);
 }
 
 TEST(Replay, SnapshotWithPreexistingBlocks) {
   const std::string data = read_file(fixture("snapshot_p4.pickle"));
   Trace t = load_snapshot("s.pickle", data);
-  tools::ReplayResult r = tools::replay(t, sim_conf(), 1 * GiB);
+  replay::ReplayResult r = replay::replay_trace(t, sim_conf(), 1 * GiB);
   EXPECT_EQ(r.ooms, 0u);
   EXPECT_EQ(r.stats.peak_requested_bytes, t.peak_live_bytes);
-  tools::MinCapacity m = tools::find_min_capacity(t, sim_conf(), 1 * GiB);
+  replay::MinCapacity m = replay::find_min_capacity(t, sim_conf(), 1 * GiB);
   EXPECT_EQ(m.bytes, 2 * MiB);  // all of it fits in one page
 }
 

@@ -1,6 +1,6 @@
-#include "replay.hpp"
+#include "replay/replay.hpp"
 
-#include "device_streams.hpp"
+#include "replay/device_streams.hpp"
 
 #include "core/device_allocator.hpp"
 #include "driver/driver.hpp"
@@ -14,7 +14,7 @@
 #include <memory>
 #include <vector>
 
-namespace expanse::tools {
+namespace expanse::replay {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -29,8 +29,8 @@ size_t replay_granularity(const api::Config& conf) {
   return sim::sim_config_from_string(conf.text).granularity;
 }
 
-ReplayResult replay(const Trace& t, const api::Config& conf, size_t capacity,
-                    bool stop_at_first_oom, const ReplayProgress& progress) {
+ReplayResult replay_trace(const Trace& t, const api::Config& conf, size_t capacity,
+                          bool stop_at_first_oom, const ReplayProgress& progress) {
   const auto t0 = Clock::now();
   sim::SimConfig cfg = sim::sim_config_from_string(conf.text);
   cfg.devices = 1;
@@ -96,7 +96,7 @@ MinCapacity find_min_capacity(const Trace& t, const api::Config& conf, size_t st
         progress(out.probes, std::max(expected, out.probes), done, total);
       };
     }
-    return replay(t, conf, units * g, true, p);
+    return replay_trace(t, conf, units * g, true, p);
   };
   auto expected_probes = [](size_t lo, size_t hi) {
     int n = 0;
@@ -138,4 +138,4 @@ MinCapacity find_min_capacity(const Trace& t, const api::Config& conf, size_t st
   return out;
 }
 
-}  // namespace expanse::tools
+}  // namespace expanse::replay

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-namespace expanse::tools {
+namespace expanse::replay {
 
 // Bad input. The message names the file and where in it: "f.csv:17: ..." (line),
 // "f.pickle: byte 1234 (device_traces[0][56]): ..." (byte offset and record).
@@ -55,4 +55,4 @@ Trace load_trace(const std::string& path, int device = -1);
 Trace load_snapshot(const std::string& path, std::string_view data, int device = -1);
 Trace load_rmm_csv(const std::string& path, std::string_view data);
 
-}  // namespace expanse::tools
+}  // namespace expanse::replay

@@ -5,13 +5,13 @@
 
 #include "api/config.hpp"
 #include "core/stats.hpp"
-#include "trace.hpp"
+#include "replay/trace.hpp"
 
 #include <cstdint>
 #include <functional>
 #include <string>
 
-namespace expanse::tools {
+namespace expanse::replay {
 
 struct ReplayResult {
   size_t capacity = 0;   // device bytes
@@ -33,8 +33,9 @@ size_t replay_granularity(const api::Config& conf);
 // Replays t on one sim device of `capacity` bytes (a multiple of replay_granularity) with the
 // allocator options of conf. An OOM is counted and its block's free skipped; with
 // stop_at_first_oom the replay ends there. Throws driver / usage errors from the allocator.
-ReplayResult replay(const Trace& t, const api::Config& conf, size_t capacity,
-                    bool stop_at_first_oom = false, const ReplayProgress& progress = {});
+ReplayResult replay_trace(const Trace& t, const api::Config& conf, size_t capacity,
+                          bool stop_at_first_oom = false,
+                          const ReplayProgress& progress = {});
 
 struct MinCapacity {
   size_t bytes = 0;  // the smallest capacity found that replays with no OOM
@@ -54,4 +55,4 @@ using SearchProgress =
 MinCapacity find_min_capacity(const Trace& t, const api::Config& conf, size_t start,
                               const SearchProgress& progress = {});
 
-}  // namespace expanse::tools
+}  // namespace expanse::replay

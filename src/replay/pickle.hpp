@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-namespace expanse::tools::pickle {
+namespace expanse::replay::pickle {
 
 // Malformed, truncated or unsupported input. offset() is the byte the problem was found at.
 class parse_error : public std::runtime_error {
@@ -73,4 +73,4 @@ class Document {
 // Parses one pickle that must span all of data (bytes after STOP are an error).
 Document parse(std::string_view data);
 
-}  // namespace expanse::tools::pickle
+}  // namespace expanse::replay::pickle

@@ -1,6 +1,6 @@
-#include "trace.hpp"
+#include "replay/trace.hpp"
 
-#include "pickle.hpp"
+#include "replay/pickle.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -12,7 +12,7 @@
 #include <sstream>
 #include <unordered_map>
 
-namespace expanse::tools {
+namespace expanse::replay {
 namespace {
 
 std::string hex(uint64_t v) {
@@ -510,4 +510,4 @@ Trace load_trace(const std::string& path, int device) {
                     "0x80) nor an RMM log CSV (header Thread,Time,Action,Pointer,Size,Stream)");
 }
 
-}  // namespace expanse::tools
+}  // namespace expanse::replay

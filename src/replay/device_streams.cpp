@@ -1,6 +1,6 @@
-#include "device_streams.hpp"
+#include "replay/device_streams.hpp"
 
-namespace expanse::tools {
+namespace expanse::replay {
 
 using driver::EntryPoint;
 
@@ -63,4 +63,4 @@ void DeviceStreams::pop() const {
   drv_.table().ctx_pop_current(&popped);
 }
 
-}  // namespace expanse::tools
+}  // namespace expanse::replay

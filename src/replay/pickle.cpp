@@ -1,9 +1,9 @@
-#include "pickle.hpp"
+#include "replay/pickle.hpp"
 
 #include <cstdio>
 #include <cstring>
 
-namespace expanse::tools::pickle {
+namespace expanse::replay::pickle {
 namespace {
 
 constexpr NodeId kNoNode = UINT32_MAX;
@@ -520,4 +520,4 @@ Document parse(std::string_view data) {
   return doc;
 }
 
-}  // namespace expanse::tools::pickle
+}  // namespace expanse::replay::pickle
