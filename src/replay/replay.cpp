@@ -30,7 +30,8 @@ size_t replay_granularity(const api::Config& conf) {
 }
 
 ReplayResult replay_trace(const Trace& t, const api::Config& conf, size_t capacity,
-                          bool stop_at_first_oom, const ReplayProgress& progress) {
+                          bool stop_at_first_oom, const ReplayProgress& progress,
+                          bool record_mapped) {
   const auto t0 = Clock::now();
   sim::SimConfig cfg = sim::sim_config_from_string(conf.text);
   cfg.devices = 1;
@@ -72,6 +73,7 @@ ReplayResult replay_trace(const Trace& t, const api::Config& conf, size_t capaci
         ptr[op.block] = nullptr;
       }
       r.ops_done = i + 1;
+      if (record_mapped) r.mapped_after_op.push_back(alloc.stats().mapped_bytes);
       if (progress && (i & 4095) == 0) progress(i, total);
     }
     r.stats = alloc.stats();

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace expanse::replay {
 
@@ -21,6 +22,7 @@ struct ReplayResult {
   uint64_t first_oom_op = 0;  // index into Trace::ops
   std::string first_oom;      // the allocator's message
   core::DeviceStats stats;    // at the end of the replay (peaks over the replay)
+  std::vector<uint64_t> mapped_after_op;  // with record_mapped: mapped bytes after each op
   double wall_seconds = 0;
 };
 
@@ -35,7 +37,7 @@ size_t replay_granularity(const api::Config& conf);
 // stop_at_first_oom the replay ends there. Throws driver / usage errors from the allocator.
 ReplayResult replay_trace(const Trace& t, const api::Config& conf, size_t capacity,
                           bool stop_at_first_oom = false,
-                          const ReplayProgress& progress = {});
+                          const ReplayProgress& progress = {}, bool record_mapped = false);
 
 struct MinCapacity {
   size_t bytes = 0;  // the smallest capacity found that replays with no OOM
