@@ -225,16 +225,16 @@ TorchAgreement check_torch_model(const Trace& t, const TorchSettings& s) {
 }
 
 TorchMinCapacity torch_min_capacity(const Trace& t, const TorchSettings& s,
-                                    const TorchStartState* start, uint64_t unconstrained_peak) {
+                                    const TorchRunOptions& base, uint64_t unconstrained_peak) {
   constexpr uint64_t g = kSmallBuffer;
   TorchMinCapacity out;
   auto fits = [&](uint64_t units) {
     ++out.probes;
-    TorchRunOptions o;
+    TorchRunOptions o = base;
     o.capacity = units * g;
-    o.start = start;
     o.stop_at_first_oom = true;
     o.record_events = false;
+    o.record_reserved = false;
     return run_torch_model(t, s, o).ooms == 0;
   };
   // lo: too small (below the peak of live bytes); hi: fits (the unconstrained peak never fails).

@@ -86,7 +86,8 @@ struct TorchMinCapacity {
   uint64_t bytes = 0;
   int probes = 0;
 };
+// `base` gives the start state and address choice; its capacity and recording flags are ignored.
 TorchMinCapacity torch_min_capacity(const Trace& t, const TorchSettings& s,
-                                    const TorchStartState* start, uint64_t unconstrained_peak);
+                                    const TorchRunOptions& base, uint64_t unconstrained_peak);
 
 }  // namespace expanse::replay
