@@ -175,11 +175,12 @@ std::string compare_plot_svg(const CompareReport& c, const std::string& title) {
   p.capacity = c.capacity;
   const auto& s = c.series;
   p.lines.push_back({"live bytes", "#9e9e9e", &s.live, false, true});
-  p.lines.push_back({"PyTorch reserved (recorded)", "#222222", &s.recorded_reserved, true, false});
   p.lines.push_back({"PyTorch reserved (model)", "#1f77b4", &s.pytorch_reserved, false, false});
   p.lines.push_back({"PyTorch expandable_segments:True (model)", "#ff7f0e",
                      &s.expandable_reserved, false, false});
   p.lines.push_back({"expanse mapped", "#2ca02c", &s.expanse_mapped, false, false});
+  // Last, dashed, so that it shows where the model lies exactly on it.
+  p.lines.push_back({"PyTorch reserved (recorded)", "#222222", &s.recorded_reserved, true, false});
   auto mark = [&](const CompareRow& r, const std::vector<uint64_t>& v, const std::string& who) {
     if (!r.first_oom_op || v.empty()) return;
     const uint64_t op = std::min<uint64_t>(*r.first_oom_op, v.size() - 1);
