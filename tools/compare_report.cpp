@@ -106,9 +106,9 @@ Json compare_json(const CompareReport& c, uint64_t peak_live) {
 std::string compare_text(const CompareReport& c, uint64_t peak_live) {
   std::ostringstream o;
   const bool with_min = c.pytorch.min_capacity_bytes.has_value();
-  o << "\nside by side on " << conf::format_size(c.capacity) << " (PyTorch settings: "
-    << c.settings_source << ": " << (c.settings.to_conf().empty() ? "defaults" : c.settings.to_conf())
-    << ")\n";
+  o << "\nside by side on " << conf::format_size(c.capacity) << "; PyTorch settings: "
+    << (c.settings.to_conf().empty() ? "defaults" : c.settings.to_conf()) << " (from "
+    << c.settings_source << ")\n";
   char line[512];
   std::snprintf(line, sizeof line, "%-36s %14s %8s %6s %10s %14s %13s %10s\n", "allocator",
                 "peak reserved", "x live", "OOMs", "first OOM", "min capacity", "driver calls",

@@ -111,14 +111,20 @@ TorchRun run_torch_model(const Trace& t, const TorchSettings& s, const TorchRunO
 
   uint64_t first_op = 0;
   if (o.start != nullptr) {
-    for (const auto& seg : o.start->segments) {
-      if (!m.add_segment(seg.addr, seg.size, seg.stream, seg.small, seg.live)) {
-        r.start_failed = true;
-        r.ooms = 1;
-        r.peak_reserved = m.peak_reserved();
-        return r;
+    // Segments holding live blocks first; wholly free ones only where they fit, since on a
+    // smaller device PyTorch would have released them (release-and-retry) before failing.
+    for (bool with_live : {true, false}) {
+      for (const auto& seg : o.start->segments) {
+        if (seg.live.empty() == with_live) continue;
+        if (!m.add_segment(seg.addr, seg.size, seg.stream, seg.small, seg.live)) {
+          if (!with_live) continue;
+          r.start_failed = true;
+          r.ooms = 1;
+          r.peak_reserved = m.peak_reserved();
+          return r;
+        }
+        in_use.insert(seg.addr);
       }
-      in_use.insert(seg.addr);
     }
     first_op = t.preexisting;  // those blocks are in the start state
   }

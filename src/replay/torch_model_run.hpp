@@ -37,7 +37,9 @@ std::optional<TorchStartState> torch_start_state(const Trace& t, const TorchSett
 
 struct TorchRunOptions {
   uint64_t capacity = uint64_t{1} << 62;  // device bytes (default: no limit)
-  const TorchStartState* start = nullptr; // null: an empty device, preexisting blocks malloc'd
+  // null: an empty device, preexisting blocks malloc'd. Wholly free start segments that do
+  // not fit the capacity are left out (PyTorch would have released them before failing).
+  const TorchStartState* start = nullptr;
   bool stop_at_first_oom = false;
   bool record_reserved = false;           // reserved_after_op
   bool record_events = true;              // segment_events
