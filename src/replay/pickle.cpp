@@ -1,5 +1,6 @@
 #include "replay/pickle.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -7,7 +8,9 @@ namespace expanse::replay::pickle {
 namespace {
 
 constexpr NodeId kNoNode = UINT32_MAX;
-constexpr uint64_t kMaxMemoIndex = uint64_t{1} << 26;
+// CPython numbers memo entries 0, 1, 2, ... and each takes at least one byte to make, so a pickle
+// of n bytes needs no index beyond n; the floor leaves room for hand-made pickles.
+constexpr uint64_t kMinMemoLimit = uint64_t{1} << 16;
 
 // Opcodes (pickletools names).
 enum Op : uint8_t {
@@ -47,6 +50,9 @@ enum Op : uint8_t {
   BUILD = 'b',
   PROTO = 0x80,
   NEWOBJ = 0x81,
+  EXT1 = 0x82,
+  EXT2 = 0x83,
+  EXT4 = 0x84,
   TUPLE1 = 0x85,
   TUPLE2 = 0x86,
   TUPLE3 = 0x87,
@@ -65,6 +71,8 @@ enum Op : uint8_t {
   MEMOIZE = 0x94,
   FRAME = 0x95,
   BYTEARRAY8 = 0x96,
+  NEXT_BUFFER = 0x97,
+  READONLY_BUFFER = 0x98,
 };
 
 std::string opcode_text(uint8_t op) {
@@ -186,7 +194,10 @@ class Machine {
   }
 
   void memo_put(uint64_t index) {
-    if (index >= kMaxMemoIndex) fail("memo index " + std::to_string(index) + " is too large");
+    if (index >= std::max<uint64_t>(kMinMemoLimit, d_.size())) {
+      fail("memo index " + std::to_string(index) + " is larger than a pickle of " +
+           std::to_string(d_.size()) + " bytes can need");
+    }
     if (index >= memo_.size()) memo_.resize(index + 1, kNoNode);
     memo_[index] = top();
   }
@@ -197,26 +208,36 @@ class Machine {
     push(memo_[index]);
   }
 
-  int64_t signed_le(std::string_view bytes) {
-    size_t n = bytes.size();
-    if (n == 0) return 0;
-    const bool negative = (static_cast<uint8_t>(bytes[n - 1]) & 0x80) != 0;
-    if (n > 8) {
-      const uint8_t ext = negative ? 0xff : 0x00;
-      for (size_t i = 8; i < n; ++i) {
-        if (static_cast<uint8_t>(bytes[i]) != ext) fail("integer wider than 64 bits");
-      }
-      if (((static_cast<uint8_t>(bytes[7]) & 0x80) != 0) != negative) {
-        fail("integer wider than 64 bits");
-      }
-      n = 8;
+  // LONG1 / LONG4: little-endian two's complement of any width.
+  NodeId make_long(std::string_view b) {
+    auto byte = [&](size_t i) { return static_cast<uint8_t>(b[i]); };
+    size_t n = b.size();
+    if (n == 0) return make_int(0);
+    const bool negative = (byte(n - 1) & 0x80) != 0;
+    const uint8_t ext = negative ? 0xff : 0x00;
+    // Drop sign-extension bytes that do not change the value (CPython writes none, others may).
+    while (n > 1 && byte(n - 1) == ext && ((byte(n - 2) & 0x80) != 0) == negative) --n;
+    if (n <= 8 || (n == 9 && byte(8) == 0)) {  // (n == 9: 2^63 <= value < 2^64)
+      uint64_t v = 0;
+      for (size_t i = 0; i < n && i < 8; ++i) v |= uint64_t{byte(i)} << (8 * i);
+      if (negative && n < 8) v |= ~uint64_t{0} << (8 * n);
+      int64_t bits = 0;
+      std::memcpy(&bits, &v, sizeof bits);
+      NodeId id = make_int(bits);
+      if (n == 9) nodes_[id].range = IntRange::uint64;
+      return id;
     }
-    uint64_t v = 0;
-    for (size_t i = 0; i < n; ++i) v |= uint64_t{static_cast<uint8_t>(bytes[i])} << (8 * i);
-    if (negative && n < 8) v |= ~uint64_t{0} << (8 * n);
-    int64_t out = 0;
-    std::memcpy(&out, &v, sizeof out);
-    return out;
+    NodeId id = make_int(negative ? -1 : 1);
+    nodes_[id].range = IntRange::wider;
+    std::string& hex = nodes_[id].text;  // for messages; long ones cut short
+    static const char digits[] = "0123456789abcdef";
+    hex = std::to_string(n) + " bytes, 0x";
+    for (size_t i = n; i-- > 0 && hex.size() < 34;) {
+      hex += digits[byte(i) >> 4];
+      hex += digits[byte(i) & 15];
+    }
+    if (n > 16) hex += "...";
+    return id;
   }
 
   Node& container(NodeId id, Kind k, const char* opname) {
@@ -305,13 +326,13 @@ class Machine {
       case BININT2: push(make_int(static_cast<int64_t>(le(2)))); return;
       case LONG1: {
         uint64_t n = le(1);
-        push(make_int(signed_le(take(n))));
+        push(make_long(take(n)));
         return;
       }
       case LONG4: {
         auto n = static_cast<uint32_t>(le(4));
         if (n & 0x80000000u) fail("LONG4 with a negative length");
-        push(make_int(signed_le(take(n))));
+        push(make_long(take(n)));
         return;
       }
       case BINFLOAT: {
@@ -436,6 +457,14 @@ class Machine {
         if (n.kind != Kind::object) fail(std::string("BUILD on a ") + kind_name(n.kind));
         return;
       }
+      // A class named by its copyreg extension code: opaque, like any global.
+      case EXT1: push(make_text(Kind::global, "extension " + std::to_string(le(1)))); return;
+      case EXT2: push(make_text(Kind::global, "extension " + std::to_string(le(2)))); return;
+      case EXT4: push(make_text(Kind::global, "extension " + std::to_string(le(4)))); return;
+      case READONLY_BUFFER: top(); return;  // marks the buffer on the stack read-only
+      case NEXT_BUFFER:
+        fail("NEXT_BUFFER: the pickle refers to an out-of-band buffer that is not in the file "
+             "(pickled with a buffer_callback)");
       default:
         fail("unsupported pickle opcode " + opcode_text(op) +
              " (not something a PyTorch memory snapshot contains)");
@@ -482,6 +511,19 @@ const char* kind_name(Kind k) noexcept {
   return "?";
 }
 
+bool Node::as_uint64(uint64_t* out) const noexcept {
+  if (kind != Kind::integer) return false;
+  if (range == IntRange::wider || (range == IntRange::int64 && integer < 0)) return false;
+  *out = static_cast<uint64_t>(integer);
+  return true;
+}
+
+bool Node::as_int64(int64_t* out) const noexcept {
+  if (kind != Kind::integer || range != IntRange::int64) return false;
+  *out = integer;
+  return true;
+}
+
 const Node* Document::find(const Node& d, std::string_view key) const {
   for (size_t i = 0; i + 1 < d.items.size(); i += 2) {
     const Node& k = nodes_[d.items[i]];
@@ -492,7 +534,14 @@ const Node* Document::find(const Node& d, std::string_view key) const {
 
 std::string Document::describe(const Node& n) const {
   switch (n.kind) {
-    case Kind::integer: return "int " + std::to_string(n.integer);
+    case Kind::integer:
+      switch (n.range) {
+        case IntRange::int64: return "int " + std::to_string(n.integer);
+        case IntRange::uint64: return "int " + std::to_string(static_cast<uint64_t>(n.integer));
+        case IntRange::wider:
+          return "int wider than 64 bits (" + n.text + ")";
+      }
+      return "int";
     case Kind::boolean: return n.integer != 0 ? "True" : "False";
     case Kind::string: {
       std::string t = n.text.size() > 40 ? n.text.substr(0, 40) + "..." : n.text;

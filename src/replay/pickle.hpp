@@ -1,8 +1,9 @@
 // A small, strict reader of Python pickles (protocols 2 to 5), enough for PyTorch memory
-// snapshots: dicts, lists, tuples, sets, str, bytes, ints (up to 64 bits), floats, None, bools,
-// the memo, frames. Nothing is ever executed: GLOBAL / STACK_GLOBAL give an opaque "global"
-// node, and REDUCE / NEWOBJ / BUILD an opaque "object" node (collections.OrderedDict becomes a
-// dict). Anything else is an error naming the byte offset.
+// snapshots: dicts, lists, tuples, sets, str, bytes, ints (of any width: wider ones are kept
+// opaque), floats, None, bools, the memo, frames. Nothing is ever executed: GLOBAL /
+// STACK_GLOBAL / EXT* give an opaque "global" node, and REDUCE / NEWOBJ / BUILD an opaque
+// "object" node (collections.OrderedDict becomes a dict). Anything else is an error naming the
+// byte offset.
 #pragma once
 
 #include <cstddef>
@@ -42,15 +43,30 @@ enum class Kind : uint8_t {
 
 const char* kind_name(Kind k) noexcept;
 
+// Where an int's value lies. Pickle ints have any width: a C++ uint64_t field (a stack frame's
+// line number 2^64-1) is a 9-byte LONG1, and a value that does not matter to the reader must
+// never make the document unreadable.
+enum class IntRange : uint8_t {
+  int64,   // Node::integer is the value
+  uint64,  // 2^63 <= value < 2^64: Node::integer holds its bits
+  wider,   // beyond 64 bits: Node::integer is its sign (-1 or 1), Node::text its bytes in hex
+};
+
 using NodeId = uint32_t;
 
 struct Node {
   Kind kind = Kind::none;
   uint64_t offset = 0;  // byte offset of the opcode that created it
-  int64_t integer = 0;  // integer, boolean (0/1)
+  int64_t integer = 0;  // integer (see range), boolean (0/1)
+  IntRange range = IntRange::int64;  // integer only
   double floating = 0;
   std::string text;     // string, bytes, global
   std::vector<NodeId> items;
+
+  // The value of an int that fits the type; false for other kinds, negative values (as_uint64)
+  // and values out of range.
+  bool as_uint64(uint64_t* out) const noexcept;
+  bool as_int64(int64_t* out) const noexcept;
 };
 
 class Document {

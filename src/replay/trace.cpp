@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 
@@ -95,6 +96,9 @@ class Builder {
     for (const TraceOp& op : t_.ops) {
       if (op.type == TraceOp::Type::alloc) {
         size[op.block] = op.size;
+        if (op.size > UINT64_MAX - live) {
+          throw input_error(t_.path + ": the blocks live at once add up to more than 2^64 bytes");
+        }
         live += op.size;
         peak = std::max(peak, live);
       } else {
@@ -182,8 +186,23 @@ class SnapshotReader {
     if (v.kind != pickle::Kind::integer) {
       fail(v, where + "['" + key + "']", "expected an int, found " + doc_.describe(v));
     }
-    if (v.integer < 0) fail(v, where + "['" + key + "']", "negative value " + doc_.describe(v));
-    return static_cast<uint64_t>(v.integer);
+    uint64_t out = 0;
+    if (v.as_uint64(&out)) return out;
+    if (v.range == pickle::IntRange::wider) {
+      fail(v, where + "['" + key + "']",
+           "the value does not fit in 64 bits: " + doc_.describe(v));
+    }
+    fail(v, where + "['" + key + "']", "negative value " + doc_.describe(v));
+  }
+
+  // An int used only as a name (a stream handle): any 64-bit pattern, negative included.
+  uint64_t id(const pickle::Node& d, const char* key, const std::string& where) const {
+    const pickle::Node& v = get(d, key, where);
+    int64_t out = 0;
+    if (v.as_int64(&out)) return static_cast<uint64_t>(out);
+    uint64_t u = 0;
+    if (v.as_uint64(&u)) return u;
+    return uint(d, key, where);  // the error: not an int, or wider than 64 bits
   }
 
   std::string str(const pickle::Node& d, const char* key, const std::string& where) const {
@@ -338,8 +357,22 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
   const std::string prefix = "device_traces[" + std::to_string(t.device) + "]";
   const pickle::Node& events = doc[per_device[static_cast<size_t>(t.device)]];
   Builder b(t, true, [&path](const std::string& w) { return path + ": " + w; });
+<<<<<<< HEAD
   TorchRecording rec;
   read_torch_settings(doc, root, rec);
+=======
+  // PyTorch's reserved bytes, as sums of segment sizes; a sum past 2^63 is not a real GPU's.
+  auto sum = [&r](int64_t a, uint64_t size, int sign, const pickle::Node& at,
+                  const std::string& where) {
+    int64_t out = 0;
+    const bool overflow =
+        size > static_cast<uint64_t>(INT64_MAX) ||
+        (sign > 0 ? __builtin_add_overflow(a, static_cast<int64_t>(size), &out)
+                  : __builtin_sub_overflow(a, static_cast<int64_t>(size), &out));
+    if (overflow) r.fail(at, where, "segment sizes add up past 2^63 bytes");
+    return out;
+  };
+>>>>>>> issue10-readers
   int64_t seg_delta = 0;
   std::vector<int64_t> reserved_steps;
   for (size_t i = 0; i < events.items.size(); ++i) {
@@ -356,12 +389,13 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
       const uint64_t size = r.uint(e, "size", where_s());
       const pickle::Node* s = r.get_opt(e, "stream");
       uint64_t stream = 0;
-      if (s != nullptr) stream = r.uint(e, "stream", where_s());
+      if (s != nullptr) stream = r.id(e, "stream", where_s());
       if (is_replayed_alloc(action)) {
         b.alloc(addr, size, stream, where);
       } else {
         b.free(addr, size, stream, where);
       }
+<<<<<<< HEAD
     }
     if (action.rfind("segment_", 0) == 0) {
       const pickle::Node* s = r.get_opt(e, "stream");
@@ -376,9 +410,13 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
     }
     if (action == "segment_alloc" || action == "segment_map") {
       seg_delta += static_cast<int64_t>(r.uint(e, "size", where_s()));
+=======
+    } else if (action == "segment_alloc" || action == "segment_map") {
+      seg_delta = sum(seg_delta, r.uint(e, "size", where_s()), +1, e, where_s());
+>>>>>>> issue10-readers
       reserved_steps.push_back(seg_delta);
     } else if (action == "segment_free" || action == "segment_unmap") {
-      seg_delta -= static_cast<int64_t>(r.uint(e, "size", where_s()));
+      seg_delta = sum(seg_delta, r.uint(e, "size", where_s()), -1, e, where_s());
       reserved_steps.push_back(seg_delta);
     }
     // free_requested, snapshot, oom, ...: not replayed.
@@ -394,19 +432,40 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
     if (dev != nullptr && r.uint(seg, "device", where) != static_cast<uint64_t>(t.device)) {
       continue;
     }
+<<<<<<< HEAD
     reserved_at_end += static_cast<int64_t>(r.uint(seg, "total_size", where));
     rec.end_segments.push_back(torch_segment(r, seg, where));
+=======
+    reserved_at_end = sum(reserved_at_end, r.uint(seg, "total_size", where), +1, seg, where);
+>>>>>>> issue10-readers
     const pickle::Node& blocks = r.get(seg, "blocks", where);
     r.expect(blocks, pickle::Kind::list, where + "['blocks']");
+    // Blocks tile their segment in order; snapshots older than PyTorch 2.1 give no address.
+    std::optional<uint64_t> next_addr;
+    if (r.get_opt(seg, "address") != nullptr) next_addr = r.uint(seg, "address", where);
     for (size_t j = 0; j < blocks.items.size(); ++j) {
       const pickle::Node& blk = doc[blocks.items[j]];
       const std::string bw = where + "['blocks'][" + std::to_string(j) + "]";
       r.expect(blk, pickle::Kind::dict, bw);
+<<<<<<< HEAD
       const bool allocated = r.str(blk, "state", bw) == "active_allocated";
       const uint64_t addr = r.uint(blk, "address", bw);
       rec.end_segments.back().blocks.push_back({addr, r.uint(blk, "size", bw), allocated});
       if (!allocated) continue;
       if (!b.is_live(addr)) b.live_at_end_without_alloc(addr, r.uint(blk, "size", bw));
+=======
+      const uint64_t size = r.uint(blk, "size", bw);
+      std::optional<uint64_t> addr = next_addr;
+      if (r.get_opt(blk, "address") != nullptr) addr = r.uint(blk, "address", bw);
+      next_addr.reset();
+      if (addr && *addr <= UINT64_MAX - size) next_addr = *addr + size;
+      // Allocated, or freed by its tensor and waiting for its streams (free_completed not yet
+      // recorded): either way it holds memory at the end.
+      const std::string state = r.str(blk, "state", bw);
+      if (state != "active_allocated" && state != "active_pending_free") continue;
+      const uint64_t at = addr ? *addr : r.uint(blk, "address", bw);  // (throws: none at all)
+      if (!b.is_live(at)) b.live_at_end_without_alloc(size);
+>>>>>>> issue10-readers
     }
   }
   b.finish();
@@ -417,9 +476,18 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
   t.torch = std::move(rec);
 
   // Reserved before recording = reserved at the end minus the net change the trace recorded.
-  const int64_t reserved = reserved_at_end - seg_delta;
+  int64_t reserved = 0;
+  if (__builtin_sub_overflow(reserved_at_end, seg_delta, &reserved)) {
+    r.fail(root, "segments", "segment sizes add up past 2^63 bytes");
+  }
   int64_t peak = reserved;
-  for (int64_t step : reserved_steps) peak = std::max(peak, reserved + step);
+  for (int64_t step : reserved_steps) {
+    int64_t v = 0;
+    if (__builtin_add_overflow(reserved, step, &v)) {
+      r.fail(root, "segments", "segment sizes add up past 2^63 bytes");
+    }
+    peak = std::max(peak, v);
+  }
   t.torch_peak_reserved_bytes = static_cast<uint64_t>(std::max<int64_t>(peak, 0));
   return t;
 }

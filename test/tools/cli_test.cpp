@@ -180,7 +180,15 @@ TEST(Cli, BadInputs) {
   PickleWriter not_snapshot;
   not_snapshot.empty_list().mark().integer(1).integer(2).appends().stop();
   const std::string hdr = "Thread,Time,Action,Pointer,Size,Stream\n";
+  PickleWriter too_wide;  // an alloc of 2^64 bytes: a needed field that does not fit
+  too_wide.empty_dict().mark().str("segments").empty_list();
+  too_wide.str("device_traces").empty_list().mark().empty_list().mark();
+  too_wide.empty_dict().mark().str("action").str("alloc").str("addr").integer(4096).str("size");
+  too_wide.long4(std::string("\0\0\0\0\0\0\0\0\x01", 9)).setitems();
+  too_wide.appends().appends().setitems().stop();
   const std::vector<Case> cases = {
+      {"toowide.pickle", too_wide.bytes(),
+       ": byte 77 (device_traces[0][0]['size']): the value does not fit in 64 bits"},
       {"truncated.pickle", good.substr(0, good.size() / 2), ": byte "},
       {"corrupt.pickle", corrupt, ": byte 2: unsupported pickle opcode 0xff"},
       {"list.pickle", not_snapshot.bytes(), ": byte 2: not a PyTorch memory snapshot"},

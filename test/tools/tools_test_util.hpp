@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <string>
@@ -57,6 +58,23 @@ class PickleWriter {
       }
     }
     return op(0x8a).le(static_cast<uint64_t>(n), 1).le(u, n);
+  }
+  // An unsigned value as CPython writes it: 2^63 and above take a 9-byte LONG1.
+  PickleWriter& uinteger(uint64_t v) {
+    if (v <= static_cast<uint64_t>(INT64_MAX)) return integer(static_cast<int64_t>(v));
+    return op(0x8a).le(9, 1).le(v, 8).le(0, 1);
+  }
+  // LONG4 with these little-endian two's-complement bytes (any width).
+  PickleWriter& long4(const std::string& le_bytes) {
+    op(0x8b).le(le_bytes.size(), 4);
+    return raw(le_bytes);
+  }
+  PickleWriter& binfloat(double v) {
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof bits);
+    op('G');
+    for (int i = 7; i >= 0; --i) out_.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
+    return *this;
   }
   // Strings are memoized; a repeat is written as BINGET (as CPython does).
   PickleWriter& str(const std::string& s) {
