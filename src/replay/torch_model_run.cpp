@@ -47,6 +47,7 @@ std::optional<TorchStartState> torch_start_state(const Trace& t, const TorchSett
   for (const auto& seg : rec.end_segments) {
     if (seg.expandable) return fail("the recording used expandable segments");
     if (seg.private_pool) return fail("the recording has CUDA graph pool segments");
+    if (seg.addr == 0) return fail("the snapshot's segments have no addresses (PyTorch < 2.1)");
     segs[seg.addr] = {seg.addr, seg.size, seg.stream, seg.small, {}};
   }
   // Walk the recorded segment events backwards from the end state.

@@ -228,9 +228,10 @@ bool is_replayed_free(const std::string& a) { return a == "free_completed" || a 
 TorchRecording::Segment torch_segment(const SnapshotReader& r, const pickle::Node& seg,
                                       const std::string& where) {
   TorchRecording::Segment out;
-  out.addr = r.uint(seg, "address", where);
+  // Snapshots older than PyTorch 2.1 give no address: such a segment cannot start a model.
+  if (r.get_opt(seg, "address") != nullptr) out.addr = r.uint(seg, "address", where);
   out.size = r.uint(seg, "total_size", where);
-  if (r.get_opt(seg, "stream") != nullptr) out.stream = r.uint(seg, "stream", where);
+  if (r.get_opt(seg, "stream") != nullptr) out.stream = r.id(seg, "stream", where);
   const pickle::Node* type = r.get_opt(seg, "segment_type");
   out.small = type != nullptr && type->kind == pickle::Kind::string
                   ? type->text == "small"
@@ -357,10 +358,8 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
   const std::string prefix = "device_traces[" + std::to_string(t.device) + "]";
   const pickle::Node& events = doc[per_device[static_cast<size_t>(t.device)]];
   Builder b(t, true, [&path](const std::string& w) { return path + ": " + w; });
-<<<<<<< HEAD
   TorchRecording rec;
   read_torch_settings(doc, root, rec);
-=======
   // PyTorch's reserved bytes, as sums of segment sizes; a sum past 2^63 is not a real GPU's.
   auto sum = [&r](int64_t a, uint64_t size, int sign, const pickle::Node& at,
                   const std::string& where) {
@@ -372,7 +371,6 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
     if (overflow) r.fail(at, where, "segment sizes add up past 2^63 bytes");
     return out;
   };
->>>>>>> issue10-readers
   int64_t seg_delta = 0;
   std::vector<int64_t> reserved_steps;
   for (size_t i = 0; i < events.items.size(); ++i) {
@@ -395,13 +393,12 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
       } else {
         b.free(addr, size, stream, where);
       }
-<<<<<<< HEAD
     }
     if (action.rfind("segment_", 0) == 0) {
       const pickle::Node* s = r.get_opt(e, "stream");
       rec.events.push_back({action, b.recorded_ops(), r.uint(e, "addr", where_s()),
                             r.uint(e, "size", where_s()),
-                            s != nullptr ? r.uint(e, "stream", where_s()) : 0});
+                            s != nullptr ? r.id(e, "stream", where_s()) : 0});
     } else if (action == "oom") {
       const pickle::Node* f = r.get_opt(e, "device_free");
       const pickle::Node* sz = r.get_opt(e, "size");
@@ -409,11 +406,7 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
                           f != nullptr ? r.uint(e, "device_free", where_s()) : 0});
     }
     if (action == "segment_alloc" || action == "segment_map") {
-      seg_delta += static_cast<int64_t>(r.uint(e, "size", where_s()));
-=======
-    } else if (action == "segment_alloc" || action == "segment_map") {
       seg_delta = sum(seg_delta, r.uint(e, "size", where_s()), +1, e, where_s());
->>>>>>> issue10-readers
       reserved_steps.push_back(seg_delta);
     } else if (action == "segment_free" || action == "segment_unmap") {
       seg_delta = sum(seg_delta, r.uint(e, "size", where_s()), -1, e, where_s());
@@ -432,12 +425,8 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
     if (dev != nullptr && r.uint(seg, "device", where) != static_cast<uint64_t>(t.device)) {
       continue;
     }
-<<<<<<< HEAD
-    reserved_at_end += static_cast<int64_t>(r.uint(seg, "total_size", where));
-    rec.end_segments.push_back(torch_segment(r, seg, where));
-=======
     reserved_at_end = sum(reserved_at_end, r.uint(seg, "total_size", where), +1, seg, where);
->>>>>>> issue10-readers
+    rec.end_segments.push_back(torch_segment(r, seg, where));
     const pickle::Node& blocks = r.get(seg, "blocks", where);
     r.expect(blocks, pickle::Kind::list, where + "['blocks']");
     // Blocks tile their segment in order; snapshots older than PyTorch 2.1 give no address.
@@ -447,13 +436,6 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
       const pickle::Node& blk = doc[blocks.items[j]];
       const std::string bw = where + "['blocks'][" + std::to_string(j) + "]";
       r.expect(blk, pickle::Kind::dict, bw);
-<<<<<<< HEAD
-      const bool allocated = r.str(blk, "state", bw) == "active_allocated";
-      const uint64_t addr = r.uint(blk, "address", bw);
-      rec.end_segments.back().blocks.push_back({addr, r.uint(blk, "size", bw), allocated});
-      if (!allocated) continue;
-      if (!b.is_live(addr)) b.live_at_end_without_alloc(addr, r.uint(blk, "size", bw));
-=======
       const uint64_t size = r.uint(blk, "size", bw);
       std::optional<uint64_t> addr = next_addr;
       if (r.get_opt(blk, "address") != nullptr) addr = r.uint(blk, "address", bw);
@@ -462,10 +444,11 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
       // Allocated, or freed by its tensor and waiting for its streams (free_completed not yet
       // recorded): either way it holds memory at the end.
       const std::string state = r.str(blk, "state", bw);
-      if (state != "active_allocated" && state != "active_pending_free") continue;
+      const bool holds = state == "active_allocated" || state == "active_pending_free";
+      rec.end_segments.back().blocks.push_back({addr.value_or(0), size, holds});
+      if (!holds) continue;
       const uint64_t at = addr ? *addr : r.uint(blk, "address", bw);  // (throws: none at all)
-      if (!b.is_live(at)) b.live_at_end_without_alloc(size);
->>>>>>> issue10-readers
+      if (!b.is_live(at)) b.live_at_end_without_alloc(at, size);
     }
   }
   b.finish();
