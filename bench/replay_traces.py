@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Replays every trace under a traces folder with `expanse replay --min-capacity --json` and
-prints a Markdown table: peak live bytes, what PyTorch's caching allocator reserved for the same
-workload, expanse's peak mapped memory on the default 80 GiB device, and the smallest device on
-which expanse replays the trace with no OOM, each also as a ratio to peak live.
+"""Replays every trace under a traces folder with `expanse replay --compare --min-capacity --json`
+and prints a Markdown table: peak live bytes, what PyTorch's caching allocator reserved for the
+same workload (recorded, and by expanse's model of it, with how many of the recorded segment
+events the model reproduced), the model's and the expandable-segments model's smallest device,
+expanse's peak mapped memory on the default 80 GiB device and its smallest device, each also as a
+ratio to peak live.
 
 Builds nothing. Usage (paths relative to the repository root by default):
     bench/replay_traces.py [EXPANSE [TRACES]]      # default build/bin/expanse ../shared/traces
@@ -11,8 +13,8 @@ Builds nothing. Usage (paths relative to the repository root by default):
 Traces are *.pickle / *.pkl (PyTorch memory snapshots) and *.csv (RMM logs), searched
 recursively. When the folder holds a README.md with a table of "peak live bytes" and
 "PyTorch peak reserved bytes" per trace (as ../shared/traces/README.md does), the figures are
-checked against it (column "README"). Exit status: 0, or 1 if a replay failed or a figure
-disagrees with the README.
+checked against it (column "README"). Exit status: 0, or 1 if a replay failed, a figure
+disagrees with the README, or the PyTorch model's peak reserved is more than 2 % off the recording.
 """
 import argparse
 import json
@@ -77,7 +79,7 @@ def main():
     rows, bad = [], 0
     for t in traces:
         name = re.sub(r"\.(pickle|pkl|csv)$", "", os.path.basename(t))
-        r = subprocess.run([a.expanse, "replay", t, "--min-capacity", "--json"],
+        r = subprocess.run([a.expanse, "replay", t, "--compare", "--min-capacity", "--json"],
                            capture_output=True, text=True, env=env)
         if r.returncode != 0:
             bad += 1
@@ -93,18 +95,33 @@ def main():
             check = "ok" if ok else f"DIFFERS {expected[name]}"
             bad += 0 if ok else 1
         goal = live * 1.01 + 64 * 2**20
+        c = j["compare"]
+        agree = c["pytorch_model_agreement"]
+        err = agree["peak_reserved_error"]
+        bad += 0 if err <= 0.02 else 1
         rows.append([
             name, str(j["allocs"]), f"{live} ({gib(live)})",
             f"{torch} ({ratio(torch, live)})" if torch is not None else "-",
+            f"{agree['model_peak_reserved_bytes']} ({100 * err:.2f} %)",
+            f"{agree['reproduced_segment_events']} of {agree['recorded_segment_events']}",
+            f"{gib(c['pytorch']['min_capacity_bytes'])} ({ratio(c['pytorch']['min_capacity_bytes'], live)})",
+            f"{gib(c['pytorch_expandable']['min_capacity_bytes'])} "
+            f"({ratio(c['pytorch_expandable']['min_capacity_bytes'], live)})",
             f"{j['peak_mapped_bytes']} ({ratio(j['peak_mapped_bytes'], live)})",
             f"{j['min_capacity_bytes']} ({ratio(j['min_capacity_bytes'], live)})",
             "yes" if j["min_capacity_bytes"] <= goal else "NO",
-            str(j["ooms"]), f"{j['modeled_driver_seconds']:.2f}",
+            str(j["ooms"]),
+            f"{c['pytorch']['modeled_driver_seconds']:.2f} / "
+            f"{c['pytorch_expandable']['modeled_driver_seconds']:.2f} / "
+            f"{j['modeled_driver_seconds']:.2f}",
             f"{j['wall_seconds']:.2f}", check,
         ])
     head = ["trace", "allocs", "peak live bytes", "PyTorch peak reserved (x live)",
+            "PyTorch model peak reserved (error)", "recorded segment events reproduced",
+            "PyTorch model min capacity (x live)", "expandable segments model min capacity (x live)",
             "expanse peak mapped @80GiB (x live)", "expanse min capacity (x live)",
-            "min <= 1.01 live + 64 MiB", "OOMs @80GiB", "modeled driver s", "wall s", "README"]
+            "min <= 1.01 live + 64 MiB", "OOMs @80GiB",
+            "modeled driver s (PyTorch / expandable / expanse)", "wall s", "README"]
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
     for row in rows:
