@@ -50,9 +50,8 @@ Json row_json(const CompareRow& r, bool with_min) {
 std::string explain_text(const OomExplanation& e) {
   std::ostringstream o;
   o << "at operation " << e.op << ", asking for " << conf::format_size(e.request_bytes) << ": "
-    << conf::format_size(e.reserved_bytes) << " reserved, "
-    << conf::format_size(e.allocated_bytes) << " allocated, "
-    << conf::format_size(e.device_free_bytes) << " free on the device";
+    << conf::format_size(e.reserved_bytes) << " reserved, " << conf::format_size(e.allocated_bytes)
+    << " allocated, " << conf::format_size(e.device_free_bytes) << " free on the device";
   if (e.largest_free_block_bytes) {
     o << ", largest free block " << conf::format_size(*e.largest_free_block_bytes);
   }
@@ -67,8 +66,7 @@ std::string explain_text(const OomExplanation& e) {
 
 }  // namespace
 
-Json compare_json(const CompareReport& c, uint64_t peak_live) {
-  (void)peak_live;
+Json compare_json(const CompareReport& c) {
   const bool with_min = c.pytorch.min_capacity_bytes.has_value();
   Json j;
   j["capacity_bytes"] = c.capacity;
@@ -106,9 +104,9 @@ Json compare_json(const CompareReport& c, uint64_t peak_live) {
 std::string compare_text(const CompareReport& c, uint64_t peak_live) {
   std::ostringstream o;
   const bool with_min = c.pytorch.min_capacity_bytes.has_value();
-  o << "\nside by side on " << conf::format_size(c.capacity) << "; PyTorch settings: "
-    << (c.settings.to_conf().empty() ? "defaults" : c.settings.to_conf()) << " (from "
-    << c.settings_source << ")\n";
+  o << "\nside by side on " << conf::format_size(c.capacity)
+    << "; PyTorch settings: " << (c.settings.to_conf().empty() ? "defaults" : c.settings.to_conf())
+    << " (from " << c.settings_source << ")\n";
   char line[512];
   std::snprintf(line, sizeof line, "%-36s %14s %8s %6s %10s %14s %13s %10s\n", "allocator",
                 "peak reserved", "x live", "OOMs", "first OOM", "min capacity", "driver calls",
@@ -119,21 +117,23 @@ std::string compare_text(const CompareReport& c, uint64_t peak_live) {
                           : fixed(static_cast<double>(v) / static_cast<double>(peak_live), 3);
   };
   auto row = [&](const char* name, const CompareRow& r) {
-    std::snprintf(line, sizeof line, "%-36s %14s %8s %6llu %10s %14s %13llu %10s\n", name,
-                  conf::format_size(r.peak_reserved_bytes).c_str(),
-                  x_live(r.peak_reserved_bytes).c_str(), static_cast<unsigned long long>(r.ooms),
-                  r.first_oom_op ? std::to_string(*r.first_oom_op).c_str() : "-",
-                  with_min && r.min_capacity_bytes ? conf::format_size(*r.min_capacity_bytes).c_str() : "-",
-                  static_cast<unsigned long long>(r.driver_calls_total),
-                  fixed(r.modeled_driver_seconds, 3).c_str());
+    std::snprintf(
+        line, sizeof line, "%-36s %14s %8s %6llu %10s %14s %13llu %10s\n", name,
+        conf::format_size(r.peak_reserved_bytes).c_str(), x_live(r.peak_reserved_bytes).c_str(),
+        static_cast<unsigned long long>(r.ooms),
+        r.first_oom_op ? std::to_string(*r.first_oom_op).c_str() : "-",
+        with_min && r.min_capacity_bytes ? conf::format_size(*r.min_capacity_bytes).c_str() : "-",
+        static_cast<unsigned long long>(r.driver_calls_total),
+        fixed(r.modeled_driver_seconds, 3).c_str());
     o << line;
   };
   if (c.recorded_peak_reserved_bytes) {
-    std::snprintf(line, sizeof line, "%-36s %14s %8s %6zu %10s %14s %13s %10s\n",
-                  "PyTorch (recorded)", conf::format_size(*c.recorded_peak_reserved_bytes).c_str(),
-                  x_live(*c.recorded_peak_reserved_bytes).c_str(), c.recorded_ooms.size(),
-                  c.recorded_ooms.empty() ? "-" : std::to_string(c.recorded_ooms.front().op).c_str(),
-                  "-", "-", "-");
+    std::snprintf(
+        line, sizeof line, "%-36s %14s %8s %6zu %10s %14s %13s %10s\n", "PyTorch (recorded)",
+        conf::format_size(*c.recorded_peak_reserved_bytes).c_str(),
+        x_live(*c.recorded_peak_reserved_bytes).c_str(), c.recorded_ooms.size(),
+        c.recorded_ooms.empty() ? "-" : std::to_string(c.recorded_ooms.front().op).c_str(), "-",
+        "-", "-");
     o << line;
   }
   row("PyTorch (model)", c.pytorch);
@@ -154,7 +154,8 @@ std::string compare_text(const CompareReport& c, uint64_t peak_live) {
   }
   for (const auto& cv : a.caveats) o << "  note: " << cv << "\n";
   for (const auto& e : c.recorded_ooms) o << "OOM (recorded) " << explain_text(e) << "\n";
-  if (c.pytorch.first_oom) o << "OOM (PyTorch model) " << explain_text(*c.pytorch.first_oom) << "\n";
+  if (c.pytorch.first_oom)
+    o << "OOM (PyTorch model) " << explain_text(*c.pytorch.first_oom) << "\n";
   if (c.pytorch_expandable.first_oom) {
     o << "OOM (expandable segments model) " << explain_text(*c.pytorch_expandable.first_oom)
       << "\n";

@@ -9,7 +9,7 @@
 
 namespace expanse::tools {
 
-nlohmann::ordered_json compare_json(const replay::CompareReport& c, uint64_t peak_live);
+nlohmann::ordered_json compare_json(const replay::CompareReport& c);
 std::string compare_text(const replay::CompareReport& c, uint64_t peak_live);
 
 }  // namespace expanse::tools

@@ -139,7 +139,7 @@ int cmd_replay(const ReplayArgs& a) {
   const uint64_t live = rep.trace.peak_live_bytes;
   if (a.json) {
     nlohmann::ordered_json j = replay_json(rep);
-    if (cmp) j["compare"] = compare_json(*cmp, live);
+    if (cmp) j["compare"] = compare_json(*cmp);
     print_json(j);
   } else {
     std::cout << replay_text(rep);

@@ -150,10 +150,14 @@ CompareReport make_compare_report(const ReplayReport& rep, const api::Config& co
       e.op = o2.op;
       e.request_bytes = o2.size;
       const uint64_t before = o2.op == 0 ? 0 : o2.op - 1;
-      e.allocated_bytes = o2.op == 0 || live.empty() ? 0 : live[std::min<uint64_t>(before, live.size() - 1)];
-      e.reserved_bytes = recorded.empty() || o2.op == 0 ? 0 : recorded[std::min<uint64_t>(before, recorded.size() - 1)];
+      e.allocated_bytes =
+          o2.op == 0 || live.empty() ? 0 : live[std::min<uint64_t>(before, live.size() - 1)];
+      e.reserved_bytes = recorded.empty() || o2.op == 0
+                             ? 0
+                             : recorded[std::min<uint64_t>(before, recorded.size() - 1)];
       e.device_free_bytes = o2.device_free;
-      const uint64_t cached = e.reserved_bytes > e.allocated_bytes ? e.reserved_bytes - e.allocated_bytes : 0;
+      const uint64_t cached =
+          e.reserved_bytes > e.allocated_bytes ? e.reserved_bytes - e.allocated_bytes : 0;
       e.fragmentation = e.device_free_bytes + cached >= e.request_bytes;
       c.recorded_ooms.push_back(e);
     }
@@ -180,7 +184,8 @@ std::string compare_headline(const CompareReport& c) {
   std::string verb = min ? "needs at least " : "reserves ";
   return "PyTorch " + verb + need(c.pytorch) + " for this workload, expandable segments " +
          need(c.pytorch_expandable) + ", expanse " + need(c.expanse) +
-         (min ? " (smallest devices with no OOM)" : " (peak reserved; --min-capacity for the smallest devices)");
+         (min ? " (smallest devices with no OOM)"
+              : " (peak reserved; --min-capacity for the smallest devices)");
 }
 
 }  // namespace expanse::replay

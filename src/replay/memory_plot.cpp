@@ -73,8 +73,8 @@ std::string memory_plot_svg(const PlotSpec& spec) {
   auto Y = [&](double bytes) { return kPlotBottom - bytes / kGiB / ytop * plot_h; };
 
   std::ostringstream s;
-  s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\""
-    << kHeight << "\" viewBox=\"0 0 " << kWidth << " " << kHeight
+  s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\"" << kHeight
+    << "\" viewBox=\"0 0 " << kWidth << " " << kHeight
     << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   s << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   s << "<text x=\"" << kWidth / 2 << "\" y=\"28\" text-anchor=\"middle\" font-size=\"16\">"
@@ -95,8 +95,8 @@ std::string memory_plot_svg(const PlotSpec& spec) {
   for (double v = 0; v <= xmax + xstep / 2; v += xstep) {
     s << "<line x1=\"" << num(X(v)) << "\" y1=\"" << kPlotBottom << "\" x2=\"" << num(X(v))
       << "\" y2=\"" << kPlotBottom + 5 << "\" stroke=\"#333\"/>\n";
-    s << "<text x=\"" << num(X(v)) << "\" y=\"" << kPlotBottom + 18
-      << "\" text-anchor=\"middle\">" << static_cast<uint64_t>(v) << "</text>\n";
+    s << "<text x=\"" << num(X(v)) << "\" y=\"" << kPlotBottom + 18 << "\" text-anchor=\"middle\">"
+      << static_cast<uint64_t>(v) << "</text>\n";
   }
   s << "<text x=\"" << kLeft + plot_w / 2 << "\" y=\"" << kPlotBottom + 36
     << "\" text-anchor=\"middle\">" << escape(spec.x_label) << "</text>\n</g>\n";
@@ -124,8 +124,9 @@ std::string memory_plot_svg(const PlotSpec& spec) {
       << "/>\n";
   }
   if (capacity_on_scale) {
-    s << "<line class=\"capacity\" x1=\"" << kLeft << "\" y1=\"" << num(Y(static_cast<double>(*spec.capacity)))
-      << "\" x2=\"" << kWidth - kRight << "\" y2=\"" << num(Y(static_cast<double>(*spec.capacity)))
+    s << "<line class=\"capacity\" x1=\"" << kLeft << "\" y1=\""
+      << num(Y(static_cast<double>(*spec.capacity))) << "\" x2=\"" << kWidth - kRight << "\" y2=\""
+      << num(Y(static_cast<double>(*spec.capacity)))
       << "\" stroke=\"#d62728\" stroke-width=\"1.5\" stroke-dasharray=\"2,3\"/>\n";
   }
   for (const PlotMark& m : spec.marks) {
@@ -158,11 +159,13 @@ std::string memory_plot_svg(const PlotSpec& spec) {
     std::snprintf(buf, sizeof buf, "capacity %.2f GiB%s",
                   static_cast<double>(*spec.capacity) / kGiB,
                   capacity_on_scale ? "" : " (off the scale)");
-    entry(buf, "<line x1=\"0\" y1=\"0\" x2=\"26\" y2=\"0\" stroke=\"#d62728\" stroke-width=\"1.5\" "
-               "stroke-dasharray=\"2,3\"/>");
+    entry(buf,
+          "<line x1=\"0\" y1=\"0\" x2=\"26\" y2=\"0\" stroke=\"#d62728\" stroke-width=\"1.5\" "
+          "stroke-dasharray=\"2,3\"/>");
   }
   if (!spec.marks.empty()) {
-    entry("first OOM", "<path d=\"M7,-6 l12,12 M7,6 l12,-12\" stroke=\"#d62728\" stroke-width=\"2.5\"/>");
+    entry("first OOM",
+          "<path d=\"M7,-6 l12,12 M7,6 l12,-12\" stroke=\"#d62728\" stroke-width=\"2.5\"/>");
   }
   s << "</g>\n</svg>\n";
   return s.str();
@@ -176,8 +179,8 @@ std::string compare_plot_svg(const CompareReport& c, const std::string& title) {
   const auto& s = c.series;
   p.lines.push_back({"live bytes", "#9e9e9e", &s.live, false, true});
   p.lines.push_back({"PyTorch reserved (model)", "#1f77b4", &s.pytorch_reserved, false, false});
-  p.lines.push_back({"PyTorch expandable_segments:True (model)", "#ff7f0e",
-                     &s.expandable_reserved, false, false});
+  p.lines.push_back({"PyTorch expandable_segments:True (model)", "#ff7f0e", &s.expandable_reserved,
+                     false, false});
   p.lines.push_back({"expanse mapped", "#2ca02c", &s.expanse_mapped, false, false});
   // Last, dashed, so that it shows where the model lies exactly on it.
   p.lines.push_back({"PyTorch reserved (recorded)", "#222222", &s.recorded_reserved, true, false});

@@ -13,7 +13,7 @@ namespace expanse::replay {
 
 struct PlotLine {
   std::string label;
-  std::string color;  // an SVG colour ("#1f77b4")
+  std::string color;                             // an SVG colour ("#1f77b4")
   const std::vector<uint64_t>* bytes = nullptr;  // one value per operation
   bool dashed = false;
   bool filled = false;  // an area down to zero (live bytes)

@@ -119,8 +119,8 @@ uint64_t TorchCachingModel::fresh_address(uint64_t size) {
   return a;
 }
 
-bool TorchCachingModel::add_segment(uint64_t addr, uint64_t size, uint64_t stream,
-                                    bool small_pool, const std::vector<LiveBlock>& live) {
+bool TorchCachingModel::add_segment(uint64_t addr, uint64_t size, uint64_t stream, bool small_pool,
+                                    const std::vector<LiveBlock>& live) {
   uint64_t cursor = addr;
   for (const LiveBlock& l : live) {
     if (l.addr < cursor || l.size == 0 || l.addr + l.size > addr + size || live_.count(l.id)) {
@@ -186,8 +186,8 @@ bool TorchCachingModel::get_free_block(Pool& pool, uint64_t stream, uint64_t siz
   return true;
 }
 
-bool TorchCachingModel::alloc_block(Pool& pool, uint64_t stream, uint64_t size,
-                                    uint64_t alloc_size, Block** out) {
+bool TorchCachingModel::alloc_block(Pool& pool, uint64_t stream, uint64_t size, uint64_t alloc_size,
+                                    Block** out) {
   if (s_.memory_fraction > 0 && reserved_ + alloc_size > allowed_) return false;
   if (s_.expandable_segments) {
     *out = try_allocate_expandable(pool, stream, size);
@@ -397,12 +397,14 @@ void TorchCachingModel::release_cached_blocks() {
 void TorchCachingModel::empty_cache() { release_cached_blocks(); }
 
 void TorchCachingModel::garbage_collect() {
-  const auto threshold = static_cast<uint64_t>(s_.garbage_collection_threshold *
-                                               static_cast<double>(allowed_));
+  const auto threshold =
+      static_cast<uint64_t>(s_.garbage_collection_threshold * static_cast<double>(allowed_));
   if (reserved_ <= threshold) return;
   const uint64_t target = reserved_ - threshold;
   Pool& pool = *large_;
-  auto age = [&pool](const Block* b) { return static_cast<uint64_t>(pool.get_free_calls - b->gc_base); };
+  auto age = [&pool](const Block* b) {
+    return static_cast<uint64_t>(pool.get_free_calls - b->gc_base);
+  };
   uint64_t total_age = 0;
   uint64_t count = 0;
   for (const Block* b : pool.blocks) {
@@ -494,8 +496,7 @@ uint64_t TorchCachingModel::largest_free_block() const {
   return m;
 }
 
-void TorchCachingModel::note_oom(uint64_t size, uint64_t rounded, Pool& pool) {
-  (void)pool;
+void TorchCachingModel::note_oom(uint64_t size, uint64_t rounded) {
   ++ooms_;
   if (first_oom_) return;
   TorchOom o;
@@ -527,7 +528,7 @@ bool TorchCachingModel::malloc(uint32_t id, uint64_t size, uint64_t stream) {
     }
   }
   if (!found) {
-    note_oom(size, rounded, pool);
+    note_oom(size, rounded);
     return false;
   }
   live_[id] = split_and_take(pool, b, rounded, should_split(b, rounded));

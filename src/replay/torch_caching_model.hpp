@@ -45,11 +45,11 @@ const char* segment_event_name(TorchSegmentEvent::Kind k) noexcept;
 // The moment an allocation failed: what the device and the allocator held then.
 struct TorchOom {
   uint64_t op = 0;
-  uint64_t request = 0;          // bytes asked for (the trace's size)
-  uint64_t rounded = 0;          // after rounding
-  uint64_t reserved = 0;         // the allocator's segments (or mapped pages)
-  uint64_t allocated = 0;        // in live blocks
-  uint64_t device_free = 0;      // capacity - reserved
+  uint64_t request = 0;             // bytes asked for (the trace's size)
+  uint64_t rounded = 0;             // after rounding
+  uint64_t reserved = 0;            // the allocator's segments (or mapped pages)
+  uint64_t allocated = 0;           // in live blocks
+  uint64_t device_free = 0;         // capacity - reserved
   uint64_t largest_free_block = 0;  // largest cached free block after the release-and-retry
   // Fragmentation: capacity - allocated would hold the request, but no block or new segment
   // could; otherwise exhaustion (live memory alone leaves no room).
@@ -58,7 +58,7 @@ struct TorchOom {
 
 class TorchCachingModel {
  public:
-  // capacity: device bytes. Addresses of new cudaMalloc segments come from `segment_address`
+  // capacity: device bytes. Addresses of new cudaMalloc segments come from the address source
   // when set (e.g. the ones a recording used), else from a bump allocator far from them.
   TorchCachingModel(const TorchSettings& settings, uint64_t capacity);
   ~TorchCachingModel();
@@ -109,8 +109,7 @@ class TorchCachingModel {
   Block* new_block();
   void delete_block(Block* b);
   bool get_free_block(Pool& pool, uint64_t stream, uint64_t size, Block** out);
-  bool alloc_block(Pool& pool, uint64_t stream, uint64_t size, uint64_t alloc_size,
-                   Block** out);
+  bool alloc_block(Pool& pool, uint64_t stream, uint64_t size, uint64_t alloc_size, Block** out);
   Block* try_allocate_expandable(Pool& pool, uint64_t stream, uint64_t size);
   Block* find_expandable(Pool& pool, uint64_t stream, uint64_t size);
   bool map_block(Block* b, uint64_t size);
@@ -127,7 +126,7 @@ class TorchCachingModel {
   void free_block(Block* b);
   void event(TorchSegmentEvent::Kind k, uint64_t addr, uint64_t size);
   uint64_t fresh_address(uint64_t size);
-  void note_oom(uint64_t size, uint64_t rounded, Pool& pool);
+  void note_oom(uint64_t size, uint64_t rounded);
 
   TorchSettings s_;
   DeviceMemory mem_;

@@ -4,8 +4,8 @@ namespace expanse::replay {
 
 using driver::EntryPoint;
 
-TorchExpandableSegment::TorchExpandableSegment(uint64_t base, uint64_t page,
-                                               uint64_t device_bytes, uint64_t stream)
+TorchExpandableSegment::TorchExpandableSegment(uint64_t base, uint64_t page, uint64_t device_bytes,
+                                               uint64_t stream)
     : base_(base), page_(page), stream_(stream) {
   const uint64_t va = device_bytes + device_bytes / 8;  // room to move pages to the end
   max_pages_ = (va + page - 1) / page;
@@ -39,8 +39,7 @@ uint64_t TorchExpandableSegment::map(uint64_t ptr, uint64_t size, DeviceMemory& 
 }
 
 TorchExpandableSegment::Range TorchExpandableSegment::unmap(uint64_t ptr, uint64_t size,
-                                                            DeviceMemory& mem,
-                                                            DriverTally& calls) {
+                                                            DeviceMemory& mem, DriverTally& calls) {
   const uint64_t begin = (ptr - base_ + page_ - 1) / page_;
   const uint64_t end = (ptr - base_ + size) / page_;
   if (begin >= end) return {ptr, 0};

@@ -186,8 +186,9 @@ TorchAgreement check_torch_model(const Trace& t, const TorchSettings& s) {
                         (rec.settings_error.empty() ? "" : " (" + rec.settings_error + ")"));
   }
   if (t.streams.size() > 1) {
-    a.caveats.push_back("several streams: blocks used on other streams (record_stream) free "
-                        "later than recorded, and other threads' operations interleave");
+    a.caveats.push_back(
+        "several streams: blocks used on other streams (record_stream) free "
+        "later than recorded, and other threads' operations interleave");
   }
   if (!rec.ooms.empty()) {
     a.caveats.push_back("the recording has " + std::to_string(rec.ooms.size()) +
@@ -223,9 +224,10 @@ TorchAgreement check_torch_model(const Trace& t, const TorchSettings& s) {
     bool frees = false;
     for (const auto& e : rec.events) frees = frees || e.action == "segment_free";
     if (frees) {
-      a.caveats.push_back("recorded segment_free events can come from torch.cuda.empty_cache() "
-                          "or a cudaMalloc that failed on the real device, neither of which the "
-                          "trace records");
+      a.caveats.push_back(
+          "recorded segment_free events can come from torch.cuda.empty_cache() "
+          "or a cudaMalloc that failed on the real device, neither of which the "
+          "trace records");
     }
   }
   return a;

@@ -41,8 +41,8 @@ struct TorchRunOptions {
   // not fit the capacity are left out (PyTorch would have released them before failing).
   const TorchStartState* start = nullptr;
   bool stop_at_first_oom = false;
-  bool record_reserved = false;           // reserved_after_op
-  bool record_events = true;              // segment_events
+  bool record_reserved = false;  // reserved_after_op
+  bool record_events = true;     // segment_events
   // Hand new cudaMalloc segments the addresses the recording gave segments of their size (in
   // recorded order), so that best fit breaks ties between equal blocks as the real one did.
   bool recorded_addresses = false;

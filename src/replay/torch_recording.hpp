@@ -30,15 +30,15 @@ struct TorchRecording {
     uint64_t addr = 0;
     uint64_t size = 0;
     uint64_t stream = 0;
-    bool small = false;          // segment_type "small" (else large)
-    bool expandable = false;     // is_expandable
-    bool private_pool = false;   // segment_pool_id other than (0, 0): a CUDA graph pool
+    bool small = false;         // segment_type "small" (else large)
+    bool expandable = false;    // is_expandable
+    bool private_pool = false;  // segment_pool_id other than (0, 0): a CUDA graph pool
     std::vector<Block> blocks;
   };
   struct Preexisting {
     uint32_t block = 0;  // Trace block id
     uint64_t addr = 0;
-    uint64_t size = 0;   // block size (live at the end) or requested size (freed in the trace)
+    uint64_t size = 0;  // block size (live at the end) or requested size (freed in the trace)
     bool live_at_end = false;
   };
   struct Oom {

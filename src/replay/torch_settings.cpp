@@ -56,7 +56,8 @@ class Tokens {
   }
   void expect(const char* tok, const std::string& after) {
     std::string got = next(tok);
-    if (got != tok) bad("expected '" + std::string(tok) + "' after '" + after + "', found '" + got + "'");
+    if (got != tok)
+      bad("expected '" + std::string(tok) + "' after '" + after + "', found '" + got + "'");
   }
 
  private:

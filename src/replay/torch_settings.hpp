@@ -27,7 +27,8 @@ struct TorchSettings {
   uint64_t max_non_split_rounding = kLargeBuffer;                  // max_non_split_rounding_mb
   double garbage_collection_threshold = 0;  // only acts with a memory fraction set
   double memory_fraction = 0;               // per_process_memory_fraction; 0: not set
-  // Divisions per power-of-two interval: [0] sizes < 2 MiB, [i] [2^(20+i), 2^(21+i)), [15] the rest.
+  // Divisions per power-of-two interval: [0] sizes < 2 MiB, [i] [2^(20+i), 2^(21+i)), [15] the
+  // rest.
   std::array<uint64_t, kRoundupIntervals> roundup_power2_divisions{};
   bool expandable_segments = false;
 

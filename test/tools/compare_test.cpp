@@ -27,7 +27,9 @@ std::string small_snapshot(TempDir& dir) {
   return dir.write(
       "snap.pickle",
       snapshot_pickle({{0, 0x10000000, 20 * MiB, {{0x10000000, 20 * MiB, "inactive"}}},
-                       {0, 0x20000000, 2 * MiB,
+                       {0,
+                        0x20000000,
+                        2 * MiB,
                         {{0x20000000, 4096}, {0x20001000, 2 * MiB - 4096, "inactive"}}}},
                       {{{"segment_alloc", 0x10000000, 20 * MiB},
                         {"alloc", 0x10000000, 3 * MiB},

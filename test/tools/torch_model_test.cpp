@@ -59,9 +59,9 @@ TEST(TorchSettings, ParsesAllocConf) {
   EXPECT_EQ(s.roundup_power2_divisions[15], 8u);
   EXPECT_EQ(parse_torch_conf("max_split_size_mb:5").max_split_size, 20 * MiB);  // raised to 20
   EXPECT_EQ(parse_torch_conf("roundup_power2_divisions:4").roundup_power2_divisions[7], 4u);
-  for (const char* bad : {"foo:1", "max_split_size_mb:x", "expandable_segments:yes",
-                          "roundup_power2_divisions:3", "garbage_collection_threshold:1.5",
-                          "backend:cudaMallocAsync", "max_split_size_mb"}) {
+  for (const char* bad :
+       {"foo:1", "max_split_size_mb:x", "expandable_segments:yes", "roundup_power2_divisions:3",
+        "garbage_collection_threshold:1.5", "backend:cudaMallocAsync", "max_split_size_mb"}) {
     EXPECT_THROW(parse_torch_conf(bad), std::invalid_argument) << bad;
   }
   try {
@@ -84,7 +84,7 @@ TEST(TorchCachingModel, SmallRequestsShareTwoMiBSegments) {
   EXPECT_EQ(m.reserved(), 4 * MiB);
   EXPECT_EQ(m.allocated(), 4 * 512 * KiB + 512);
   EXPECT_EQ(events(m), (std::vector<std::pair<Kind, uint64_t>>{{Kind::segment_alloc, 2 * MiB},
-                                                                {Kind::segment_alloc, 2 * MiB}}));
+                                                               {Kind::segment_alloc, 2 * MiB}}));
 }
 
 TEST(TorchCachingModel, MidSizeRequestsSplitTwentyMiBSegments) {
@@ -134,8 +134,8 @@ TEST(TorchCachingModel, ReleasesCachedSegmentsAndRetriesBeforeAnOom) {
   ASSERT_TRUE(m.malloc(1, 16 * MiB, 0));  // cudaMalloc fails; the cached 12 MiB goes; retry
   EXPECT_EQ(m.oom_count(), 0u);
   EXPECT_EQ(events(m), (std::vector<std::pair<Kind, uint64_t>>{{Kind::segment_alloc, 12 * MiB},
-                                                                {Kind::segment_free, 12 * MiB},
-                                                                {Kind::segment_alloc, 16 * MiB}}));
+                                                               {Kind::segment_free, 12 * MiB},
+                                                               {Kind::segment_alloc, 16 * MiB}}));
   EXPECT_EQ(m.peak_reserved(), 16 * MiB);
   EXPECT_EQ(m.driver_calls().by_name().at("cudaMalloc"), 3u);  // one failed
   EXPECT_EQ(m.driver_calls().by_name().at("cudaFree"), 1u);
@@ -196,7 +196,7 @@ TEST(TorchExpandableModel, GrowsOneSegmentByPages) {
   ASSERT_TRUE(m.malloc(2, 30 * MiB, 0));  // the 14 MiB tail plus one more page
   EXPECT_EQ(m.reserved(), 40 * MiB);
   EXPECT_EQ(events(m), (std::vector<std::pair<Kind, uint64_t>>{{Kind::segment_map, 20 * MiB},
-                                                                {Kind::segment_map, 20 * MiB}}));
+                                                               {Kind::segment_map, 20 * MiB}}));
   const auto& calls = m.driver_calls().by_name();
   EXPECT_EQ(calls.at("cuMemAddressReserve"), 1u);
   EXPECT_EQ(calls.at("cuMemCreate"), 2u);
