@@ -87,6 +87,7 @@ int cmd_stress(const StressArgs& a) {
 struct ReplayArgs {
   std::string file, capacity;
   bool min_capacity = false;
+  int repeat = 1;
   int device = -1;
   bool json = false;
   bool compare = false;
@@ -99,6 +100,7 @@ int cmd_replay(const ReplayArgs& a) {
   req.device = a.device;
   req.conf = api::parse_config(conf::from_environment());
   req.min_capacity = a.min_capacity;
+  req.repeat = a.repeat;
   const size_t g = replay::replay_granularity(req.conf);
   req.capacity = size_t{80} << 30;
   if (!a.capacity.empty()) {
@@ -106,6 +108,10 @@ int cmd_replay(const ReplayArgs& a) {
     if (req.capacity == 0) {
       throw usage_error("replay: --capacity " + a.capacity +
                         " is less than one page of " + conf::format_size(g));
+    }
+    if (req.capacity > replay::kMaxReplayCapacity) {
+      throw usage_error("replay: --capacity " + a.capacity + " is more than replay models (" +
+                        conf::format_size(replay::kMaxReplayCapacity) + ")");
     }
   }
 
@@ -201,6 +207,11 @@ int run(int argc, char** argv) {
                          "Snapshot device to replay (default: the one with most allocations)")
       ->type_name("N")
       ->check(CLI::NonNegativeNumber);
+  replay_cmd->add_option("--repeat", ra.repeat,
+                         "Replay the trace N times back to back on the same allocator, freeing "
+                         "what each pass leaves live (default 1)")
+      ->type_name("N")
+      ->check(CLI::Range(1, 1000));
   replay_cmd->add_flag("--json", ra.json, "Print one JSON object");
   replay_cmd->add_flag("--compare", ra.compare,
                        "Also run models of PyTorch's caching allocator (plain and with "

@@ -87,6 +87,7 @@ Json replay_json(const ReplayReport& r) {
   j["ooms"] = p.ooms;
   if (p.ooms != 0) {
     j["first_oom_op"] = p.first_oom_op;
+    if (p.passes.size() > 1) j["first_oom_pass"] = p.first_oom_pass;
     j["first_oom"] = p.first_oom;
   }
   j["peak_mapped_bytes"] = p.stats.peak_mapped_bytes;
@@ -99,6 +100,14 @@ Json replay_json(const ReplayReport& r) {
   j["driver_calls"] = driver_calls_json(p.stats);
   j["driver_calls_total"] = p.stats.total_driver_calls();
   j["modeled_driver_seconds"] = p.stats.modeled_driver_ns * 1e-9;
+  j["passes"] = Json::array();
+  for (const replay::PassResult& pass : p.passes) {
+    j["passes"].push_back({{"ooms", pass.ooms},
+                           {"driver_calls_total", pass.driver_calls_total},
+                           {"modeled_driver_seconds", pass.modeled_driver_seconds},
+                           {"peak_physical_bytes", pass.peak_physical_bytes},
+                           {"peak_mapped_bytes", pass.peak_mapped_bytes}});
+  }
   if (r.min_capacity) {
     const MinCapacity& m = *r.min_capacity;
     j["min_capacity_bytes"] = m.bytes;
@@ -142,10 +151,24 @@ std::string replay_text(const ReplayReport& r) {
   o << "expanse      peak mapped " << bytes_text(p.stats.peak_mapped_bytes)
     << ratio_text(p.stats.peak_mapped_bytes, live) << "\n";
   o << "OOMs         " << p.ooms;
-  if (p.ooms != 0) o << " (first at operation " << p.first_oom_op << ": " << p.first_oom << ")";
+  if (p.ooms != 0) {
+    o << " (first at operation " << p.first_oom_op;
+    if (p.passes.size() > 1) o << " of pass " << p.first_oom_pass;
+    o << ": " << p.first_oom << ")";
+  }
   o << "\n";
   o << "driver       " << calls_text(p.stats) << ", modeled "
     << fixed(p.stats.modeled_driver_ns * 1e-9, 3) << " s\n";
+  if (p.passes.size() > 1) {
+    for (size_t i = 0; i < p.passes.size(); ++i) {
+      const replay::PassResult& pass = p.passes[i];
+      std::string label = "pass " + std::to_string(i + 1);
+      label.resize(std::max<size_t>(label.size() + 1, 13), ' ');
+      o << label << pass.driver_calls_total << " driver calls, modeled "
+        << fixed(pass.modeled_driver_seconds, 3) << " s, peak physical "
+        << conf::format_size(pass.peak_physical_bytes) << ", " << pass.ooms << " OOMs\n";
+    }
+  }
   if (r.min_capacity) {
     const MinCapacity& m = *r.min_capacity;
     o << "min capacity " << bytes_text(m.bytes) << ratio_text(m.bytes, live) << " ("

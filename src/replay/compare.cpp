@@ -138,8 +138,15 @@ CompareReport make_compare_report(const ReplayReport& rep, const api::Config& co
     c.expanse.first_oom_message = r.first_oom;
   }
   if (rep.min_capacity) c.expanse.min_capacity_bytes = rep.min_capacity->bytes;
-  c.expanse.driver_calls_total = r.stats.total_driver_calls();
-  c.expanse.modeled_driver_seconds = r.stats.modeled_driver_ns * 1e-9;
+  // With --repeat, the first pass: what the models are compared with.
+  if (!r.passes.empty()) {
+    c.expanse.peak_reserved_bytes = r.passes.front().peak_physical_bytes;
+    c.expanse.driver_calls_total = r.passes.front().driver_calls_total;
+    c.expanse.modeled_driver_seconds = r.passes.front().modeled_driver_seconds;
+  } else {
+    c.expanse.driver_calls_total = r.stats.total_driver_calls();
+    c.expanse.modeled_driver_seconds = r.stats.modeled_driver_ns * 1e-9;
+  }
 
   // The snapshot's own OOMs, explained from the recorded reserved memory and live bytes.
   std::vector<uint64_t> live = live_series(t);
@@ -169,7 +176,7 @@ CompareReport make_compare_report(const ReplayReport& rep, const api::Config& co
     c.series.pytorch_reserved = std::move(pt.reserved_after_op);
     c.series.expandable_reserved = std::move(ex.reserved_after_op);
     c.series.expanse_mapped =
-        replay_trace(t, conf, r.capacity, false, {}, /*record_mapped=*/true).mapped_after_op;
+        replay_trace(t, conf, r.capacity, false, {}, 1, /*record_mapped=*/true).mapped_after_op;
   }
   c.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return c;

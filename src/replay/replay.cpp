@@ -30,9 +30,14 @@ size_t replay_granularity(const api::Config& conf) {
 }
 
 ReplayResult replay_trace(const Trace& t, const api::Config& conf, size_t capacity,
-                          bool stop_at_first_oom, const ReplayProgress& progress,
+                          bool stop_at_first_oom, const ReplayProgress& progress, int passes,
                           bool record_mapped) {
   const auto t0 = Clock::now();
+  if (capacity > kMaxReplayCapacity) {
+    throw usage_error("replay: a device of " + conf::format_size(capacity) +
+                      " is more than replay models (at most " +
+                      conf::format_size(kMaxReplayCapacity) + ")");
+  }
   sim::SimConfig cfg = sim::sim_config_from_string(conf.text);
   cfg.devices = 1;
   cfg.capacity = capacity;
@@ -41,45 +46,82 @@ ReplayResult replay_trace(const Trace& t, const api::Config& conf, size_t capaci
 
   ReplayResult r;
   r.capacity = capacity;
+  passes = std::max(passes, 1);
+  const uint64_t total = t.ops.size() * static_cast<uint64_t>(passes);
   {
     DeviceStreams streams(*drv, 0, t.streams);
     core::DeviceAllocator alloc(*drv, 0, api::options_for_device(conf, capacity));
     r.page_size = alloc.page_size();
     std::vector<void*> ptr(t.blocks, nullptr);
-    const uint64_t total = t.ops.size();
-    for (uint64_t i = 0; i < total; ++i) {
-      const TraceOp& op = t.ops[i];
-      if (op.type == TraceOp::Type::alloc) {
-        std::string failure;
-        try {
-          ptr[op.block] = alloc.allocate(op.size, streams[op.stream]);
-        } catch (const out_of_memory& e) {
-          failure = e.what();
-        } catch (const usage_error& e) {  // a size no device can hold: an OOM too
-          failure = e.what();
-        }
-        if (!failure.empty()) {
-          if (r.ooms++ == 0) {
-            r.first_oom_op = i;
-            r.first_oom = failure;
+    std::vector<uint32_t> stream_of(passes > 1 ? t.blocks : 0, 0);  // each block's alloc stream
+    core::DeviceStats peaks;  // the highest of each pass's peaks
+    bool stopped = false;
+    for (int pass = 1; pass <= passes && !stopped; ++pass) {
+      const core::DeviceStats before = alloc.stats();
+      PassResult pr;
+      for (uint64_t i = 0; i < t.ops.size(); ++i) {
+        const TraceOp& op = t.ops[i];
+        if (op.type == TraceOp::Type::alloc) {
+          std::string failure;
+          try {
+            ptr[op.block] = alloc.allocate(op.size, streams[op.stream]);
+            if (passes > 1) stream_of[op.block] = op.stream;
+          } catch (const out_of_memory& e) {
+            failure = e.what();
+          } catch (const usage_error& e) {  // a size no device can hold: an OOM too
+            failure = e.what();
           }
-          if (stop_at_first_oom) {
-            r.ops_done = i;
-            break;
+          if (!failure.empty()) {
+            ++pr.ooms;
+            if (r.ooms++ == 0) {
+              r.first_oom_op = i;
+              r.first_oom_pass = pass;
+              r.first_oom = failure;
+            }
+            if (stop_at_first_oom) {
+              stopped = true;
+              break;
+            }
           }
+        } else if (ptr[op.block] != nullptr) {
+          alloc.deallocate(ptr[op.block], streams[op.stream]);
+          ptr[op.block] = nullptr;
         }
-      } else if (ptr[op.block] != nullptr) {
-        alloc.deallocate(ptr[op.block], streams[op.stream]);
-        ptr[op.block] = nullptr;
+        ++r.ops_done;
+        if (record_mapped && pass == 1) r.mapped_after_op.push_back(alloc.stats().mapped_bytes);
+        if (progress && (r.ops_done & 4095) == 0) progress(r.ops_done, total);
       }
-      r.ops_done = i + 1;
-      if (record_mapped) r.mapped_after_op.push_back(alloc.stats().mapped_bytes);
-      if (progress && (i & 4095) == 0) progress(i, total);
+      if (pass < passes && !stopped) {
+        // What the pass left live goes before the next one starts from nothing live.
+        for (uint32_t b = 0; b < t.blocks; ++b) {
+          if (ptr[b] == nullptr) continue;
+          alloc.deallocate(ptr[b], streams[stream_of[b]]);
+          ptr[b] = nullptr;
+        }
+      }
+      const core::DeviceStats after = alloc.stats();
+      pr.driver_calls_total = after.total_driver_calls() - before.total_driver_calls();
+      pr.modeled_driver_seconds = (after.modeled_driver_ns - before.modeled_driver_ns) * 1e-9;
+      pr.peak_physical_bytes = after.peak_physical_bytes;
+      pr.peak_mapped_bytes = after.peak_mapped_bytes;
+      r.passes.push_back(pr);
+      peaks.peak_requested_bytes = std::max(peaks.peak_requested_bytes, after.peak_requested_bytes);
+      peaks.peak_allocated_bytes = std::max(peaks.peak_allocated_bytes, after.peak_allocated_bytes);
+      peaks.peak_mapped_bytes = std::max(peaks.peak_mapped_bytes, after.peak_mapped_bytes);
+      peaks.peak_physical_bytes = std::max(peaks.peak_physical_bytes, after.peak_physical_bytes);
+      peaks.peak_va_reserved_bytes =
+          std::max(peaks.peak_va_reserved_bytes, after.peak_va_reserved_bytes);
+      if (pass < passes) alloc.reset_peaks();  // the next pass's peaks are its own
     }
     r.stats = alloc.stats();
+    r.stats.peak_requested_bytes = peaks.peak_requested_bytes;
+    r.stats.peak_allocated_bytes = peaks.peak_allocated_bytes;
+    r.stats.peak_mapped_bytes = peaks.peak_mapped_bytes;
+    r.stats.peak_physical_bytes = peaks.peak_physical_bytes;
+    r.stats.peak_va_reserved_bytes = peaks.peak_va_reserved_bytes;
     // Destroying the allocator gives every page and reservation back; the streams go after it.
   }
-  if (progress) progress(t.ops.size(), t.ops.size());
+  if (progress) progress(total, total);
   r.wall_seconds = seconds_since(t0);
   return r;
 }
@@ -110,11 +152,17 @@ MinCapacity find_min_capacity(const Trace& t, const api::Config& conf, size_t st
   };
 
   // lo: known too small (cannot hold the peak of live bytes); hi: known to replay.
-  size_t lo = static_cast<size_t>((t.peak_live_bytes + g - 1) / g);
+  const size_t max_units = kMaxReplayCapacity / g;
+  size_t lo = static_cast<size_t>(t.peak_live_bytes / g + (t.peak_live_bytes % g != 0));
+  if (lo > max_units) {
+    throw input_error(t.path + ": the trace's peak of live bytes, " +
+                      conf::format_size(t.peak_live_bytes) + ", is more than the largest device " +
+                      "replay models (" + conf::format_size(kMaxReplayCapacity) + ")");
+  }
   lo = lo == 0 ? 0 : lo - 1;
-  size_t hi = std::max<size_t>(start / g, lo + 1);
+  size_t hi = std::min(std::max<size_t>(start / g, lo + 1), max_units);
   ReplayResult at_hi = probe(hi, 1 + expected_probes(lo, hi));
-  const size_t cap_units = hi * 64;
+  const size_t cap_units = hi > max_units / 64 ? max_units : hi * 64;
   while (at_hi.ooms != 0) {
     lo = hi;
     if (hi >= cap_units) {

@@ -14,17 +14,33 @@
 
 namespace expanse::replay {
 
+// One pass over the trace (replay_trace with passes > 1 runs several back to back).
+struct PassResult {
+  uint64_t ooms = 0;
+  uint64_t driver_calls_total = 0;  // made during the pass (and freeing what it left live)
+  double modeled_driver_seconds = 0;
+  uint64_t peak_physical_bytes = 0;  // peaks during the pass
+  uint64_t peak_mapped_bytes = 0;
+};
+
 struct ReplayResult {
   size_t capacity = 0;   // device bytes
   size_t page_size = 0;  // the allocator's page
-  uint64_t ops_done = 0;
-  uint64_t ooms = 0;
+  uint64_t ops_done = 0;      // over all passes
+  uint64_t ooms = 0;          // over all passes
   uint64_t first_oom_op = 0;  // index into Trace::ops
+  int first_oom_pass = 0;     // 1-based; 0 when there was none
   std::string first_oom;      // the allocator's message
-  core::DeviceStats stats;    // at the end of the replay (peaks over the replay)
-  std::vector<uint64_t> mapped_after_op;  // with record_mapped: mapped bytes after each op
+  core::DeviceStats stats;    // at the end of the replay (peaks and counts over all passes)
+  std::vector<PassResult> passes;
+  std::vector<uint64_t> mapped_after_op;  // with record_mapped: mapped bytes after each op of
+                                          // the first pass
   double wall_seconds = 0;
 };
+
+// The largest device a replay models: the sim reserves its VA in this process's address space
+// (47 bits on x86-64), and no GPU comes near it.
+constexpr size_t kMaxReplayCapacity = size_t{64} << 40;
 
 // done / total operations of the replay in progress.
 using ReplayProgress = std::function<void(uint64_t done, uint64_t total)>;
@@ -33,11 +49,14 @@ using ReplayProgress = std::function<void(uint64_t done, uint64_t total)>;
 size_t replay_granularity(const api::Config& conf);
 
 // Replays t on one sim device of `capacity` bytes (a multiple of replay_granularity) with the
-// allocator options of conf. An OOM is counted and its block's free skipped; with
-// stop_at_first_oom the replay ends there. Throws driver / usage errors from the allocator.
+// allocator options of conf, `passes` times back to back on the same allocator (so that steady
+// state shows): the blocks a pass leaves live are freed before the next one. An OOM is counted
+// and its block's free skipped; with stop_at_first_oom the replay ends there. Throws driver /
+// usage errors from the allocator, and usage_error for a capacity above kMaxReplayCapacity.
 ReplayResult replay_trace(const Trace& t, const api::Config& conf, size_t capacity,
                           bool stop_at_first_oom = false,
-                          const ReplayProgress& progress = {}, bool record_mapped = false);
+                          const ReplayProgress& progress = {}, int passes = 1,
+                          bool record_mapped = false);
 
 struct MinCapacity {
   size_t bytes = 0;  // the smallest capacity found that replays with no OOM

@@ -22,7 +22,8 @@ ReplayReport make_replay_report(const ReplayRequest& req, const ReportProgress& 
   rep.replay = replay_trace(rep.trace, req.conf, req.capacity, false,
                             [&](uint64_t done, uint64_t total) {
                               report(fraction(done, total), "replay");
-                            });
+                            },
+                            req.repeat);
   if (req.min_capacity) {
     rep.min_capacity = find_min_capacity(
         rep.trace, req.conf, req.capacity,

@@ -18,6 +18,7 @@ struct ReplayRequest {
   api::Config conf;       // allocator and sim options
   size_t capacity = 0;    // device bytes, a multiple of replay_granularity(conf)
   bool min_capacity = false;
+  int repeat = 1;  // passes of the replay at `capacity` (the min-capacity search runs one)
 };
 
 struct ReplayReport {

@@ -168,6 +168,58 @@ TEST(Cli, ReplayCsvMinCapacity) {
   EXPECT_TRUE(j.contains("first_oom"));
 }
 
+TEST(Cli, ReplayRepeat) {
+  TempDir dir;
+  // 4 MiB live at the end of each pass (never freed), 8 MiB freed within it.
+  std::string csv = "Thread,Time,Action,Pointer,Size,Stream\n";
+  csv += "1,t,allocate,0x10000000,4194304,0x0\n";
+  csv += "1,t,allocate,0x20000000,8388608,0x0\n";
+  csv += "1,t,free,0x20000000,8388608,0x0\n";
+  const std::string f = dir.write("loop.csv", csv);
+  RunResult r = run_expanse("replay " + q(f) + " --repeat 3 --capacity 16MiB --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  Json j = parse_json(r);
+  ASSERT_TRUE(j["passes"].is_array());
+  ASSERT_EQ(j["passes"].size(), 3u);
+  uint64_t calls = 0;
+  for (const Json& p : j["passes"]) {
+    for (const char* key : {"ooms", "driver_calls_total", "modeled_driver_seconds",
+                            "peak_physical_bytes", "peak_mapped_bytes"}) {
+      EXPECT_TRUE(p.contains(key)) << key;
+    }
+    EXPECT_EQ(p["ooms"].get<uint64_t>(), 0u);
+    EXPECT_GE(p["peak_physical_bytes"].get<uint64_t>(), 12 * MiB);
+    calls += p["driver_calls_total"].get<uint64_t>();
+  }
+  EXPECT_GT(j["passes"][0]["driver_calls_total"].get<uint64_t>(), 0u);
+  EXPECT_EQ(j["passes"][1]["driver_calls_total"].get<uint64_t>(), 0u);  // all cached
+  EXPECT_EQ(j["passes"][2]["driver_calls_total"].get<uint64_t>(), 0u);
+  EXPECT_EQ(calls, j["driver_calls_total"].get<uint64_t>());
+  EXPECT_EQ(j["ooms"].get<uint64_t>(), 0u);
+
+  // Without --repeat: one pass, the whole replay.
+  j = parse_json(run_expanse("replay " + q(f) + " --json"));
+  ASSERT_EQ(j["passes"].size(), 1u);
+  EXPECT_EQ(j["passes"][0]["driver_calls_total"], j["driver_calls_total"]);
+
+  // Text: a line per pass.
+  r = run_expanse("replay " + q(f) + " --repeat 2");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("pass 2       0 driver calls"), std::string::npos) << r.out;
+
+  r = run_expanse("replay " + q(f) + " --capacity 100TiB");
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("--capacity 100TiB is more than replay models (64 TiB)"),
+            std::string::npos)
+      << r.err;
+
+  for (const char* bad : {"0", "-1", "x", "1001"}) {
+    r = run_expanse("replay " + q(f) + " --repeat " + bad);
+    EXPECT_EQ(r.status, 2) << bad;
+    EXPECT_NE(r.err.find("--repeat"), std::string::npos) << bad << ": " << r.err;
+  }
+}
+
 // Every bad input of the issue: a clear message naming the file and where, exit status 2.
 TEST(Cli, BadInputs) {
   TempDir dir;

@@ -55,6 +55,99 @@ TEST(Replay, SmallTraceReplaysWithoutOom) {
   EXPECT_GT(r.stats.modeled_driver_ns, 0.0);
 }
 
+TEST(Replay, OnePassIsTheWholeReplay) {
+  Trace t = load_rmm_csv("sample.csv", sample_csv());
+  replay::ReplayResult r = replay::replay_trace(t, sim_conf(), 8 * GiB);
+  ASSERT_EQ(r.passes.size(), 1u);
+  EXPECT_EQ(r.passes[0].driver_calls_total, r.stats.total_driver_calls());
+  EXPECT_DOUBLE_EQ(r.passes[0].modeled_driver_seconds, r.stats.modeled_driver_ns * 1e-9);
+  EXPECT_EQ(r.passes[0].peak_physical_bytes, r.stats.peak_physical_bytes);
+  EXPECT_EQ(r.passes[0].ooms, 0u);
+}
+
+TEST(Replay, RepeatedPassesReachSteadyState) {
+  Trace t = load_rmm_csv("sample.csv", sample_csv());
+  const replay::ReplayResult one = replay::replay_trace(t, sim_conf(), 8 * GiB);
+  const replay::ReplayResult r = replay::replay_trace(t, sim_conf(), 8 * GiB, false, {}, 3);
+  ASSERT_EQ(r.passes.size(), 3u);
+  EXPECT_EQ(r.ops_done, 3 * t.ops.size());
+  EXPECT_EQ(r.ooms, 0u);
+  // The first pass is the single replay; later ones find every page they need cached.
+  EXPECT_EQ(r.passes[0].driver_calls_total, one.stats.total_driver_calls());
+  EXPECT_EQ(r.passes[0].peak_physical_bytes, one.stats.peak_physical_bytes);
+  uint64_t calls = 0;
+  for (size_t i = 0; i < r.passes.size(); ++i) {
+    calls += r.passes[i].driver_calls_total;
+    EXPECT_EQ(r.passes[i].peak_physical_bytes, one.stats.peak_physical_bytes) << i;
+    EXPECT_GE(r.passes[i].peak_mapped_bytes, t.peak_live_bytes) << i;
+    // Pass 2 may still record and query a few events (pages cached on one stream reused on
+    // the other); by pass 3 nothing is left to do.
+    if (i == 1) {
+      EXPECT_LT(r.passes[i].driver_calls_total * 10, r.passes[0].driver_calls_total) << i;
+    }
+    if (i == 2) {
+      EXPECT_EQ(r.passes[i].driver_calls_total, 0u) << i;
+      EXPECT_EQ(r.passes[i].modeled_driver_seconds, 0.0) << i;
+    }
+  }
+  EXPECT_EQ(calls, r.stats.total_driver_calls());
+  EXPECT_EQ(r.stats.peak_physical_bytes, one.stats.peak_physical_bytes);
+  EXPECT_EQ(r.stats.num_allocs, 3 * one.stats.num_allocs);
+}
+
+TEST(Replay, BlocksLeftLiveByAPassAreFreedBeforeTheNext) {
+  // The sample leaves 20 x 3 MiB, 40 small blocks and 200 MiB live: kept across passes, pass 2
+  // would need twice that on the smallest device that holds one pass.
+  Trace t = load_rmm_csv("sample.csv", sample_csv());
+  ASSERT_GT(t.live_at_end_bytes, 200 * MiB);
+  const replay::MinCapacity m = replay::find_min_capacity(t, sim_conf(), 1 * GiB);
+  ASSERT_LT(m.bytes, t.peak_live_bytes + t.live_at_end_bytes);
+  const replay::ReplayResult r = replay::replay_trace(t, sim_conf(), m.bytes, false, {}, 3);
+  EXPECT_EQ(r.ooms, 0u) << r.first_oom;
+  // At the end, exactly what the last pass left live is live.
+  EXPECT_EQ(r.stats.live_blocks, t.allocs - t.frees);
+  EXPECT_EQ(r.stats.requested_bytes, t.live_at_end_bytes);
+}
+
+TEST(Replay, StopAtFirstOomEndsEveryPass) {
+  // 10 MiB never freed, then 10 MiB freed at once: on 20 MiB both passes fit only if the first
+  // block is freed between passes; on 10 MiB the second alloc fails, and nothing runs after it.
+  std::string csv = "Thread,Time,Action,Pointer,Size,Stream\n";
+  csv += "1,t,allocate,0x1000000,10485760,0x0\n";
+  csv += "1,t,allocate,0x2000000,10485760,0x0\n";
+  csv += "1,t,free,0x2000000,10485760,0x0\n";
+  Trace t = load_rmm_csv("two.csv", csv);
+  replay::ReplayResult r = replay::replay_trace(t, sim_conf(), 20 * MiB, false, {}, 2);
+  EXPECT_EQ(r.ooms, 0u) << r.first_oom;
+  r = replay::replay_trace(t, sim_conf(), 10 * MiB, true, {}, 2);
+  EXPECT_EQ(r.ooms, 1u);
+  EXPECT_EQ(r.first_oom_pass, 1);
+  EXPECT_EQ(r.first_oom_op, 1u);
+  EXPECT_EQ(r.passes.size(), 1u);
+  EXPECT_EQ(r.ops_done, 1u);
+}
+
+TEST(Replay, APeakNoDeviceHoldsIsAnInputErrorForTheSearch) {
+  // 2^62 + 2^61 bytes live: each replay counts OOMs; the search had overflowed its page counts
+  // into a 0-byte device (an internal error) before.
+  std::string csv = "Thread,Time,Action,Pointer,Size,Stream\n";
+  csv += "1,t,allocate,0x1000,4611686018427387904,0x0\n";
+  csv += "1,t,allocate,0x2000,2305843009213693952,0x0\n";
+  Trace t = load_rmm_csv("huge.csv", csv);
+  EXPECT_EQ(replay::replay_trace(t, sim_conf(), 80 * GiB).ooms, 2u);
+  try {
+    replay::find_min_capacity(t, sim_conf(), 80 * GiB);
+    ADD_FAILURE() << "no error";
+  } catch (const replay::input_error& e) {
+    EXPECT_NE(std::string(e.what()).find("more than the largest device replay models"),
+              std::string::npos)
+        << e.what();
+  }
+  // A device above that is refused before any driver call.
+  EXPECT_THROW(replay::replay_trace(t, sim_conf(), replay::kMaxReplayCapacity + 2 * MiB),
+               usage_error);
+}
+
 TEST(Replay, TooSmallADeviceCountsOoms) {
   Trace t = load_rmm_csv("sample.csv", sample_csv());
   replay::ReplayResult r = replay::replay_trace(t, sim_conf(), 64 * MiB);
