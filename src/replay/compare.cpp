@@ -93,11 +93,20 @@ CompareReport make_compare_report(const ReplayReport& rep, const api::Config& co
     c.settings_source = "PyTorch's defaults";
   }
   c.recorded_peak_reserved_bytes = t.torch_peak_reserved_bytes;
-  c.agreement = check_torch_model(t, c.settings);
 
-  // PyTorch, modelled: from the recorded start state when there is one.
+  // PyTorch, modelled: from the recorded start state when there is one. The check against the
+  // recording uses the same settings (cudaMalloc'd segments, as the shared snapshots have).
   TorchSettings plain = c.settings;
   plain.expandable_segments = false;
+  c.agreement = check_torch_model(t, plain);
+  if (req.torch_conf) {
+    auto& cv = c.agreement.caveats;
+    cv.erase(std::remove_if(
+                 cv.begin(), cv.end(),
+                 [](const std::string& n) { return n.rfind("no allocator_settings", 0) == 0; }),
+             cv.end());
+    cv.push_back("settings from --torch-conf, not necessarily the recording's");
+  }
   std::optional<TorchStartState> start = torch_start_state(t, plain, nullptr);
   TorchRunOptions o;
   o.capacity = c.capacity;
