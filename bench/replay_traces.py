@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Replays every trace under a traces folder with `expanse replay --min-capacity --repeat 3
---json` and prints a Markdown table: peak live bytes, what PyTorch's caching allocator reserved
-for the same workload, expanse's peak mapped memory on the default 80 GiB device (first pass),
-and the smallest device on which expanse replays the trace with no OOM, each also as a ratio to
-peak live; the first pass's modeled driver time and the driver calls of passes 2 and 3.
+"""Replays every trace under a traces folder with `expanse replay --compare --min-capacity
+--repeat 3 --json` and prints a Markdown table: peak live bytes, what PyTorch's caching allocator
+reserved for the same workload (recorded, and by expanse's model of it, with how many of the
+recorded segment events the model reproduced), the model's and the expandable-segments model's
+smallest device, expanse's peak mapped memory on the default 80 GiB device (first pass) and the
+smallest device on which expanse replays the trace with no OOM, each also as a ratio to peak
+live; the first pass's modeled driver time and the driver calls of passes 2 and 3.
 
 Builds nothing. Usage (paths relative to the repository root by default):
     bench/replay_traces.py [EXPANSE [TRACES]]      # default build/bin/expanse ../shared/traces
@@ -12,8 +14,8 @@ Builds nothing. Usage (paths relative to the repository root by default):
 Traces are *.pickle / *.pkl (PyTorch memory snapshots) and *.csv (RMM logs), searched
 recursively. When the folder holds a README.md with a table of "peak live bytes" and
 "PyTorch peak reserved bytes" per trace (as ../shared/traces/README.md does), the figures are
-checked against it (column "README"). Exit status: 0, or 1 if a replay failed or a figure
-disagrees with the README.
+checked against it (column "README"). Exit status: 0, or 1 if a replay failed, a figure
+disagrees with the README, or the PyTorch model's peak reserved is more than 2 % off the recording.
 """
 import argparse
 import json
@@ -48,7 +50,7 @@ def readme_figures(folder):
 
 # One replay per trace: the first pass on the default 80 GiB device, two more to show steady
 # state, and the minimum-capacity search. Further figures add their flags here.
-REPLAY_ARGS = ["--min-capacity", "--repeat", "3", "--json"]
+REPLAY_ARGS = ["--compare", "--min-capacity", "--repeat", "3", "--json"]
 
 
 def columns(check):
@@ -63,11 +65,27 @@ def columns(check):
     def first(j):
         return j["passes"][0]
 
+    def agree(j):
+        return j["compare"]["pytorch_model_agreement"]
+
+    def model_min(j, row):
+        b = j["compare"][row]["min_capacity_bytes"]
+        return f"{gib(b)} ({ratio(b, live(j))})"
+
     return [
         ("trace", lambda n, j: n),
         ("allocs", lambda n, j: str(j["allocs"])),
         ("peak live bytes", lambda n, j: f"{live(j)} ({gib(live(j))})"),
         ("PyTorch peak reserved (x live)", lambda n, j: torch(j)),
+        ("PyTorch model peak reserved (error)",
+         lambda n, j: f"{agree(j)['model_peak_reserved_bytes']} "
+                      f"({100 * agree(j)['peak_reserved_error']:.2f} %)"),
+        ("recorded segment events reproduced",
+         lambda n, j: f"{agree(j)['reproduced_segment_events']} of "
+                      f"{agree(j)['recorded_segment_events']}"),
+        ("PyTorch model min capacity (x live)", lambda n, j: model_min(j, "pytorch")),
+        ("expandable segments model min capacity (x live)",
+         lambda n, j: model_min(j, "pytorch_expandable")),
         ("expanse peak mapped @80GiB (x live)",
          lambda n, j: f"{first(j)['peak_mapped_bytes']} "
                       f"({ratio(first(j)['peak_mapped_bytes'], live(j))})"),
@@ -76,7 +94,10 @@ def columns(check):
         ("min <= 1.01 live + 64 MiB",
          lambda n, j: "yes" if j["min_capacity_bytes"] <= live(j) * 1.01 + 64 * 2**20 else "NO"),
         ("OOMs @80GiB", lambda n, j: str(j["ooms"])),
-        ("modeled driver s", lambda n, j: f"{first(j)['modeled_driver_seconds']:.2f}"),
+        ("modeled driver s (PyTorch model / expandable / expanse)",
+         lambda n, j: f"{j['compare']['pytorch']['modeled_driver_seconds']:.2f} / "
+                      f"{j['compare']['pytorch_expandable']['modeled_driver_seconds']:.2f} / "
+                      f"{first(j)['modeled_driver_seconds']:.2f}"),
         ("driver calls passes 2, 3",
          lambda n, j: ", ".join(str(p["driver_calls_total"]) for p in j["passes"][1:])),
         ("wall s", lambda n, j: f"{j['wall_seconds']:.2f}"),
@@ -131,6 +152,7 @@ def main():
             ok = (live, torch) == expected[name]
             check = "ok" if ok else f"DIFFERS {expected[name]}"
             bad += 0 if ok else 1
+        bad += 0 if j["compare"]["pytorch_model_agreement"]["peak_reserved_error"] <= 0.02 else 1
         rows.append([cell(name, j) for _, cell in columns(check)])
     head = [h for h, _ in columns("")]
     print("| " + " | ".join(head) + " |")

@@ -4,6 +4,7 @@
 // verified; replay: OOMs at --capacity); 2 bad usage or bad input (unknown flag, bad size,
 // unreadable or malformed trace); 3 driver or internal error.
 
+#include "compare_report.hpp"
 #include "info.hpp"
 #include "progress.hpp"
 #include "report.hpp"
@@ -12,12 +13,16 @@
 #include "api/config.hpp"
 #include "driver/env_config.hpp"
 #include "expanse/errors.hpp"
+#include "replay/memory_plot.hpp"
 #include "replay/report.hpp"
 
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 
 namespace {
@@ -85,6 +90,8 @@ struct ReplayArgs {
   int repeat = 1;
   int device = -1;
   bool json = false;
+  bool compare = false;
+  std::string plot, torch_conf;  // either implies compare
 };
 
 int cmd_replay(const ReplayArgs& a) {
@@ -108,14 +115,42 @@ int cmd_replay(const ReplayArgs& a) {
     }
   }
 
+  replay::CompareRequest creq;
+  const bool compare = a.compare || !a.plot.empty() || !a.torch_conf.empty();
+  if (!a.torch_conf.empty()) {
+    try {
+      creq.torch_conf = replay::parse_torch_conf(a.torch_conf);
+    } catch (const std::invalid_argument& e) {
+      throw usage_error(std::string("replay: --torch-conf: ") + e.what());
+    }
+  }
+  creq.min_capacity = a.min_capacity;
+  creq.series = !a.plot.empty();
+
   ProgressBar bar(stderr_is_terminal());
   const replay::ReplayReport rep = replay::make_replay_report(
       req, [&bar](double f, const std::string& label) { bar.update(f, label); });
+  std::optional<replay::CompareReport> cmp;
+  if (compare) {
+    bar.update(1, "compare: PyTorch's allocators");
+    cmp = replay::make_compare_report(rep, req.conf, creq);
+  }
   bar.clear();
+  if (!a.plot.empty()) {
+    std::ofstream out(a.plot, std::ios::binary);
+    const std::string name = std::filesystem::path(a.file).filename().string();
+    out << replay::compare_plot_svg(*cmp, "Memory replaying " + name);
+    if (!out) throw usage_error("replay: --plot: cannot write " + a.plot);
+  }
+  const uint64_t live = rep.trace.peak_live_bytes;
   if (a.json) {
-    print_json(replay_json(rep));
+    nlohmann::ordered_json j = replay_json(rep);
+    if (cmp) j["compare"] = compare_json(*cmp);
+    print_json(j);
   } else {
     std::cout << replay_text(rep);
+    if (cmp) std::cout << compare_text(*cmp, live);
+    if (!a.plot.empty()) std::cout << "plot written to " << a.plot << "\n";
   }
   return rep.replay.ooms == 0 ? kOk : kFailed;
 }
@@ -178,6 +213,18 @@ int run(int argc, char** argv) {
       ->type_name("N")
       ->check(CLI::Range(1, 1000));
   replay_cmd->add_flag("--json", ra.json, "Print one JSON object");
+  replay_cmd->add_flag("--compare", ra.compare,
+                       "Also run models of PyTorch's caching allocator (plain and with "
+                       "expandable_segments:True) and compare them with expanse");
+  replay_cmd->add_option("--plot", ra.plot,
+                         "Write memory over the trace (live, PyTorch recorded and modelled, "
+                         "expandable segments, expanse) as an SVG picture (implies --compare)")
+      ->type_name("FILE.svg");
+  replay_cmd->add_option("--torch-conf", ra.torch_conf,
+                         "PyTorch allocator settings for the models, PYTORCH_CUDA_ALLOC_CONF "
+                         "syntax (default: the snapshot's allocator_settings, else PyTorch's "
+                         "defaults; implies --compare)")
+      ->type_name("CONF");
 
   try {
     app.parse(argc, argv);

@@ -30,7 +30,8 @@ size_t replay_granularity(const api::Config& conf) {
 }
 
 ReplayResult replay_trace(const Trace& t, const api::Config& conf, size_t capacity,
-                          bool stop_at_first_oom, const ReplayProgress& progress, int passes) {
+                          bool stop_at_first_oom, const ReplayProgress& progress, int passes,
+                          bool record_mapped) {
   const auto t0 = Clock::now();
   if (capacity > kMaxReplayCapacity) {
     throw usage_error("replay: a device of " + conf::format_size(capacity) +
@@ -87,6 +88,7 @@ ReplayResult replay_trace(const Trace& t, const api::Config& conf, size_t capaci
           ptr[op.block] = nullptr;
         }
         ++r.ops_done;
+        if (record_mapped && pass == 1) r.mapped_after_op.push_back(alloc.stats().mapped_bytes);
         if (progress && (r.ops_done & 4095) == 0) progress(r.ops_done, total);
       }
       if (pass < passes && !stopped) {

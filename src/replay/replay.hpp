@@ -33,6 +33,8 @@ struct ReplayResult {
   std::string first_oom;      // the allocator's message
   core::DeviceStats stats;    // at the end of the replay (peaks and counts over all passes)
   std::vector<PassResult> passes;
+  std::vector<uint64_t> mapped_after_op;  // with record_mapped: mapped bytes after each op of
+                                          // the first pass
   double wall_seconds = 0;
 };
 
@@ -53,7 +55,8 @@ size_t replay_granularity(const api::Config& conf);
 // usage errors from the allocator, and usage_error for a capacity above kMaxReplayCapacity.
 ReplayResult replay_trace(const Trace& t, const api::Config& conf, size_t capacity,
                           bool stop_at_first_oom = false,
-                          const ReplayProgress& progress = {}, int passes = 1);
+                          const ReplayProgress& progress = {}, int passes = 1,
+                          bool record_mapped = false);
 
 struct MinCapacity {
   size_t bytes = 0;  // the smallest capacity found that replays with no OOM

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -60,7 +61,7 @@ class Builder {
       if (!lenient_) {
         fail(where, "free of " + hex(addr) + ", which was never allocated");
       }
-      preexisting(size);
+      preexisting(size, addr);
       ops_.push_back({TraceOp::Type::free, stream_index(stream), pre_.back().block, 0});
       freed_.emplace(addr, where());
       return;
@@ -78,7 +79,12 @@ class Builder {
   bool is_live(uint64_t addr) const { return live_.count(addr) != 0; }
 
   // A block live at the end of recording without a recorded allocation (snapshots).
-  void live_at_end_without_alloc(uint64_t size) { preexisting(size); }
+  void live_at_end_without_alloc(uint64_t addr, uint64_t size) { preexisting(size, addr, true); }
+
+  // Trace operations recorded so far (preexisting allocations not counted).
+  uint64_t recorded_ops() const { return ops_.size(); }
+  // The blocks allocated before recording began, in Trace::ops order, with their addresses.
+  const std::vector<TorchRecording::Preexisting>& preexisting_blocks() const { return pre_at_; }
 
   void finish() {
     t_.ops.clear();
@@ -120,10 +126,11 @@ class Builder {
     return t_.blocks++;
   }
 
-  void preexisting(uint64_t size) {
+  void preexisting(uint64_t size, uint64_t addr, bool live_at_end = false) {
     ++t_.preexisting;
     t_.preexisting_bytes += size;
     pre_.push_back({TraceOp::Type::alloc, stream_index(0), next_block(), size});
+    pre_at_.push_back({pre_.back().block, addr, size, live_at_end});
   }
 
   uint32_t stream_index(uint64_t id) {
@@ -142,6 +149,7 @@ class Builder {
   std::unordered_map<uint64_t, std::string> freed_;
   std::unordered_map<uint64_t, uint32_t> stream_ids_;
   std::vector<TraceOp> pre_;
+  std::vector<TorchRecording::Preexisting> pre_at_;
   std::vector<TraceOp> ops_;
 };
 
@@ -216,6 +224,70 @@ class SnapshotReader {
 bool is_replayed_alloc(const std::string& a) { return a == "alloc"; }
 bool is_replayed_free(const std::string& a) { return a == "free_completed" || a == "free"; }
 
+// One of the snapshot's segments, for the PyTorch model's start state (blocks added by the caller).
+TorchRecording::Segment torch_segment(const SnapshotReader& r, const pickle::Node& seg,
+                                      const std::string& where) {
+  TorchRecording::Segment out;
+  // Snapshots older than PyTorch 2.1 give no address: such a segment cannot start a model.
+  if (r.get_opt(seg, "address") != nullptr) out.addr = r.uint(seg, "address", where);
+  out.size = r.uint(seg, "total_size", where);
+  if (r.get_opt(seg, "stream") != nullptr) out.stream = r.id(seg, "stream", where);
+  const pickle::Node* type = r.get_opt(seg, "segment_type");
+  out.small = type != nullptr && type->kind == pickle::Kind::string
+                  ? type->text == "small"
+                  : out.size == kSmallBuffer;  // small-pool segments are always 2 MiB
+  const pickle::Node* exp = r.get_opt(seg, "is_expandable");
+  out.expandable = exp != nullptr && exp->kind == pickle::Kind::boolean && exp->integer != 0;
+  const pickle::Node* pool = r.get_opt(seg, "segment_pool_id");
+  if (pool != nullptr && (pool->kind == pickle::Kind::tuple || pool->kind == pickle::Kind::list)) {
+    for (pickle::NodeId id : pool->items) {
+      const pickle::Node& v = r.node(id);
+      if (v.kind == pickle::Kind::integer && v.integer != 0) out.private_pool = true;
+    }
+  }
+  return out;
+}
+
+// allocator_settings (PyTorch >= 2.1 snapshots), as the model's settings. A value the model
+// cannot use is noted in rec.settings_error, never an error for the snapshot.
+void read_torch_settings(const pickle::Document& doc, const pickle::Node& root,
+                         TorchRecording& rec) {
+  const pickle::Node* a = doc.find(root, "allocator_settings");
+  if (a == nullptr || a->kind != pickle::Kind::dict) return;
+  TorchSettings s;
+  auto field = [&](const char* key) { return doc.find(*a, key); };
+  if (const pickle::Node* v = field("max_split_size"); v && v->kind == pickle::Kind::integer) {
+    if (v->integer > 0) s.max_split_size = static_cast<uint64_t>(v->integer);  // -1: unlimited
+  }
+  if (const pickle::Node* v = field("garbage_collection_threshold");
+      v && v->kind == pickle::Kind::floating) {
+    s.garbage_collection_threshold = v->floating;
+  }
+  if (const pickle::Node* v = field("expandable_segments"); v && v->kind == pickle::Kind::boolean) {
+    s.expandable_segments = v->integer != 0;
+  }
+  if (const pickle::Node* v = field("roundup_power2_divisions"); v && v->kind == pickle::Kind::dict) {
+    for (size_t i = 0; i + 1 < v->items.size(); i += 2) {
+      const pickle::Node& k = doc[v->items[i]];
+      const pickle::Node& d = doc[v->items[i + 1]];
+      if (k.kind != pickle::Kind::string || d.kind != pickle::Kind::integer || d.integer < 0) {
+        rec.settings_error = "allocator_settings['roundup_power2_divisions'] holds " +
+                             doc.describe(k) + ": " + doc.describe(d);
+        return;
+      }
+      // Keys are the interval starts in MiB: "1", "2", ..., "32768".
+      uint64_t mb = std::strtoull(k.text.c_str(), nullptr, 10);
+      size_t index = 0;
+      while (mb > 1 && index + 1 < s.roundup_power2_divisions.size()) {
+        mb >>= 1;
+        ++index;
+      }
+      s.roundup_power2_divisions[index] = static_cast<uint64_t>(d.integer);
+    }
+  }
+  rec.settings = s;
+}
+
 }  // namespace
 
 Trace load_snapshot(const std::string& path, std::string_view data, int device) {
@@ -286,6 +358,8 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
   const std::string prefix = "device_traces[" + std::to_string(t.device) + "]";
   const pickle::Node& events = doc[per_device[static_cast<size_t>(t.device)]];
   Builder b(t, true, [&path](const std::string& w) { return path + ": " + w; });
+  TorchRecording rec;
+  read_torch_settings(doc, root, rec);
   // PyTorch's reserved bytes, as sums of segment sizes; a sum past 2^63 is not a real GPU's.
   auto sum = [&r](int64_t a, uint64_t size, int sign, const pickle::Node& at,
                   const std::string& where) {
@@ -319,7 +393,19 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
       } else {
         b.free(addr, size, stream, where);
       }
-    } else if (action == "segment_alloc" || action == "segment_map") {
+    }
+    if (action.rfind("segment_", 0) == 0) {
+      const pickle::Node* s = r.get_opt(e, "stream");
+      rec.events.push_back({action, b.recorded_ops(), r.uint(e, "addr", where_s()),
+                            r.uint(e, "size", where_s()),
+                            s != nullptr ? r.id(e, "stream", where_s()) : 0});
+    } else if (action == "oom") {
+      const pickle::Node* f = r.get_opt(e, "device_free");
+      const pickle::Node* sz = r.get_opt(e, "size");
+      rec.ooms.push_back({b.recorded_ops(), sz != nullptr ? r.uint(e, "size", where_s()) : 0,
+                          f != nullptr ? r.uint(e, "device_free", where_s()) : 0});
+    }
+    if (action == "segment_alloc" || action == "segment_map") {
       seg_delta = sum(seg_delta, r.uint(e, "size", where_s()), +1, e, where_s());
       reserved_steps.push_back(seg_delta);
     } else if (action == "segment_free" || action == "segment_unmap") {
@@ -340,6 +426,7 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
       continue;
     }
     reserved_at_end = sum(reserved_at_end, r.uint(seg, "total_size", where), +1, seg, where);
+    rec.end_segments.push_back(torch_segment(r, seg, where));
     const pickle::Node& blocks = r.get(seg, "blocks", where);
     r.expect(blocks, pickle::Kind::list, where + "['blocks']");
     // Blocks tile their segment in order; snapshots older than PyTorch 2.1 give no address.
@@ -357,12 +444,19 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
       // Allocated, or freed by its tensor and waiting for its streams (free_completed not yet
       // recorded): either way it holds memory at the end.
       const std::string state = r.str(blk, "state", bw);
-      if (state != "active_allocated" && state != "active_pending_free") continue;
+      const bool holds = state == "active_allocated" || state == "active_pending_free";
+      rec.end_segments.back().blocks.push_back({addr.value_or(0), size, holds});
+      if (!holds) continue;
       const uint64_t at = addr ? *addr : r.uint(blk, "address", bw);  // (throws: none at all)
-      if (!b.is_live(at)) b.live_at_end_without_alloc(size);
+      if (!b.is_live(at)) b.live_at_end_without_alloc(at, size);
     }
   }
   b.finish();
+  // Trace::ops puts the preexisting allocations first: event positions shift past them.
+  for (auto& e : rec.events) e.op += t.preexisting;
+  for (auto& o : rec.ooms) o.op += t.preexisting;
+  rec.preexisting = b.preexisting_blocks();
+  t.torch = std::move(rec);
 
   // Reserved before recording = reserved at the end minus the net change the trace recorded.
   int64_t reserved = 0;

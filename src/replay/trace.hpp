@@ -3,6 +3,8 @@
 // (Thread,Time,Action,Pointer,Size,Stream, as rmm::mr::logging_resource_adaptor writes it).
 #pragma once
 
+#include "replay/torch_recording.hpp"
+
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -45,6 +47,8 @@ struct Trace {
   std::vector<uint64_t> streams;  // the trace's stream ids (0 = the legacy default stream)
   std::vector<TraceOp> ops;       // preexisting allocations first, then the trace in order
   uint32_t blocks = 0;
+  // Snapshots: what PyTorch's caching allocator itself did (segments, their events, settings).
+  std::optional<TorchRecording> torch;
 };
 
 // Reads a trace file, choosing the format from its content. device: the snapshot device to
