@@ -3,22 +3,17 @@
 #include "driver/cost_model.hpp"
 
 namespace expanse::replay {
-namespace {
 
 using driver::EntryPoint;
-// The cost model prices per-size calls per granularity page (2 MiB on the A100 it describes).
-constexpr uint64_t kCostPage = uint64_t{2} << 20;
 
-}  // namespace
-
-double DriverTally::price(EntryPoint e, uint64_t bytes) const {
-  const uint64_t pages = bytes == 0 ? 1 : (bytes + kCostPage - 1) / kCostPage;
-  return driver::CostModel::a100().cost_ns(e, static_cast<size_t>(pages));
+double DriverTally::price(EntryPoint e, uint64_t bytes, uint64_t mappings) const {
+  return driver::CostModel::get_default().cost_ns(e, static_cast<size_t>(bytes),
+                                                  static_cast<size_t>(mappings));
 }
 
-void DriverTally::vmm(EntryPoint e, uint64_t bytes) {
+void DriverTally::vmm(EntryPoint e, uint64_t bytes, uint64_t mappings) {
   count(driver::entry_point_name(e));
-  ns_ += price(e, bytes);
+  ns_ += price(e, bytes, mappings);
 }
 
 void DriverTally::cuda_malloc(uint64_t bytes) {
@@ -30,7 +25,7 @@ void DriverTally::cuda_malloc(uint64_t bytes) {
 void DriverTally::cuda_free(uint64_t bytes) {
   count("cudaFree");
   ns_ += price(EntryPoint::ctx_synchronize, 0) + price(EntryPoint::mem_unmap, bytes) +
-         price(EntryPoint::mem_release, 0) + price(EntryPoint::mem_address_free, 0);
+         price(EntryPoint::mem_release, bytes) + price(EntryPoint::mem_address_free, 0);
 }
 
 void DriverTally::stream_synchronize() {

@@ -13,8 +13,9 @@ namespace expanse::replay {
 
 class DriverTally {
  public:
-  // One VMM driver call touching `bytes` of physical memory (0: not a per-size call).
-  void vmm(driver::EntryPoint e, uint64_t bytes);
+  // One VMM driver call touching `bytes` of physical memory over `mappings` handles
+  // (0 bytes: not a per-size call).
+  void vmm(driver::EntryPoint e, uint64_t bytes, uint64_t mappings = 1);
   // cudaMalloc / cudaFree of `bytes`: counted as one call each, priced as the VMM calls the
   // runtime makes for them (reserve + create + map + set access; unmap + release + free).
   void cuda_malloc(uint64_t bytes);
@@ -27,7 +28,7 @@ class DriverTally {
   const std::map<std::string, uint64_t>& by_name() const noexcept { return calls_; }
 
  private:
-  double price(driver::EntryPoint e, uint64_t bytes) const;
+  double price(driver::EntryPoint e, uint64_t bytes, uint64_t mappings = 1) const;
   void count(const std::string& name) {
     ++calls_[name];
     ++total_;

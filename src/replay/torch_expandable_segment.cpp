@@ -23,7 +23,7 @@ uint64_t TorchExpandableSegment::map(uint64_t ptr, uint64_t size, DeviceMemory& 
     calls.vmm(EntryPoint::mem_create, page_);
     if (!mem.take(page_)) {
       for (uint64_t j = begin; j < i; ++j) {
-        calls.vmm(EntryPoint::mem_release, 0);
+        calls.vmm(EntryPoint::mem_release, page_);
         mem.give(page_);
       }
       return 0;
@@ -33,7 +33,7 @@ uint64_t TorchExpandableSegment::map(uint64_t ptr, uint64_t size, DeviceMemory& 
     calls.vmm(EntryPoint::mem_map, page_);
     mapped_[i] = true;
   }
-  calls.vmm(EntryPoint::mem_set_access, (end - begin) * page_);
+  calls.vmm(EntryPoint::mem_set_access, (end - begin) * page_, end - begin);
   mapped_pages_ += end - begin;
   return (end - begin) * page_;
 }
@@ -46,7 +46,7 @@ TorchExpandableSegment::Range TorchExpandableSegment::unmap(uint64_t ptr, uint64
   calls.stream_synchronize();  // unmapping does not wait for the stream's work by itself
   for (uint64_t i = begin; i < end; ++i) {
     calls.vmm(EntryPoint::mem_unmap, page_);
-    calls.vmm(EntryPoint::mem_release, 0);
+    calls.vmm(EntryPoint::mem_release, page_);
     mapped_[i] = false;
     mem.give(page_);
   }
