@@ -108,7 +108,11 @@ driver::CostModel cost_model_from(const CostTableSamples& t) {
   for (const auto& [e, points] : t.by_mappings) {
     std::vector<driver::CostSample> s;
     for (const auto& p : points) s.push_back({p.x, p.seconds * kNsPerSecond});
-    m.set_range_samples(e, std::move(s));
+    if (t.mapping_bytes > 0) {
+      m.set_range_samples(e, std::move(s), t.mapping_bytes);
+    } else {
+      m.set_range_samples(e, std::move(s));
+    }
   }
   return m;
 }
