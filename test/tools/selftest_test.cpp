@@ -224,3 +224,43 @@ TEST(Selftest, FailureInjectedThroughTheSimLibraryFailsTheMatchingCheck) {
 
 }  // namespace
 }  // namespace expanse::test
+
+namespace expanse::test {
+namespace {
+
+double modeled(const RunResult& r) {
+  Json j = Json::parse(r.out, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << r.out << r.err;
+  return j.is_discarded() ? -1 : j["modeled_driver_seconds"].get<double>();
+}
+
+// --cost-table prices the calls of stress and replay; a bad table is exit 2, named.
+TEST(Selftest, StressAndReplayPriceCallsWithACostTable) {
+  TempDir dir;
+  // Every VMM call a full second: far above the built-in table.
+  std::string table = "{";
+  for (const char* e : {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease",
+                        "cuMemAddressReserve"}) {
+    table += std::string(table.size() > 1 ? "," : "") + "\"" + e +
+             "\": [{\"bytes\": 2097152, \"seconds\": 1.0}]";
+  }
+  table += "}";
+  const std::string f = dir.write("table.json", table);
+  const std::string stress = "stress --capacity 4GiB --size 1GiB --json";
+  const double builtin = modeled(run_expanse(stress));
+  const double measured = modeled(run_expanse(stress + " --cost-table '" + f + "'"));
+  EXPECT_GT(builtin, 0.0);
+  EXPECT_GT(measured, 100 * builtin);
+
+  const std::string replay = "replay '" + fixture("snapshot_p4.pickle") + "' --json";
+  EXPECT_GT(modeled(run_expanse(replay + " --cost-table '" + f + "'")),
+            100 * modeled(run_expanse(replay)));
+
+  const std::string bad = dir.write("bad.json", R"({"cuMemMap": [{"bytes": 1}]})");
+  RunResult r = run_expanse(stress + " --cost-table '" + bad + "'");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("bad.json: cuMemMap[0]: missing \"seconds\""), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace expanse::test
