@@ -1,13 +1,16 @@
-// expanse — the command-line tool: info, stress, replay (see docs/cli.md).
+// expanse — the command-line tool: info, stress, replay, selftest (see docs/cli.md).
 //
 // Exit status: 0 success; 1 the run completed but failed (stress: block not allocated or not
 // verified; replay: OOMs at --capacity); 2 bad usage or bad input (unknown flag, bad size,
-// unreadable or malformed trace); 3 driver or internal error.
+// unreadable or malformed trace); 3 driver or internal error. selftest: 1 when a check or its
+// stress failed.
 
 #include "compare_report.hpp"
+#include "cost_table_json.hpp"
 #include "info.hpp"
 #include "progress.hpp"
 #include "report.hpp"
+#include "selftest.hpp"
 #include "stress.hpp"
 
 #include "api/config.hpp"
@@ -61,9 +64,11 @@ struct StressArgs {
   uint64_t seed = 1;
   int streams = 4;
   bool json = false;
+  std::string cost_table;
 };
 
 int cmd_stress(const StressArgs& a) {
+  if (!a.cost_table.empty()) install_cost_table_file(a.cost_table);
   StressOptions o;
   if (!a.capacity.empty()) o.capacity = size_arg("stress", "--capacity", a.capacity);
   if (!a.size.empty()) o.size = size_arg("stress", "--size", a.size);
@@ -92,9 +97,11 @@ struct ReplayArgs {
   bool json = false;
   bool compare = false;
   std::string plot, torch_conf;  // either implies compare
+  std::string cost_table;
 };
 
 int cmd_replay(const ReplayArgs& a) {
+  if (!a.cost_table.empty()) install_cost_table_file(a.cost_table);
   replay::ReplayRequest req;
   req.path = a.file;
   req.device = a.device;
@@ -155,6 +162,34 @@ int cmd_replay(const ReplayArgs& a) {
   return rep.replay.ooms == 0 ? kOk : kFailed;
 }
 
+struct SelftestArgs {
+  bool json = false;
+  std::string report;
+  int repetitions = 5;
+};
+
+int cmd_selftest(const SelftestArgs& a) {
+  SelftestOptions o;
+  o.conf = conf::from_environment();
+  o.repetitions = a.repetitions;
+  ProgressBar bar(stderr_is_terminal());
+  o.progress = [&bar](double f, const std::string& phase) { bar.update(f, "selftest: " + phase); };
+  const SelftestReport r = run_selftest(o);
+  bar.clear();
+  if (!a.report.empty()) {
+    std::ofstream out(a.report);
+    out << selftest_json(r).dump(2) << "\n";
+    if (!out) throw usage_error("selftest: --report " + a.report + ": cannot write the file");
+  }
+  if (a.json) {
+    print_json(selftest_json(r));
+  } else {
+    std::cout << selftest_text(r);
+    if (!a.report.empty()) std::cout << "report: " << a.report << "\n";
+  }
+  return r.ok() ? kOk : kFailed;
+}
+
 // "expanse: <message>", without doubling a prefix the message has already.
 void print_error(const char* kind, const char* what) {
   const std::string m = what;
@@ -193,6 +228,9 @@ int run(int argc, char** argv) {
       ->type_name("N")
       ->check(CLI::Range(1, 64));
   stress->add_flag("--json", sa.json, "Print one JSON object");
+  stress->add_option("--cost-table", sa.cost_table,
+                     "Price driver calls with a measured cost table (expanse selftest --report)")
+      ->type_name("FILE");
 
   ReplayArgs ra;
   CLI::App* replay_cmd = app.add_subcommand(
@@ -225,6 +263,21 @@ int run(int argc, char** argv) {
                          "syntax (default: the snapshot's allocator_settings, else PyTorch's "
                          "defaults; implies --compare)")
       ->type_name("CONF");
+  replay_cmd->add_option("--cost-table", ra.cost_table,
+                         "Price driver calls with a measured cost table (expanse selftest --report)")
+      ->type_name("FILE");
+
+  SelftestArgs ta;
+  CLI::App* selftest_cmd = app.add_subcommand(
+      "selftest", "Check that the driver in use (GPU or sim) keeps the rules expanse relies on, "
+                  "stress it, and measure what its VMM calls cost");
+  selftest_cmd->add_flag("--json", ta.json, "Print one JSON object");
+  selftest_cmd->add_option("--report", ta.report, "Also write the JSON report to FILE")
+      ->type_name("FILE");
+  selftest_cmd->add_option("--repetitions", ta.repetitions,
+                           "Calls per calibration point; the median is kept (default 5)")
+      ->type_name("N")
+      ->check(CLI::Range(1, 1000));
 
   try {
     app.parse(argc, argv);
@@ -238,6 +291,7 @@ int run(int argc, char** argv) {
     if (*info) return cmd_info(info_json);
     if (*stress) return cmd_stress(sa);
     if (*replay_cmd) return cmd_replay(ra);
+    if (*selftest_cmd) return cmd_selftest(ta);
   } catch (const replay::input_error& e) {
     print_error("", e.what());
     return kUsage;

@@ -79,6 +79,7 @@ double interpolate(const std::vector<CostSample>& s, double x) noexcept {
 
 CostModel::CostModel() {
   for (auto& s : by_bytes_) s = {{0, kBookkeepingNs}};
+  for (double& b : range_bytes_) b = -1;
 }
 
 const CostModel& CostModel::h100() noexcept {
@@ -102,9 +103,9 @@ double CostModel::cost_ns(EntryPoint e, size_t bytes, size_t mappings) const noe
   const auto& bb = by_bytes_[i];
   const auto& rm = by_mappings_[i];
   if (rm.empty() || mappings <= 1) return m * interpolate(bb, per_handle);
-  // Range curve measured with the smallest sampled handle size; larger handles add their
-  // per-byte part on top, once per mapping.
-  const double smallest = bb.empty() ? 0 : bb.front().x;
+  // Range curve measured with mappings of range_bytes_ (by default the smallest sampled handle
+  // size); larger handles add their per-byte part on top, once per mapping.
+  const double smallest = range_bytes_[i] >= 0 ? range_bytes_[i] : bb.empty() ? 0 : bb.front().x;
   const double extra = std::max(0.0, interpolate(bb, per_handle) - interpolate(bb, smallest));
   return interpolate(rm, m) + m * extra;
 }
@@ -125,6 +126,16 @@ void CostModel::set_range_samples(EntryPoint e, std::vector<CostSample> s) {
   check_samples(s, e);
   std::sort(s.begin(), s.end(), [](const CostSample& a, const CostSample& b) { return a.x < b.x; });
   by_mappings_[static_cast<int>(e)] = std::move(s);
+  range_bytes_[static_cast<int>(e)] = -1;
+}
+
+void CostModel::set_range_samples(EntryPoint e, std::vector<CostSample> s, double mapping_bytes) {
+  if (!(mapping_bytes >= 0)) {
+    throw std::invalid_argument(std::string("cost model: ") + entry_point_name(e) +
+                                ": mapping_bytes must be >= 0");
+  }
+  set_range_samples(e, std::move(s));
+  range_bytes_[static_cast<int>(e)] = mapping_bytes;
 }
 
 }  // namespace expanse::driver

@@ -44,6 +44,9 @@ class CostModel {
   void set_linear(EntryPoint e, double per_call_ns, double per_mib_ns);
   void set_samples(EntryPoint e, std::vector<CostSample> by_bytes);
   void set_range_samples(EntryPoint e, std::vector<CostSample> by_mappings);
+  // The same, measured with mappings of `mapping_bytes` each (selftest's tables); without it the
+  // range curve counts as measured with the smallest per-handle sample.
+  void set_range_samples(EntryPoint e, std::vector<CostSample> by_mappings, double mapping_bytes);
 
   const std::vector<CostSample>& samples(EntryPoint e) const noexcept {
     return by_bytes_[static_cast<int>(e)];
@@ -56,6 +59,7 @@ class CostModel {
  private:
   std::vector<CostSample> by_bytes_[kEntryPointCount];
   std::vector<CostSample> by_mappings_[kEntryPointCount];
+  double range_bytes_[kEntryPointCount] = {};  // < 0: the smallest per-handle sample's x
 };
 
 // Linear interpolation over sorted samples, extrapolated from the last two beyond the ends

@@ -16,7 +16,7 @@ class ConcurrencyTest : public CoreTest {};
 TEST_F(ConcurrencyTest, EightThreadsAllocateAndFreeWithoutLosingData) {
   make(sim_config(16 * GiB));
   const char* env = std::getenv("EXPANSE_CONCURRENCY_OPS");
-  const size_t ops = env != nullptr ? std::strtoull(env, nullptr, 10) : 100000;
+  const size_t ops = env != nullptr ? std::strtoull(env, nullptr, 10) : 20000;  // 10^5 in the soak
   const int threads = 8;
   std::vector<CUstream> streams;
   for (int t = 0; t < threads; ++t) streams.push_back(new_stream());
