@@ -36,6 +36,8 @@ const std::vector<std::string>& known_keys() {
       "va_size",          // bytes of VA reserved per reservation
       "va_budget",        // most VA the allocator may reserve per device
       "driver_library",   // path of the libcuda-compatible library for driver:cuda
+      "peer_access",      // auto | none: grant peers that can access a device its memory
+      "rdma",             // auto | off: ask cuMemCreate for GPUDirect RDMA where supported
   };
   return keys;
 }
