@@ -27,7 +27,11 @@ struct SimConfig {
   // false: physical pages have no host memory behind them and mapped VA stays PROT_NONE, so a
   // trace peaking at 55 GiB replays on a small host (replay never touches the memory).
   bool backing = true;
+  // cuDriverGetVersion's answer; cuGetProcAddress refuses variants newer than it.
   int driver_version = 13000;
+  bool peer_access = true;  // cuDeviceCanAccessPeer between distinct devices
+  bool posix_fd = true;     // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+  bool rdma = true;         // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
 };
 
 // Parses the sim_* keys of an EXPANSE_CONF string (other known keys are accepted and ignored;

@@ -336,3 +336,71 @@ CUresult sim_mem_get_info_v1(unsigned int* free_bytes, unsigned int* total_bytes
 }
 
 }  // namespace expanse::sim
+
+namespace expanse::sim {
+
+// ---- device handles -----------------------------------------------------------------------------
+
+CUdevice detail::device_handle(int ordinal) noexcept { return ordinal; }
+
+int detail::device_ordinal(const State& s, CUdevice dev) noexcept {
+  return valid_device(s, dev) ? dev : -1;
+}
+
+// ---- peers and context queries ------------------------------------------------------------------
+
+CUresult sim_device_can_access_peer(int* can, CUdevice dev, CUdevice peer) {
+  return run(EntryPoint::device_can_access_peer, true, [&](State& s, CallSize&) {
+    if (can == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const int d = detail::device_ordinal(s, dev);
+    const int p = detail::device_ordinal(s, peer);
+    if (d < 0 || p < 0) return CUDA_ERROR_INVALID_DEVICE;
+    // A device is not its own peer (the driver answers 0 for dev == peer).
+    *can = d != p && s.cfg.peer_access ? 1 : 0;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult sim_ctx_get_device(CUdevice* dev) {
+  return run(EntryPoint::ctx_get_device, true, [&](State& s, CallSize&) {
+    if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const int d = detail::current_device(s);
+    if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    *dev = detail::device_handle(d);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult sim_ctx_get_device_v2(CUdevice* dev, CUcontext ctx) {
+  return run(EntryPoint::ctx_get_device, true, [&](State& s, CallSize&) {
+    if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    int d = -1;
+    if (ctx == nullptr) {
+      d = detail::current_device(s);
+    } else if (Context* c = detail::find_context(s, ctx); c != nullptr) {
+      d = device(s, c->device).primary_refs > 0 ? c->device : -1;
+    }
+    if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    *dev = detail::device_handle(d);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult sim_ctx_get_id(CUcontext ctx, unsigned long long* id) {
+  return run(EntryPoint::ctx_get_id, true, [&](State& s, CallSize&) {
+    if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Context* c = nullptr;
+    if (ctx == nullptr) {
+      const int d = detail::current_device(s);
+      if (d >= 0) c = &device(s, d).ctx;
+    } else {
+      c = detail::find_context(s, ctx);
+      if (c != nullptr && device(s, c->device).primary_refs == 0) c = nullptr;
+    }
+    if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    *id = c->id;
+    return CUDA_SUCCESS;
+  });
+}
+
+}  // namespace expanse::sim

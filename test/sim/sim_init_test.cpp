@@ -360,7 +360,7 @@ TEST(SimProcAddress, VersionsAndStatus) {
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, get("cuMemCreate", 12000, 4));
   EXPECT_EQ(CUDA_SUCCESS,
             get("cuStreamSynchronize", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM));
-  EXPECT_EQ(reinterpret_cast<void*>(&sim_stream_synchronize), fn);
+  EXPECT_EQ(reinterpret_cast<void*>(&sim_stream_synchronize_ptsz), fn);
   EXPECT_EQ(CUDA_SUCCESS, get("cuGetProcAddress", 12000));
   EXPECT_EQ(reinterpret_cast<void*>(&sim_get_proc_address), fn);
   EXPECT_EQ(CUDA_SUCCESS, get("cuGetProcAddress", 11030));
