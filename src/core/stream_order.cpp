@@ -94,7 +94,11 @@ DeviceAllocator::StreamState& DeviceAllocator::stream_state(CUstream s, const St
 void DeviceAllocator::flush_lifo_entry(StreamState& ss, size_t i) {
   BlockIt it = ss.lifo[i];
   ss.lifo.erase(ss.lifo.begin() + static_cast<std::ptrdiff_t>(i));
-  index_.insert_free(it, res(it->second.res).arena);
+  const Arena a = res(it->second.res).arena;
+  it = index_.insert_free(it, a);  // may merge with ss's other free blocks (seq: the largest)
+  if (!it->second.safe && it->second.stream == ss.key && it->second.seq <= ss.safe_seq) {
+    index_.make_safe(it, a);  // a fence passed it already
+  }
 }
 
 void DeviceAllocator::flush_lifos() {
@@ -219,7 +223,12 @@ void DeviceAllocator::settle(StreamState& ss) {
 void DeviceAllocator::poll(bool wait) {
   bool work = !pending_.empty();
   for (auto& [key, ss] : streams_) work = work || ss.safe_seq < ss.free_seq;
-  if (!work) return;
+  if (!work) {  // nothing to record or query; blocks flushed from LIFOs may still be settled
+    for (auto& [key, ss] : streams_) {
+      if (ss.safe_seq > 0) settle(ss);
+    }
+    return;
+  }
   DeviceDriver::RelaxedCapture relaxed(drv_);
   std::vector<CUcontext> to_sync;
   for (auto& [key, ss] : streams_) {
@@ -267,10 +276,12 @@ void DeviceAllocator::poll(bool wait) {
     BlockIt it = pending_[i].it;
     pending_[i] = std::move(pending_.back());
     pending_.pop_back();
-    index_.insert_free(it, res(it->second.res).arena);
+    const Arena a = res(it->second.res).arena;
+    it = index_.insert_free(it, a);  // may merge with its owner's other free blocks
     auto owner = streams_.find(it->second.stream);
-    if (owner == streams_.end() || owner->second.safe_seq >= it->second.seq) {
-      index_.make_safe(it, res(it->second.res).arena);
+    if (!it->second.safe &&
+        (owner == streams_.end() || owner->second.safe_seq >= it->second.seq)) {
+      index_.make_safe(it, a);
     }
   }
   drop_finished_states();

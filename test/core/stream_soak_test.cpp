@@ -137,7 +137,7 @@ CUresult checked_unmap(CUdeviceptr va, size_t n) {
 TEST(StreamSoak, EightThreadsStreamsRecycledCapturedHeldNeverReuseUnderPendingWork) {
   const char* env = std::getenv("EXPANSE_SOAK_STEPS");
   const size_t steps = env != nullptr ? std::strtoull(env, nullptr, 10) : 100000;
-  auto drv = driver::load_sim(sim_config(256 * MiB, /*backing=*/false, kDevices), "soak");
+  auto drv = driver::load_sim(sim_config(96 * MiB, /*backing=*/false, kDevices), "soak");
   driver::DriverTable table = drv->table();
   g_real_unmap = table.mem_unmap;
   table.mem_unmap = checked_unmap;
@@ -269,8 +269,9 @@ TEST(StreamSoak, EightThreadsStreamsRecycledCapturedHeldNeverReuseUnderPendingWo
           // The allocation stream's slot may have been recycled since: then it is another
           // logical stream, and the free is ordered on that one.
           if (same && slot != SIZE_MAX && lid != b.lid) same = false;
-          alloc[static_cast<size_t>(b.dev)]->deallocate(b.p, s);
+          // The oracle first: once deallocate returns, another thread may get the memory.
           oracle.on_free(b.dev, b.p, Freed{b.n, lid, std::move(b.uses)});
+          alloc[static_cast<size_t>(b.dev)]->deallocate(b.p, s);
         };
         if (same && b.slot == SIZE_MAX) {
           do_free(pts, my_lid, 0);
@@ -332,12 +333,12 @@ TEST(StreamSoak, EightThreadsStreamsRecycledCapturedHeldNeverReuseUnderPendingWo
     if (my_held) sim::release_stream(pts);
     for (Live& b : live) {
       if (b.slot == SIZE_MAX) {
-        alloc[static_cast<size_t>(b.dev)]->deallocate(b.p, pts);
         oracle.on_free(b.dev, b.p, Freed{b.n, my_lid, std::move(b.uses)});
+        alloc[static_cast<size_t>(b.dev)]->deallocate(b.p, pts);
       } else {
         on_stream(b.dev, b.slot, [&](CUstream s, uint64_t lid, int) {
-          alloc[static_cast<size_t>(b.dev)]->deallocate(b.p, s);
           oracle.on_free(b.dev, b.p, Freed{b.n, lid, std::move(b.uses)});
+          alloc[static_cast<size_t>(b.dev)]->deallocate(b.p, s);
         });
       }
     }
