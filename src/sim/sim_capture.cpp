@@ -20,7 +20,10 @@ namespace expanse::sim {
 namespace detail {
 
 namespace {
+// Per thread, and reset with the sim (like the context stack), so that one test's mode does not
+// leak into the next.
 struct ThreadMode {
+  uint64_t generation = 0;
   int mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 };
 thread_local ThreadMode t_mode;
@@ -31,7 +34,13 @@ bool valid_mode(int m) noexcept {
 }
 }  // namespace
 
-int& thread_capture_mode() noexcept { return t_mode.mode; }
+int& thread_capture_mode(const State& s) noexcept {
+  if (t_mode.generation != s.generation) {
+    t_mode.generation = s.generation;
+    t_mode.mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  }
+  return t_mode.mode;
+}
 
 CUstreamCaptureStatus capture_status(const Stream& st) noexcept {
   if (!st.capture) return CU_STREAM_CAPTURE_STATUS_NONE;
@@ -64,7 +73,7 @@ void invalidate_blocking_captures(State& s, int device) noexcept {
 
 CUresult check_unsafe_call(State& s) noexcept {
   if (s.captures.empty()) return CUDA_SUCCESS;
-  const int mode = thread_capture_mode();
+  const int mode = thread_capture_mode(s);
   if (mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
   const uint64_t me = thread_token();
   bool forbidden = false;
@@ -78,6 +87,17 @@ CUresult check_unsafe_call(State& s) noexcept {
     }
   }
   return forbidden ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+CUresult context_sync_check(State& s, int device) noexcept {
+  bool capturing = false;
+  for (const auto& c : s.captures) {
+    if (c->device == device) {
+      invalidate(*c);
+      capturing = true;
+    }
+  }
+  return capturing ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : check_unsafe_call(s);
 }
 
 namespace {
@@ -119,7 +139,7 @@ CUresult capture_stream_arg(State& s, CUstream h, Stream** out) {
     if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
   }
   Stream* st = detail::resolve_stream(s, h, d);
-  if (st == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (st == nullptr) return detail::dead_stream_code(s, h);
   *out = st;
   return CUDA_SUCCESS;
 }
@@ -254,11 +274,11 @@ CUresult sim_stream_get_capture_info_v1(CUstream stream, CUstreamCaptureStatus* 
 }
 
 CUresult sim_thread_exchange_stream_capture_mode(CUstreamCaptureMode* mode) {
-  return run(EntryPoint::thread_exchange_stream_capture_mode, true, [&](State&, CallSize&) {
+  return run(EntryPoint::thread_exchange_stream_capture_mode, true, [&](State& s, CallSize&) {
     if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
     const int m = detail::bits(*mode);
     if (!detail::valid_mode(m)) return CUDA_ERROR_INVALID_VALUE;
-    int& cur = detail::thread_capture_mode();
+    int& cur = detail::thread_capture_mode(s);
     const int old = cur;
     cur = m;
     *mode = static_cast<CUstreamCaptureMode>(old);

@@ -169,6 +169,10 @@ struct State {
   std::vector<uintptr_t> free_event_handles;
   uintptr_t next_stream_handle = 0;
   uintptr_t next_event_handle = 0;
+  // What using a freed handle value returns until it is handed out again: INVALID_HANDLE after
+  // cuStreamDestroy / cuEventDestroy, CONTEXT_IS_DESTROYED after its context was reset.
+  std::unordered_map<uintptr_t, CUresult> dead_streams;
+  std::unordered_map<uintptr_t, CUresult> dead_events;
   // Per-thread default streams, made on first use: (thread token, device) -> stream.
   std::map<std::pair<uint64_t, int>, std::shared_ptr<Stream>> per_thread_streams;
   uint64_t next_stream_id = 1;
@@ -205,6 +209,8 @@ uint64_t thread_token() noexcept;
 // CU_STREAM_PER_THREAD -> the calling thread's per-thread stream of the device (made on first
 // use), others -> the live created stream with that handle value (nullptr if none).
 Stream* resolve_stream(State& s, CUstream h, int default_device);
+// What a stream handle that resolve_stream does not know answers (see State::dead_streams).
+CUresult dead_stream_code(const State& s, CUstream h) noexcept;
 void progress(State& s);
 void force_complete(State& s, Stream& st, uint64_t upto);
 void complete_device(State& s, int device);
@@ -221,7 +227,7 @@ int device_ordinal(const State& s, CUdevice dev) noexcept;
 
 // ---- stream capture (sim_capture.cpp) ----
 // The calling thread's capture interaction mode (cuThreadExchangeStreamCaptureMode).
-int& thread_capture_mode() noexcept;
+int& thread_capture_mode(const State& s) noexcept;
 // The state of a stream's capture: NONE, ACTIVE or INVALIDATED.
 CUstreamCaptureStatus capture_status(const Stream& st) noexcept;
 // Marks a capture sequence invalidated (cuStreamEndCapture then fails).
@@ -235,6 +241,9 @@ void invalidate_blocking_captures(State& s, int device) noexcept;
 // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED after invalidating the capture(s) that forbid it, as
 // the calling thread's capture mode and the captures under way decide.
 CUresult check_unsafe_call(State& s) noexcept;
+// For synchronizing a whole context: UNSUPPORTED while any stream of it captures (every such
+// capture is invalidated), else what check_unsafe_call says.
+CUresult context_sync_check(State& s, int device) noexcept;
 // Ends every capture (a reset of the context, or of the sim).
 void drop_captures(State& s, int device) noexcept;
 

@@ -161,6 +161,8 @@ CUresult lookup(const char* symbol, int cuda_version, cuuint64_t flags, const Va
   const Variant* best_pt = nullptr;
   for (size_t i = 0; i < n; ++i) {
     if (std::strcmp(v[i].name, symbol) != 0) continue;
+    // A driver of driver_version knows nothing of variants introduced after it.
+    if (v[i].version > driver_version) continue;
     known = true;
     if (v[i].version > cuda_version) continue;
     const Variant*& slot = v[i].per_thread ? best_pt : best;

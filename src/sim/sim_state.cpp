@@ -69,6 +69,11 @@ State::State(const SimConfig& c) : cfg(c), costs(CostTable::get_default()) {
 }
 
 State::~State() {
+  // Streams and captures point at each other while a capture is under way.
+  for (auto& c : captures) {
+    for (auto& m : c->members) m->capture.reset();
+    c->members.clear();
+  }
   // Newest (highest) first, so that the placement cursor comes all the way back.
   for (auto it = reservations.rbegin(); it != reservations.rend(); ++it)
     va_release(it->first, it->second.size);
@@ -134,6 +139,11 @@ Stream* resolve_stream(State& s, CUstream h, int default_device) {
   }
   auto it = s.streams.find(raw);
   return it == s.streams.end() ? nullptr : it->second.get();
+}
+
+CUresult dead_stream_code(const State& s, CUstream h) noexcept {
+  auto it = s.dead_streams.find(reinterpret_cast<uintptr_t>(h));
+  return it != s.dead_streams.end() ? it->second : CUDA_ERROR_INVALID_HANDLE;
 }
 
 void progress(State& s) {
@@ -255,6 +265,15 @@ SimConfig sim_config_from_string(const std::string& conf) {
       }
     } else if (key == "sim_backing") {
       cfg.backing = conf::parse_bool_for(key, value);
+    } else if (key == "sim_driver_version") {
+      // CUDA 10.2 (VMM's first release) .. 99.9, as 1000 * major + 10 * minor.
+      cfg.driver_version = static_cast<int>(conf::parse_int_for(key, value, 10020, 99990));
+    } else if (key == "sim_peer_access") {
+      cfg.peer_access = conf::parse_bool_for(key, value);
+    } else if (key == "sim_posix_fd") {
+      cfg.posix_fd = conf::parse_bool_for(key, value);
+    } else if (key == "sim_rdma") {
+      cfg.rdma = conf::parse_bool_for(key, value);
     }
   }
   if (cfg.capacity % cfg.granularity != 0) {
@@ -367,6 +386,16 @@ void release_stream(CUstream stream) {
   std::lock_guard<std::mutex> lock(state_mutex());
   State& s = state_locked();
   control_stream(s, stream, "release_stream")->held = false;
+  detail::progress(s);
+}
+
+void release_all() {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  State& s = state_locked();
+  for (auto& [key, st] : s.busy) st->held = false;
+  for (auto& [key, st] : s.streams) st->held = false;
+  for (auto& [key, st] : s.per_thread_streams) st->held = false;
+  for (auto& d : s.devices) d->default_stream->held = false;
   detail::progress(s);
 }
 

@@ -44,14 +44,19 @@ CUresult stream_arg(State& s, CUstream h, Stream** out) {
     if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
   }
   Stream* st = detail::resolve_stream(s, h, d);
-  if (st == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (st == nullptr) return detail::dead_stream_code(s, h);
   *out = st;
   return CUDA_SUCCESS;
 }
 
-Event* event_arg(State& s, CUevent h) {
-  auto it = s.events.find(reinterpret_cast<uintptr_t>(h));
-  return it == s.events.end() ? nullptr : it->second.get();
+// Resolves an event argument (nullptr: *code says why).
+Event* event_arg(State& s, CUevent h, CUresult* code) {
+  const auto raw = reinterpret_cast<uintptr_t>(h);
+  auto it = s.events.find(raw);
+  if (it != s.events.end()) return it->second.get();
+  auto dead = s.dead_events.find(raw);
+  *code = dead != s.dead_events.end() ? dead->second : CUDA_ERROR_INVALID_HANDLE;
+  return nullptr;
 }
 
 // Work for a stream: queued as a work item, or captured when the stream is capturing. The
@@ -130,6 +135,7 @@ void detail::reset_device_context(State& s, int d) {
     if (it->second->device == d) {
       it->second->destroyed = true;
       s.free_stream_handles.push_back(it->first);
+      s.dead_streams[it->first] = CUDA_ERROR_CONTEXT_IS_DESTROYED;
       it = s.streams.erase(it);
     } else {
       ++it;
@@ -141,6 +147,7 @@ void detail::reset_device_context(State& s, int d) {
   for (auto it = s.events.begin(); it != s.events.end();) {
     if (it->second->device == d) {
       s.free_event_handles.push_back(it->first);
+      s.dead_events[it->first] = CUDA_ERROR_CONTEXT_IS_DESTROYED;
       it = s.events.erase(it);
     } else {
       ++it;
@@ -161,6 +168,7 @@ CUresult sim_stream_create(CUstream* stream, unsigned int flags) {
     }
     auto st = std::make_shared<Stream>();
     const uintptr_t h = take_handle(s.free_stream_handles, s.next_stream_handle);
+    s.dead_streams.erase(h);
     st->handle = reinterpret_cast<CUstream>(h);
     st->id = s.next_stream_id++;
     st->device = d;
@@ -174,13 +182,14 @@ CUresult sim_stream_create(CUstream* stream, unsigned int flags) {
 CUresult sim_stream_destroy(CUstream stream) {
   return run(EntryPoint::stream_destroy, true, [&](State& s, CallSize&) {
     auto it = s.streams.find(reinterpret_cast<uintptr_t>(stream));
-    if (it == s.streams.end()) return CUDA_ERROR_INVALID_HANDLE;
+    if (it == s.streams.end()) return detail::dead_stream_code(s, stream);
     // Returns at once; pending work still completes (the stream lives on in s.busy until then),
     // and the handle value is free for the next cuStreamCreate.
     Stream& st = *it->second;
     if (st.capture) detail::invalidate(*st.capture);
     st.destroyed = true;
     s.free_stream_handles.push_back(it->first);
+    s.dead_streams[it->first] = CUDA_ERROR_INVALID_HANDLE;
     s.streams.erase(it);
     return CUDA_SUCCESS;
   });
@@ -214,8 +223,9 @@ CUresult sim_stream_wait_event(CUstream stream, CUevent event, unsigned int flag
   return run(EntryPoint::stream_wait_event, true, [&](State& s, CallSize&) {
     if ((flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL)) != 0)
       return CUDA_ERROR_INVALID_VALUE;
-    Event* e = event_arg(s, event);
-    if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult code = CUDA_SUCCESS;
+    Event* e = event_arg(s, event, &code);
+    if (e == nullptr) return code;
     Stream* st = nullptr;
     const CUresult r = stream_arg(s, stream, &st);
     if (r != CUDA_SUCCESS) return r;
@@ -272,6 +282,7 @@ CUresult sim_event_create(CUevent* event, unsigned int flags) {
     e->device = d;
     e->flags = flags;
     const uintptr_t h = take_handle(s.free_event_handles, s.next_event_handle);
+    s.dead_events.erase(h);
     *event = reinterpret_cast<CUevent>(h);
     s.events.emplace(h, std::move(e));
     return CUDA_SUCCESS;
@@ -281,8 +292,13 @@ CUresult sim_event_create(CUevent* event, unsigned int flags) {
 CUresult sim_event_destroy(CUevent event) {
   return run(EntryPoint::event_destroy, true, [&](State& s, CallSize&) {
     auto it = s.events.find(reinterpret_cast<uintptr_t>(event));
-    if (it == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
+    if (it == s.events.end()) {
+      CUresult code = CUDA_ERROR_INVALID_HANDLE;
+      event_arg(s, event, &code);
+      return code;
+    }
     s.free_event_handles.push_back(it->first);
+    s.dead_events[it->first] = CUDA_ERROR_INVALID_HANDLE;
     s.events.erase(it);
     return CUDA_SUCCESS;
   });
@@ -290,8 +306,9 @@ CUresult sim_event_destroy(CUevent event) {
 
 CUresult sim_event_record(CUevent event, CUstream stream) {
   return run(EntryPoint::event_record, true, [&](State& s, CallSize&) {
-    Event* e = event_arg(s, event);
-    if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult code = CUDA_SUCCESS;
+    Event* e = event_arg(s, event, &code);
+    if (e == nullptr) return code;
     Stream* st = nullptr;
     const CUresult r = stream_arg(s, stream, &st);
     if (r != CUDA_SUCCESS) return r;
@@ -318,8 +335,9 @@ CUresult detail::record_event(State& s, Stream& st, Event& e) {
 
 CUresult sim_event_query(CUevent event) {
   return run(EntryPoint::event_query, true, [&](State& s, CallSize&) {
-    Event* e = event_arg(s, event);
-    if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult code = CUDA_SUCCESS;
+    Event* e = event_arg(s, event, &code);
+    if (e == nullptr) return code;
     CUresult r = captured_event_check(*e);
     if (r != CUDA_SUCCESS) return r;
     r = detail::check_unsafe_call(s);
@@ -330,8 +348,9 @@ CUresult sim_event_query(CUevent event) {
 
 CUresult sim_event_synchronize(CUevent event) {
   return run(EntryPoint::event_synchronize, true, [&](State& s, CallSize&) {
-    Event* e = event_arg(s, event);
-    if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult code = CUDA_SUCCESS;
+    Event* e = event_arg(s, event, &code);
+    if (e == nullptr) return code;
     CUresult r = captured_event_check(*e);
     if (r != CUDA_SUCCESS) return r;
     r = detail::check_unsafe_call(s);

@@ -563,6 +563,11 @@ EXPANSE_EXPORT void expanse_sim_release_stream(void* stream) {
   }
 }
 
+EXPANSE_EXPORT void expanse_sim_release_all(void) {
+  ensure_configured();
+  sim::release_all();
+}
+
 EXPANSE_EXPORT unsigned long long expanse_sim_pending_events(void) {
   ensure_configured();
   return sim::pending_events();
