@@ -100,7 +100,7 @@ Json gather_info(const std::string& conf_text) {
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = dev;
+    prop.location.id = i;  // CUmemLocation names a device by ordinal, not CUdevice
     size_t gmin = 0, grec = 0;
     if (vmm != 0) {
       drv->check(t.mem_get_allocation_granularity(&gmin, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
@@ -150,8 +150,13 @@ std::string format_info(const Json& info) {
         << ")";
       sep = ", ";
     }
-    o << ": optional; expanse degrades without them (no stream ids: nothing freed is reused "
-         "before a fence)\n";
+    bool no_ids = false;
+    for (const Json& m : d["missing_entry_points"]) no_ids = no_ids || m["name"] == "cuStreamGetId";
+    o << ": optional, expanse works without them"
+      << (no_ids ? " (without stream ids nothing freed is reused before a fence or a context "
+                   "sync)"
+                 : "")
+      << "\n";
   }
   const std::string conf = info["expanse_conf"].get<std::string>();
   o << "config   EXPANSE_CONF=" << (conf.empty() ? "(unset)" : conf) << "\n";
