@@ -158,7 +158,7 @@ void must_free(void* p, size_t n, int dev, CUstream s) {
 
 // Finding 1: a stream of another context (device 1) used on a device-0 block. Its event must be
 // recorded in its own context; before, INVALID_HANDLE was taken for "destroyed", device 0 was
-// synchronized and the block reused while device 1's stream still ran.
+// synchronized, and the block went to the freeing stream s2 while device 1's stream still ran.
 TEST_P(StreamTruth, StreamOfAnotherDeviceIsWaitedFor) {
   start("sim_devices:2,sim_capacity:1GiB");
   CUstream s0 = stream(0), s2 = stream(0), s1 = stream(1);
@@ -166,7 +166,7 @@ TEST_P(StreamTruth, StreamOfAnotherDeviceIsWaitedFor) {
   ASSERT_EQ(expanse_record_stream(a, reinterpret_cast<CUstream_st*>(s1)), EXPANSE_OK)
       << expanse_last_error();
   ctl_.hold(s1);
-  must_free(a, 8 * MiB, 0, s0);
+  must_free(a, 8 * MiB, 0, s2);  // ordered on s2; s0 and device 1's s1 used it too
   std::vector<void*> got;
   for (int i = 0; i < 6; ++i) {
     void* b = must_malloc(8 * MiB, 0, s2);
