@@ -149,6 +149,11 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
     }
   }
 
+  in_use_ = ss.key;
+  struct Release {
+    StreamKey& k;
+    ~Release() { k = 0; }
+  } release_in_use{in_use_};
   PageRequest req;
   req.bytes = bytes;
   req.stream = stream;

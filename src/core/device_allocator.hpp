@@ -165,6 +165,7 @@ class DeviceAllocator {
   std::unordered_map<StreamKey, StreamState> streams_;
   std::map<std::pair<uint64_t, uint64_t>, StreamKey> legacy_keys_;  // (legacy id, thread) -> key
   StreamKey next_key_ = StreamKey{1} << 63;  // made-up keys; driver ids stay below
+  StreamKey in_use_ = 0;  // the state allocate() holds a reference to (never dropped meanwhile)
   std::vector<Pending> pending_;
   std::unordered_map<CUcontext, std::vector<CUevent>> event_pool_;
   std::vector<std::pair<CUcontext, CUevent>> all_events_;

@@ -293,8 +293,8 @@ void DeviceAllocator::drop_finished_states() {
   for (auto it = streams_.begin(); it != streams_.end();) {
     StreamState& ss = it->second;
     const bool unnamed = ss.gone || ss.kind == StreamIdentity::unknown;
-    if (unnamed && ss.live_refs == 0 && ss.safe_seq == ss.free_seq && ss.fences.empty() &&
-        ss.lifo.empty()) {
+    if (unnamed && it->first != in_use_ && ss.live_refs == 0 && ss.safe_seq == ss.free_seq &&
+        ss.fences.empty() && ss.lifo.empty()) {
       it = streams_.erase(it);
     } else {
       ++it;
