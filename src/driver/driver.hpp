@@ -71,7 +71,8 @@ class LoadedDriver {
 std::unique_ptr<LoadedDriver> load_cuda(const std::string& library = "libcuda.so.1");
 
 // Resets the in-process sim with cfg and returns its table (cuInit already called). As for a
-// real driver, optional entry points newer than cfg.driver_version are left null.
+// real driver, optional entry points newer than cfg.driver_version are left null, and one
+// older than a required entry point throws driver_error.
 std::unique_ptr<LoadedDriver> load_sim(const sim::SimConfig& cfg, const std::string& why);
 
 // EXPANSE_CONF's driver selection. mode: "auto" | "cuda" | "sim". With "auto", a working

@@ -98,14 +98,20 @@ std::unique_ptr<LoadedDriver> load_cuda(const std::string& library) {
 }
 
 std::unique_ptr<LoadedDriver> load_sim(const sim::SimConfig& cfg, const std::string& why) {
-  sim::reset(cfg);
   // The sim's table has everything; a driver of cfg.driver_version would lack what is newer.
   DriverTable table = sim::table();
   for (int i = 0; i < kEntryPointCount; ++i) {
     const auto e = static_cast<EntryPoint>(i);
-    if (!entry_point_required(e) && entry_point_version(e) > cfg.driver_version)
-      *table.slot(e) = nullptr;
+    if (entry_point_version(e) <= cfg.driver_version) continue;
+    if (entry_point_required(e)) {
+      throw driver_error("the sim's driver version " + version_text(cfg.driver_version) +
+                             " (sim_driver_version) is older than " + entry_point_symbol(e) +
+                             " (CUDA " + version_text(entry_point_version(e)) + ")",
+                         CUDA_ERROR_NOT_FOUND);
+    }
+    *table.slot(e) = nullptr;
   }
+  sim::reset(cfg);
   CUresult r = table.init(0);
   if (r != CUDA_SUCCESS) {
     const char* name = nullptr;

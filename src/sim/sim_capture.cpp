@@ -11,6 +11,28 @@
 // - a thread whose mode is GLOBAL or THREAD_LOCAL and that runs a capture not begun RELAXED, or
 //   (GLOBAL only) while another thread runs a GLOBAL capture, may not make "potentially unsafe"
 //   calls (see check_unsafe_call); a thread switched to RELAXED may.
+//
+// Which calls are "potentially unsafe" is not listed anywhere; the sim's choice, with evidence:
+// - cuMemAddressReserve/Free, cuMemCreate/Release, cuMemMap/Unmap, cuMemSetAccess: like
+//   cudaMalloc (the doc's example) they are not stream-ordered and unseen by capture; NCCL and
+//   mscclpp switch their thread to RELAXED around exactly these calls, PyTorch around cudaMalloc
+//   (cudaMallocMaybeCapturing) and cudaHostAlloc.
+// - cuEventQuery/Synchronize, cuStreamQuery/Synchronize of work outside the capture: PyTorch
+//   switches to RELAXED around its allocator's cudaEventQuery during capture (pytorch#158352);
+//   ROCm's HIP, which mirrors CUDA here, refuses them under another thread's GLOBAL capture
+//   unless the caller is RELAXED/THREAD_LOCAL (ROCm/rocm-systems#3169).
+// - cuCtxSynchronize: forbidden outright while a stream of the context captures, else unsafe.
+// - cuMemcpyHtoD/DtoH: synchronous, ordered with the legacy stream (IMPLICIT while a blocking
+//   stream captures; aws-ofi-nccl#1342), else unsafe.
+// Not unsafe: stream/event creation and destruction, cuEventRecord and cuStreamWaitEvent (they
+// are captured or stream-ordered), every query of properties (cuStreamGetCtx/Id/Flags/Device,
+// cuStreamIsCapturing, cuStreamGetCaptureInfo, attributes, cuMemGetInfo, access queries).
+// An unsafe call under another thread's GLOBAL capture also invalidates that capture [INF].
+// Codes not documented for these cases, chosen by precedent: beginning a capture on a capturing
+// stream, or ending one on a stream that is not capturing, is CUDA_ERROR_ILLEGAL_STATE (what
+// cuStreamUpdateCaptureDependencies documents for "the stream is not capturing"); an event last
+// recorded in a capture stays CUDA_ERROR_CAPTURED_EVENT for query/sync/wait even after the
+// capture ended, until it is recorded again outside one.
 #include "sim/sim_call.hpp"
 #include "sim/sim_entry.hpp"
 

@@ -234,6 +234,7 @@ CUresult sim_stream_wait_event(CUstream stream, CUevent event, unsigned int flag
 }
 
 CUresult detail::wait_event(State& s, Stream& st, Event& e, unsigned flags) {
+  if (st.capture && st.capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
   if (e.captured) {
     Capture& c = *e.captured;
     if (c.ended) return CUDA_ERROR_CAPTURED_EVENT;

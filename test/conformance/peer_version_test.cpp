@@ -187,3 +187,29 @@ TEST_P(Conformance, OlderDriverVersionHidesNewerEntryPoints) {
 
 }  // namespace
 }  // namespace expanse::conformance
+
+namespace expanse::conformance {
+namespace {
+
+// Sim: a driver older than a required entry point (CUDA 10.2 lacks the 11.0
+// cuDevicePrimaryCtxRelease_v2) cannot be loaded, and the error names what is missing.
+TEST_P(Conformance, DriverOlderThanARequiredEntryPointIsRefused) {
+  CONFORMANCE_REQUIRE_SIM("needs sim_driver_version");
+  ASSERT_NO_FATAL_FAILURE(reconfigure("sim_driver_version:10020"));
+  try {
+    if (library_path().empty()) {
+      driver::load_sim(
+          sim::sim_config_from_string(std::string(kSimConf) + ",sim_driver_version:10020"), "test");
+    } else {
+      driver::load_cuda(library_path());
+    }
+    ADD_FAILURE() << "a 10.2 driver was loaded";
+  } catch (const driver::driver_error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuDevicePrimaryCtxRelease_v2"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("10.2"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace expanse::conformance
