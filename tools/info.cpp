@@ -74,6 +74,13 @@ Json gather_info(const std::string& conf_text) {
                 {"granularity_bytes", c.granularity},
                 {"backing", c.backing}};
   }
+  // Optional entry points this driver lacks (older than them): what expanse does without them.
+  Json missing = Json::array();
+  for (EntryPoint e : drv->missing()) {
+    missing.push_back({{"name", driver::entry_point_name(e)},
+                       {"since", version_text(driver::entry_point_version(e))}});
+  }
+  d["missing_entry_points"] = missing;
   out["driver"] = d;
 
   int count = 0;
@@ -93,7 +100,7 @@ Json gather_info(const std::string& conf_text) {
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = dev;
+    prop.location.id = i;  // CUmemLocation names a device by ordinal, not CUdevice
     size_t gmin = 0, grec = 0;
     if (vmm != 0) {
       drv->check(t.mem_get_allocation_granularity(&gmin, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
@@ -135,6 +142,22 @@ std::string format_info(const Json& info) {
   const Json& d = info["driver"];
   o << "driver   " << d["kind"].get<std::string>() << " (" << d["description"].get<std::string>()
     << "), version " << d["version"].get<std::string>() << "\n";
+  if (d.contains("missing_entry_points") && !d["missing_entry_points"].empty()) {
+    o << "missing  ";
+    const char* sep = "";
+    for (const Json& m : d["missing_entry_points"]) {
+      o << sep << m["name"].get<std::string>() << " (CUDA " << m["since"].get<std::string>()
+        << ")";
+      sep = ", ";
+    }
+    bool no_ids = false;
+    for (const Json& m : d["missing_entry_points"]) no_ids = no_ids || m["name"] == "cuStreamGetId";
+    o << ": optional, expanse works without them"
+      << (no_ids ? " (without stream ids nothing freed is reused before a fence or a context "
+                   "sync)"
+                 : "")
+      << "\n";
+  }
   const std::string conf = info["expanse_conf"].get<std::string>();
   o << "config   EXPANSE_CONF=" << (conf.empty() ? "(unset)" : conf) << "\n";
   o << "devices  " << info["devices"].size() << "\n";

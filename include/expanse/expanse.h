@@ -138,6 +138,12 @@ EXPANSE_C_API int expanse_record_history(int enabled, size_t max_entries);
  * No stack frames ("frames" lists are empty). */
 EXPANSE_C_API int expanse_dump_snapshot(const char* path);
 
+/* Grants device `peer` read-write access to all of `device`'s memory, present and future (VMM
+ * memory needs its own access grant per device: cudaDeviceEnablePeerAccess does not cover it).
+ * With EXPANSE_CONF peer_access:auto (the default) every peer the driver allows already has it.
+ * EXPANSE_EINVAL when cuDeviceCanAccessPeer says peer cannot access device. */
+EXPANSE_C_API int expanse_enable_peer_access(int device, int peer);
+
 #ifdef __cplusplus
 }
 #endif

@@ -93,4 +93,16 @@ EXPANSE_C_API int expanse_dump_snapshot(const char* path) {
   });
 }
 
+EXPANSE_C_API int expanse_enable_peer_access(int device, int peer) {
+  return guarded([&] {
+    Runtime& rt = Runtime::get();
+    if (peer < 0 || peer >= rt.device_count()) {
+      throw expanse::usage_error("expanse_enable_peer_access: peer device " +
+                                 std::to_string(peer) + " does not exist (" +
+                                 std::to_string(rt.device_count()) + " devices)");
+    }
+    rt.device(device).enable_peer_access(peer);
+  });
+}
+
 }  // extern "C"

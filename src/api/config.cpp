@@ -48,6 +48,17 @@ Config parse_config(const std::string& text) {
         c.allocator.va_size = conf::parse_size_for(key, value);
       } else if (key == "va_budget") {
         c.allocator.va_budget = conf::parse_size_for(key, value);
+      } else if (key == "peer_access") {
+        if (value != "auto" && value != "none") {
+          throw usage_error("EXPANSE_CONF: key 'peer_access': '" + value +
+                            "' is not one of auto, none");
+        }
+        c.allocator.peer_access_auto = value == "auto";
+      } else if (key == "rdma") {
+        if (value != "auto" && value != "off") {
+          throw usage_error("EXPANSE_CONF: key 'rdma': '" + value + "' is not one of auto, off");
+        }
+        c.allocator.rdma = value == "auto";
       } else if (key == "driver") {
         if (value != "auto" && value != "cuda" && value != "sim") {
           throw usage_error("EXPANSE_CONF: key 'driver': '" + value +

@@ -86,6 +86,7 @@ DeviceStats DeviceAllocator::stats() const {
   s.va_reserved_bytes = va_reserved_;
   s.driver_calls = drv_.calls();
   s.modeled_driver_ns = drv_.modeled_ns();
+  s.stream_queries = drv_.stream_queries();
   return s;
 }
 

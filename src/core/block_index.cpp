@@ -46,7 +46,7 @@ void BlockIndex::unindex(Arena a, BlockIt it) {
   if (o->second.empty()) owned_[i].erase(o);
 }
 
-BlockIt BlockIndex::best_fit(Arena a, size_t bytes, CUstream stream) {
+BlockIt BlockIndex::best_fit(Arena a, size_t bytes, StreamKey stream) {
   return first_fit_where(a, bytes, stream, 1, [](BlockIt) { return true; });
 }
 
@@ -99,7 +99,6 @@ BlockIt BlockIndex::insert_free(BlockIt it, Arena a) {
   it->second.state = BlockState::free;
   it->second.requested = 0;
   it->second.users.clear();
-  it->second.events.clear();
   // Merge with the previous block.
   if (it != blocks_.begin()) {
     auto prev = std::prev(it);
@@ -127,12 +126,12 @@ BlockIt BlockIndex::insert_free(BlockIt it, Arena a) {
 BlockIt BlockIndex::make_safe(BlockIt it, Arena a) {
   unindex(a, it);
   it->second.safe = true;
-  it->second.stream = nullptr;
+  it->second.stream = 0;
   it->second.seq = 0;
   return insert_free(it, a);
 }
 
-std::vector<BlockIt> BlockIndex::owned_up_to(Arena a, CUstream stream, uint64_t upto) {
+std::vector<BlockIt> BlockIndex::owned_up_to(Arena a, StreamKey stream, uint64_t upto) {
   std::vector<BlockIt> out;
   auto o = owned_[static_cast<int>(a)].find(stream);
   if (o == owned_[static_cast<int>(a)].end()) return out;
@@ -150,8 +149,8 @@ bool BlockIndex::any_unsafe() const noexcept {
   return false;
 }
 
-std::vector<CUstream> BlockIndex::streams_with_unsafe() const {
-  std::vector<CUstream> out;
+std::vector<StreamKey> BlockIndex::streams_with_unsafe() const {
+  std::vector<StreamKey> out;
   for (const auto& m : owned_) {
     for (const auto& [s, set] : m) {
       if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);

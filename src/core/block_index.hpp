@@ -22,11 +22,15 @@
 
 namespace expanse::core {
 
+// A stream as the allocator knows it: the driver's stream id (never reused, unlike handle values),
+// or a key the allocator made up (stream_order.cpp). 0 is no stream.
+using StreamKey = uint64_t;
+
 enum class BlockState : uint8_t {
   free,     // in the free index
   live,     // handed to the user
   cached,   // freed, parked in its stream's LIFO for exact-size reuse (not in the index)
-  pending,  // freed, waiting for events on other streams that used it (record_stream)
+  pending,  // freed, waiting for other streams that used it (record_stream) to pass the free
 };
 
 struct Block {
@@ -34,11 +38,10 @@ struct Block {
   uint32_t res = 0;         // reservation id
   BlockState state = BlockState::free;
   bool safe = true;         // free/cached: reusable by any stream
-  CUstream stream = nullptr;  // live: allocation stream; unsafe free/cached/pending: owner
+  StreamKey stream = 0;     // live: allocation stream; unsafe free/cached/pending: owner
   uint64_t seq = 0;         // unsafe: the owner stream's free sequence number at the free
   size_t requested = 0;     // live: bytes asked for
-  std::vector<CUstream> users;  // live: other streams recorded with record_stream
-  std::vector<CUevent> events;  // pending: events recorded on those streams
+  std::vector<StreamKey> users;  // live: other streams recorded with record_stream
 };
 
 using BlockMap = std::map<CUdeviceptr, Block>;
@@ -56,11 +59,11 @@ class BlockIndex {
 
   // Smallest free block of arena `a` with size >= bytes that `stream` may use at once: safe
   // blocks and blocks owned by `stream`. Returns end() if none.
-  BlockIt best_fit(Arena a, size_t bytes, CUstream stream);
+  BlockIt best_fit(Arena a, size_t bytes, StreamKey stream);
   // Like best_fit, but the smallest block for which pred(it) holds, looking at no more than
   // `budget` candidates in size order (the stream's own blocks win ties).
   template <class Pred>
-  BlockIt first_fit_where(Arena a, size_t bytes, CUstream stream, size_t budget, Pred&& pred) {
+  BlockIt first_fit_where(Arena a, size_t bytes, StreamKey stream, size_t budget, Pred&& pred) {
     const int i = static_cast<int>(a);
     const std::pair<size_t, CUdeviceptr> key{bytes, 0};
     auto s = safe_[i].lower_bound(key);
@@ -97,8 +100,8 @@ class BlockIndex {
   BlockIt make_safe(BlockIt it, Arena a);
 
   // Unsafe free blocks owned by `stream` in arena `a` with seq <= upto.
-  std::vector<BlockIt> owned_up_to(Arena a, CUstream stream, uint64_t upto);
-  std::vector<CUstream> streams_with_unsafe() const;
+  std::vector<BlockIt> owned_up_to(Arena a, StreamKey stream, uint64_t upto);
+  std::vector<StreamKey> streams_with_unsafe() const;
   bool any_unsafe() const noexcept;
 
   // Safe free blocks of arena `a`, largest first (for reclaiming pages under them).
@@ -121,7 +124,7 @@ class BlockIndex {
 
   BlockMap blocks_;
   SizeSet safe_[kArenaCount];
-  std::unordered_map<CUstream, SizeSet> owned_[kArenaCount];
+  std::unordered_map<StreamKey, SizeSet> owned_[kArenaCount];
 };
 
 }  // namespace expanse::core

@@ -18,7 +18,7 @@ constexpr size_t kMappedSearchBudget = 32;
 
 DeviceAllocator::DeviceAllocator(const driver::LoadedDriver& drv, int device,
                                  const AllocatorOptions& opts)
-    : drv_(drv, device), opts_(opts) {
+    : drv_(drv, device, opts.rdma), opts_(opts) {
   const size_t g = drv_.granularity();
   page_ = opts.page_size != 0 ? opts.page_size : g;
   if (page_ % g != 0) {
@@ -35,6 +35,13 @@ DeviceAllocator::DeviceAllocator(const driver::LoadedDriver& drv, int device,
   opts_.small_va_size = round_up(opts_.small_va_size, page_);
   va_budget_ = opts.va_budget != 0 ? opts.va_budget : 64 * cap;
   if (opts_.small_max > opts_.small_va_size) opts_.small_max = opts_.small_va_size;
+  if (opts_.peer_access_auto) {
+    int n = 0;
+    drv.check(drv.table().device_get_count(&n), driver::EntryPoint::device_get_count);
+    for (int p = 0; p < n; ++p) {
+      if (drv_.can_access_peer(p)) drv_.add_peer(p);
+    }
+  }
 }
 
 DeviceAllocator::~DeviceAllocator() {
@@ -68,15 +75,48 @@ DeviceAllocator::~DeviceAllocator() {
     } catch (...) {
     }
   }
-  for (auto e : all_events_) {
-    try {
-      drv_.event_destroy(e);
-    } catch (...) {
+  for (auto [ctx, e] : all_events_) drv_.event_destroy(ctx, e);
+}
+
+// ---- peer access ----------------------------------------------------------------------------
+
+void DeviceAllocator::enable_peer_access(int peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (peer == device() || drv_.has_peer(peer)) return;
+  if (!drv_.can_access_peer(peer)) {
+    throw usage_error("expanse: enable_peer_access(" + std::to_string(device()) + ", " +
+                      std::to_string(peer) + "): the driver says device " +
+                      std::to_string(peer) + " cannot access device " +
+                      std::to_string(device()) + "'s memory (cuDeviceCanAccessPeer)");
+  }
+  drv_.add_peer(peer);
+  // Present mappings: one cuMemSetAccess per run of accessible pages (all descriptors again).
+  try {
+    for (auto& rp : reservations_) {
+      if (!rp || !rp->alive) continue;
+      Reservation& r = *rp;
+      for (size_t p = 0; p < r.page_count();) {
+        if (!r.ready(p)) {
+          ++p;
+          continue;
+        }
+        size_t q = p;
+        while (q < r.page_count() && r.ready(q)) ++q;
+        drv_.set_access(r.page_addr(p), (q - p) * page_);
+        p = q;
+      }
     }
+  } catch (const driver::driver_error& e) {
+    throw driver_failure("expanse: granting device " + std::to_string(peer) +
+                             " access to device " + std::to_string(device()) + ": " + e.what(),
+                         static_cast<int>(e.code()));
   }
 }
 
-DeviceAllocator::StreamState& DeviceAllocator::stream_state(CUstream s) { return streams_[s]; }
+std::vector<int> DeviceAllocator::peers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return drv_.peers();
+}
 
 // ---- allocate --------------------------------------------------------------------------------
 
@@ -89,9 +129,12 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
   }
   const size_t sz = round_up(bytes, kBlockAlignment);
   const Arena a = arena_for(sz);
+  // Which stream this is, asked before the lock (one cuStreamGetId): a handle value names
+  // nothing by itself (recycled after cuStreamDestroy, per thread for CU_STREAM_PER_THREAD).
+  const StreamIdentity id = identify(stream, "allocate", nullptr);
 
   std::lock_guard<std::mutex> lock(mu_);
-  StreamState& ss = stream_state(stream);
+  StreamState& ss = stream_state(stream, id);
   // Hot path: an exact-size block this stream freed recently. Its pages are still mapped.
   for (size_t i = ss.lifo.size(); i-- > 0;) {
     BlockIt it = ss.lifo[i];
@@ -101,11 +144,16 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
     const size_t fresh = untouched_pages(r, it->first, sz);
     if (fresh <= (sz + page_ - 1) / page_ && fresh <= pages_left()) {
       ss.lifo.erase(ss.lifo.begin() + static_cast<std::ptrdiff_t>(i));
-      make_live(it, bytes, stream);
+      make_live(it, bytes, ss, stream);
       return reinterpret_cast<void*>(it->first);
     }
   }
 
+  in_use_ = ss.key;
+  struct Release {
+    StreamKey& k;
+    ~Release() { k = 0; }
+  } release_in_use{in_use_};
   PageRequest req;
   req.bytes = bytes;
   req.stream = stream;
@@ -119,7 +167,7 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
       throw_oom(req);
     }
     size_t offset = 0;
-    BlockIt it = find_block(sz, a, stream, req, &offset);
+    BlockIt it = find_block(sz, a, ss.key, req, &offset);
     it = index_.carve(it, sz, a, offset);
     it->second.state = BlockState::live;  // out of the index: reclaim cannot pick its pages
     Reservation& r = res(it->second.res);
@@ -136,7 +184,7 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
       index_.insert_free(it, a);
       throw;
     }
-    make_live(it, bytes, stream);
+    make_live(it, bytes, ss, stream);
     return reinterpret_cast<void*>(it->first);
   } catch (const out_of_memory&) {
     ++stats_.num_ooms;
@@ -178,7 +226,7 @@ bool DeviceAllocator::tight_offset(BlockIt c, size_t sz, size_t* off) const {
 // Chooses where a block of sz bytes goes: a free block this stream may use, and the offset into
 // it. Already-mapped memory first (no driver call, no page held twice); then the best fit, whose
 // missing pages ensure_pages() provides; then fresh VA.
-BlockIt DeviceAllocator::find_block(size_t sz, Arena a, CUstream stream, PageRequest& req,
+BlockIt DeviceAllocator::find_block(size_t sz, Arena a, StreamKey stream, PageRequest& req,
                                     size_t* offset) {
   auto mapped_and_tight = [&](BlockIt c) {
     size_t off = 0;
@@ -233,11 +281,12 @@ Reservation* DeviceAllocator::add_reservation(Arena a, size_t min_bytes) {
   return reservations_.back().get();
 }
 
-void DeviceAllocator::make_live(BlockIt it, size_t requested, CUstream stream) {
+void DeviceAllocator::make_live(BlockIt it, size_t requested, StreamState& ss, CUstream stream) {
   Block& b = it->second;
   b.state = BlockState::live;
   b.requested = requested;
-  b.stream = stream;
+  b.stream = ss.key;
+  ++ss.live_refs;
   b.safe = false;
   b.users.clear();
   Reservation& r = res(b.res);
@@ -255,6 +304,7 @@ void DeviceAllocator::make_live(BlockIt it, size_t requested, CUstream stream) {
 
 void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_size) {
   if (ptr == nullptr) return;
+  const StreamIdentity id = identify(stream, "free", ptr);
   std::lock_guard<std::mutex> lock(mu_);
   auto addr = reinterpret_cast<CUdeviceptr>(ptr);
   auto it = index_.blocks().find(addr);
@@ -271,28 +321,19 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
                       ", but it was allocated with size " + std::to_string(b.requested) +
                       "; nothing was changed");
   }
-  // The free is ordered on `stream`; if the block was allocated on another stream, work there
-  // may still use it too.
-  std::vector<CUstream> users = b.users;
-  if (stream != b.stream && std::find(users.begin(), users.end(), b.stream) == users.end()) {
-    users.push_back(b.stream);
-  }
-  std::vector<CUevent> events;
-  try {
-    for (CUstream u : users) {
-      CUevent e = get_event();
-      // A destroyed user stream: the device was synchronized instead, nothing to wait for.
-      if (drv_.event_record_or_synchronize(e, u)) {
-        events.push_back(e);
-      } else {
-        put_event(e);
-      }
-    }
-  } catch (const driver::driver_error& e) {
-    for (CUevent ev : events) put_event(ev);
-    throw driver_failure("expanse: free of " + hex(addr) + ": " + e.what(),
-                         static_cast<int>(e.code()));
-  }
+  StreamState& ss = stream_state(stream, id);
+  // The free is ordered on `stream`; the allocation stream and streams recorded with
+  // record_stream may still use the block: it waits until each has passed this point (a fence
+  // recorded on it later covers it; nothing is recorded here).
+  std::vector<std::pair<StreamKey, uint64_t>> deps;
+  auto depend_on = [&](StreamKey k) {
+    auto st = streams_.find(k);
+    if (st == streams_.end()) return;  // nothing of it left unproven (drop_finished_states)
+    --st->second.live_refs;
+    if (k != ss.key) deps.emplace_back(k, ++st->second.free_seq);
+  };
+  depend_on(b.stream);
+  for (StreamKey u : b.users) depend_on(u);
 
   Reservation& r = res(b.res);
   touched_pages_ -= r.untouch(it->first, b.size);
@@ -302,16 +343,23 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   ++stats_.num_frees;
   if (events_ != nullptr) events_->on_free(device(), it->first, b.requested, stream);
 
-  StreamState& ss = stream_state(stream);
-  b.stream = stream;
+  b.stream = ss.key;
   b.seq = ++ss.free_seq;
   b.safe = false;
   b.users.clear();
   b.requested = 0;
-  if (!events.empty()) {
+  if (ss.kind == StreamIdentity::unknown) {
+    // A driver without stream ids: this key never comes back, so the block is of use only once a
+    // fence proves it done; the handle is valid now (the caller frees on it), so record it now.
+    DeviceDriver::RelaxedCapture relaxed(drv_);
+    record_fence(ss, /*at_free=*/true);
+  }
+  if (!deps.empty()) {
     b.state = BlockState::pending;
-    b.events = std::move(events);
-    pending_.push_back(it);
+    pending_.push_back({it, std::move(deps)});
+  } else if (ss.kind == StreamIdentity::unknown) {
+    b.state = BlockState::free;
+    index_.insert_free(it, r.arena);
   } else {
     b.state = BlockState::cached;
     ss.lifo.push_back(it);

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -55,6 +56,11 @@ class DeviceAllocator {
   void set_limit(size_t bytes);
   size_t limit() const;
 
+  // Grants device `peer` READWRITE access to every mapping here, present and future. Throws
+  // expanse::usage_error when the driver says it cannot access this device's memory.
+  void enable_peer_access(int peer);
+  std::vector<int> peers() const;
+
   // True if ptr is the start of a live block here; *size gets its requested size.
   bool owns(const void* ptr, size_t* size = nullptr) const;
 
@@ -78,14 +84,31 @@ class DeviceAllocator {
  private:
   struct Fence {
     CUevent event;
+    CUcontext ctx;  // the event's context (events are pooled per context)
     uint64_t seq;
   };
+  // One stream identity (stream_order.cpp explains the keys). Frees on it are numbered; a fence
+  // recorded on it after free number n proves frees up to n complete once it completes.
   struct StreamState {
-    uint64_t free_seq = 0;   // incremented at every free on this stream
-    uint64_t safe_seq = 0;   // frees with seq <= this are known complete
+    StreamKey key = 0;
+    StreamIdentity::Kind kind = StreamIdentity::unknown;
+    CUstream handle = nullptr;  // what fences are recorded on (CU_STREAM_LEGACY for legacy keys)
+    uint64_t id = 0;            // the driver's id: re-checked before recording on `handle`
+    CUcontext ctx = nullptr;    // the stream's context: its events live there
+    uint64_t owner_thread = 0;  // per-thread (and unknown) streams: only this thread may record
+    bool gone = false;          // `handle` no longer names it: only a context sync covers it
+    uint32_t live_refs = 0;     // live blocks allocated on it or recorded with it
+    uint64_t free_seq = 0;      // incremented at every free (and use ended by a free) on it
+    uint64_t safe_seq = 0;      // frees with seq <= this are known complete
     std::deque<Fence> fences;
     std::vector<BlockIt> lifo;  // cached blocks, most recent last
   };
+  // A freed block that other streams used: free again once each (stream, seq) has passed.
+  struct Pending {
+    BlockIt it;
+    std::vector<std::pair<StreamKey, uint64_t>> deps;
+  };
+  enum class Recorded { yes, not_now, gone };
   struct PageRequest;  // bookkeeping of one ensure_pages() call, for the OOM message
 
   // "live block of N bytes", "interior pointer, ... into the live block ...", "free memory", or
@@ -97,9 +120,12 @@ class DeviceAllocator {
   Arena arena_for(size_t bytes) const noexcept {
     return bytes <= opts_.small_max ? Arena::small : Arena::large;
   }
-  StreamState& stream_state(CUstream s);
+  // The state for what the calling thread means by `s` (identity from DeviceDriver::identify,
+  // taken before the lock). May query the stream's context on first sight.
+  StreamState& stream_state(CUstream s, const StreamIdentity& id);
+  StreamIdentity identify(CUstream s, const char* what, const void* ptr);
 
-  BlockIt find_block(size_t bytes, Arena a, CUstream stream, PageRequest& req, size_t* offset);
+  BlockIt find_block(size_t bytes, Arena a, StreamKey stream, PageRequest& req, size_t* offset);
   size_t untouched_pages(const Reservation& r, CUdeviceptr addr, size_t bytes) const;
   bool tight_offset(BlockIt c, size_t sz, size_t* off) const;
   Reservation* add_reservation(Arena a, size_t min_bytes);
@@ -111,9 +137,14 @@ class DeviceAllocator {
   void poll(bool wait);
   // Freed memory that some stream's work may still use (pending or owned free blocks).
   bool has_unfinished_frees() const noexcept { return !pending_.empty() || index_.any_unsafe(); }
-  void forget_stream(CUstream s);
+  Recorded record_fence(StreamState& ss, bool at_free = false);
+  bool context_quiet(CUcontext ctx);
+  bool sync_context(CUcontext ctx);
+  void settle(StreamState& ss);
+  void drop_finished_states();
   void free_block(BlockIt it);
-  void make_live(BlockIt it, size_t requested, CUstream stream);
+  // `stream`: as the caller named it (for the memory history).
+  void make_live(BlockIt it, size_t requested, StreamState& ss, CUstream stream);
   void trim_to(size_t max_held_pages, bool release_reservations);
   void release_empty_reservations();
   [[noreturn]] void throw_oom(const PageRequest& req);
@@ -125,8 +156,8 @@ class DeviceAllocator {
     const size_t cap = std::min(capacity_pages_, limit_pages_);
     return cap > touched_pages_ ? cap - touched_pages_ : 0;
   }
-  CUevent get_event();
-  void put_event(CUevent e);
+  CUevent get_event(CUcontext ctx);  // nullptr when the context cannot make one
+  void put_event(CUcontext ctx, CUevent e);
 
   mutable std::mutex mu_;
   DeviceDriver drv_;
@@ -139,10 +170,13 @@ class DeviceAllocator {
   std::vector<std::unique_ptr<Reservation>> reservations_;
   BlockIndex index_;
   std::vector<CUmemGenericAllocationHandle> pool_;
-  std::unordered_map<CUstream, StreamState> streams_;
-  std::vector<BlockIt> pending_;
-  std::vector<CUevent> event_pool_;
-  std::vector<CUevent> all_events_;
+  std::unordered_map<StreamKey, StreamState> streams_;
+  std::map<std::pair<uint64_t, uint64_t>, StreamKey> legacy_keys_;  // (legacy id, thread) -> key
+  StreamKey next_key_ = StreamKey{1} << 63;  // made-up keys; driver ids stay below
+  StreamKey in_use_ = 0;  // the state allocate() holds a reference to (never dropped meanwhile)
+  std::vector<Pending> pending_;
+  std::unordered_map<CUcontext, std::vector<CUevent>> event_pool_;
+  std::vector<std::pair<CUcontext, CUevent>> all_events_;
 
   size_t mapped_pages_ = 0;
   size_t touched_pages_ = 0;

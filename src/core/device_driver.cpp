@@ -6,7 +6,7 @@ namespace expanse::core {
 
 using driver::EntryPoint;
 
-DeviceDriver::DeviceDriver(const driver::LoadedDriver& drv, int device)
+DeviceDriver::DeviceDriver(const driver::LoadedDriver& drv, int device, bool rdma)
     : drv_(drv), t_(drv.table()), device_(device) {
   int count = 0;
   check(t_.device_get_count(&count), EntryPoint::device_get_count);
@@ -16,31 +16,46 @@ DeviceDriver::DeviceDriver(const driver::LoadedDriver& drv, int device)
                                    ")",
                                CUDA_ERROR_INVALID_DEVICE);
   }
-  CUdevice dev = 0;
-  check(t_.device_get(&dev, device), EntryPoint::device_get);
-  int vmm = 0;
-  check(t_.device_get_attribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
-        EntryPoint::device_get_attribute);
-  if (vmm == 0) {
+  check(t_.device_get(&dev_, device), EntryPoint::device_get);
+  auto attribute = [&](CUdevice_attribute a) {
+    int v = 0;
+    // An attribute the driver does not know (older than it) is "not supported".
+    return t_.device_get_attribute(&v, a, dev_) == CUDA_SUCCESS && v != 0;
+  };
+  if (!attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)) {
     throw driver::driver_error("device " + std::to_string(device) +
                                    " does not support CUDA virtual memory management",
                                CUDA_ERROR_NOT_SUPPORTED);
   }
-  check(t_.device_total_mem(&total_memory_, dev), EntryPoint::device_total_mem);
-  check(t_.device_primary_ctx_retain(&ctx_, dev), EntryPoint::device_primary_ctx_retain);
+  check(t_.device_total_mem(&total_memory_, dev_), EntryPoint::device_total_mem);
+  check(t_.device_primary_ctx_retain(&ctx_, dev_), EntryPoint::device_primary_ctx_retain);
+  has_ids_ = drv_.has(EntryPoint::stream_get_id);
 
   prop_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop_.location.id = dev;
+  prop_.location.id = device;  // CUmemLocation names a device by its ordinal, not its CUdevice
+  // Exportable to other processes (cuMemExportToShareableHandle) and registrable with a NIC
+  // (NCCL, RDMA) — asked for only where the device says so: elsewhere cuMemCreate refuses, and on
+  // WSL2 an RDMA-capable allocation makes cuMemSetAccess fail (pytorch/pytorch#192330).
+  if (attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)) {
+    prop_.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  }
+  if (rdma && attribute(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)) {
+    prop_.allocFlags.gpuDirectRDMACapable = 1;
+  }
   check(t_.mem_get_allocation_granularity(&granularity_, &prop_,
                                           CU_MEM_ALLOC_GRANULARITY_MINIMUM),
         EntryPoint::mem_get_allocation_granularity);
-  access_.location = prop_.location;
-  access_.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CUmemAccessDesc own{};
+  own.location = prop_.location;
+  own.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  access_.push_back(own);
 }
 
 DeviceDriver::~DeviceDriver() {
-  if (ctx_ != nullptr) t_.device_primary_ctx_release(device_);
+  // The CUdevice from cuDeviceGet, not the ordinal: the driver promises nothing about their
+  // relation (issue 8, finding 8).
+  if (ctx_ != nullptr) t_.device_primary_ctx_release(dev_);
 }
 
 // Start-up queries (device count, attributes, granularity) are not counted: stats describe the
@@ -50,15 +65,13 @@ void DeviceDriver::count(EntryPoint e, size_t bytes, size_t mappings) {
   modeled_ns_ += driver::CostModel::get_default().cost_ns(e, bytes, mappings);
 }
 
-DeviceDriver::ScopedContext::ScopedContext(DeviceDriver& d) : d_(d) {
+DeviceDriver::ScopedContext::ScopedContext(DeviceDriver& d, CUcontext ctx) : d_(d) {
   CUcontext cur = nullptr;
   d_.count(EntryPoint::ctx_get_current, 0);
-  d_.check(d_.t_.ctx_get_current(&cur), EntryPoint::ctx_get_current);
-  if (cur != d_.ctx_) {
-    d_.count(EntryPoint::ctx_push_current, 0);
-    d_.check(d_.t_.ctx_push_current(d_.ctx_), EntryPoint::ctx_push_current);
-    pushed_ = true;
-  }
+  if (d_.t_.ctx_get_current(&cur) == CUDA_SUCCESS && cur == ctx) return;
+  d_.count(EntryPoint::ctx_push_current, 0);
+  pushed_ = d_.t_.ctx_push_current(ctx) == CUDA_SUCCESS;
+  ok_ = pushed_;
 }
 
 DeviceDriver::ScopedContext::~ScopedContext() {
@@ -69,7 +82,20 @@ DeviceDriver::ScopedContext::~ScopedContext() {
   }
 }
 
+DeviceDriver::RelaxedCapture::RelaxedCapture(DeviceDriver& d) : d_(d) {
+  if (d_.t_.thread_exchange_stream_capture_mode == nullptr) return;
+  ++d_.stream_queries_;
+  switched_ = d_.t_.thread_exchange_stream_capture_mode(&old_) == CUDA_SUCCESS;
+}
+
+DeviceDriver::RelaxedCapture::~RelaxedCapture() {
+  if (!switched_) return;
+  ++d_.stream_queries_;
+  d_.t_.thread_exchange_stream_capture_mode(&old_);
+}
+
 CUdeviceptr DeviceDriver::reserve(size_t size, size_t alignment) {
+  RelaxedCapture relaxed(*this);
   CUdeviceptr va = 0;
   count(EntryPoint::mem_address_reserve, 0);
   CUresult r = t_.mem_address_reserve(&va, size, alignment, 0, 0);
@@ -78,11 +104,13 @@ CUdeviceptr DeviceDriver::reserve(size_t size, size_t alignment) {
 }
 
 void DeviceDriver::address_free(CUdeviceptr va, size_t size) {
+  RelaxedCapture relaxed(*this);
   count(EntryPoint::mem_address_free, 0);
   check(t_.mem_address_free(va, size), EntryPoint::mem_address_free);
 }
 
 CUresult DeviceDriver::create(size_t size, CUmemGenericAllocationHandle* out) {
+  RelaxedCapture relaxed(*this);
   count(EntryPoint::mem_create, size);
   CUresult r = t_.mem_create(out, size, &prop_, 0);
   if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY) check(r, EntryPoint::mem_create);
@@ -90,73 +118,153 @@ CUresult DeviceDriver::create(size_t size, CUmemGenericAllocationHandle* out) {
 }
 
 void DeviceDriver::release(CUmemGenericAllocationHandle h) {
+  RelaxedCapture relaxed(*this);
   count(EntryPoint::mem_release, 0);
   check(t_.mem_release(h), EntryPoint::mem_release);
 }
 
 void DeviceDriver::map(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h) {
+  RelaxedCapture relaxed(*this);
   count(EntryPoint::mem_map, size);
   check(t_.mem_map(va, size, 0, h, 0), EntryPoint::mem_map);
 }
 
 void DeviceDriver::unmap(CUdeviceptr va, size_t size) {
+  RelaxedCapture relaxed(*this);
   count(EntryPoint::mem_unmap, size, size / granularity_);  // one handle per page today
   check(t_.mem_unmap(va, size), EntryPoint::mem_unmap);
 }
 
 void DeviceDriver::set_access(CUdeviceptr va, size_t size) {
-  count(EntryPoint::mem_set_access, size, size / granularity_);  // one handle per page today
-  check(t_.mem_set_access(va, size, &access_, 1), EntryPoint::mem_set_access);
+  RelaxedCapture relaxed(*this);
+  const size_t pages = size / granularity_;  // one handle per page today
+  count(EntryPoint::mem_set_access, size, pages * access_.size());
+  check(t_.mem_set_access(va, size, access_.data(), access_.size()), EntryPoint::mem_set_access);
 }
 
-CUevent DeviceDriver::event_create() {
-  ScopedContext scope(*this);
-  CUevent e = nullptr;
-  count(EntryPoint::event_create, 0);
-  check(t_.event_create(&e, CU_EVENT_DISABLE_TIMING), EntryPoint::event_create);
-  return e;
+bool DeviceDriver::can_access_peer(int peer) {
+  if (peer == device_) return false;
+  CUdevice p = 0;
+  if (t_.device_get(&p, peer) != CUDA_SUCCESS) return false;
+  int can = 0;
+  // Whether `peer` can access memory of this device.
+  return t_.device_can_access_peer(&can, p, dev_) == CUDA_SUCCESS && can != 0;
 }
 
-void DeviceDriver::event_destroy(CUevent e) {
-  ScopedContext scope(*this);
-  count(EntryPoint::event_destroy, 0);
-  check(t_.event_destroy(e), EntryPoint::event_destroy);
+void DeviceDriver::add_peer(int peer) {
+  if (has_peer(peer)) return;
+  CUmemAccessDesc d{};
+  d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  d.location.id = peer;  // an ordinal, as in every CUmemLocation
+  d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  access_.push_back(d);
+  peers_.push_back(peer);
 }
 
-void DeviceDriver::event_record(CUevent e, CUstream s) {
-  ScopedContext scope(*this);
-  count(EntryPoint::event_record, 0);
-  check(t_.event_record(e, s), EntryPoint::event_record);
-}
-
-bool DeviceDriver::event_record_or_synchronize(CUevent e, CUstream s) {
-  ScopedContext scope(*this);
-  count(EntryPoint::event_record, 0);
-  CUresult r = t_.event_record(e, s);
-  if (r == CUDA_SUCCESS) return true;
-  if (r != CUDA_ERROR_INVALID_HANDLE) check(r, EntryPoint::event_record);
-  count(EntryPoint::ctx_synchronize, 0);
-  check(t_.ctx_synchronize(), EntryPoint::ctx_synchronize);
+bool DeviceDriver::has_peer(int peer) const {
+  for (int p : peers_) {
+    if (p == peer) return true;
+  }
   return false;
 }
 
-void DeviceDriver::ctx_synchronize() {
-  ScopedContext scope(*this);
-  count(EntryPoint::ctx_synchronize, 0);
-  check(t_.ctx_synchronize(), EntryPoint::ctx_synchronize);
-}
+// ---- stream identity ----------------------------------------------------------------------
 
-bool DeviceDriver::event_query(CUevent e) {
-  count(EntryPoint::event_query, 0);
-  CUresult r = t_.event_query(e);
-  if (r == CUDA_ERROR_NOT_READY) return false;
-  check(r, EntryPoint::event_query);
+bool DeviceDriver::stream_id(CUstream s, uint64_t* id) {
+  if (!has_ids_) return false;
+  unsigned long long v = 0;
+  if (t_.stream_get_id(s, &v) != CUDA_SUCCESS) return false;
+  *id = v;
   return true;
 }
 
-void DeviceDriver::event_synchronize(CUevent e) {
+StreamIdentity DeviceDriver::identify(CUstream s) {
+  StreamIdentity out;
+  const auto raw = reinterpret_cast<uintptr_t>(s);
+  const bool special = raw == 0 || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+  out.kind = !special                     ? StreamIdentity::created
+             : s == CU_STREAM_PER_THREAD ? StreamIdentity::per_thread
+                                         : StreamIdentity::legacy;
+  if (!has_ids_) {
+    out.kind = StreamIdentity::unknown;
+    return out;
+  }
+  unsigned long long v = 0;
+  ++out.queries;
+  CUresult r = t_.stream_get_id(s, &v);
+  if (r != CUDA_SUCCESS && special) {
+    // NULL / CU_STREAM_PER_THREAD with no current context: they mean this device's primary
+    // context's streams (the runtime API would make it current).
+    CUcontext cur = nullptr;
+    ++out.queries;
+    if (t_.ctx_get_current(&cur) == CUDA_SUCCESS && cur == nullptr) {
+      out.queries += 3;
+      if (t_.ctx_push_current(ctx_) == CUDA_SUCCESS) {
+        r = t_.stream_get_id(s, &v);
+        CUcontext popped = nullptr;
+        t_.ctx_pop_current(&popped);
+        out.in_primary = true;
+      }
+    }
+  }
+  if (r != CUDA_SUCCESS) {
+    throw driver::driver_error(
+        "stream " + std::to_string(raw) + " is not a stream the driver knows (" +
+            drv_.describe_error(EntryPoint::stream_get_id, r) + ")",
+        r);
+  }
+  out.id = v;
+  return out;
+}
+
+CUresult DeviceDriver::stream_ctx(CUstream s, CUcontext* ctx) {
+  ++stream_queries_;
+  return t_.stream_get_ctx(s, ctx);
+}
+
+bool DeviceDriver::surely_not_capturing(CUstream s) {
+  ++stream_queries_;
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  return t_.stream_is_capturing(s, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+// ---- events -------------------------------------------------------------------------------
+
+CUresult DeviceDriver::event_create(CUcontext ctx, CUevent* e) {
+  ScopedContext scope(*this, ctx);
+  if (!scope.ok()) return CUDA_ERROR_INVALID_CONTEXT;
+  count(EntryPoint::event_create, 0);
+  return t_.event_create(e, CU_EVENT_DISABLE_TIMING);
+}
+
+void DeviceDriver::event_destroy(CUcontext ctx, CUevent e) {
+  ScopedContext scope(*this, ctx);
+  count(EntryPoint::event_destroy, 0);
+  t_.event_destroy(e);
+}
+
+CUresult DeviceDriver::event_record(CUcontext ctx, CUevent e, CUstream s) {
+  ScopedContext scope(*this, ctx);
+  if (!scope.ok()) return CUDA_ERROR_INVALID_CONTEXT;
+  count(EntryPoint::event_record, 0);
+  return t_.event_record(e, s);
+}
+
+CUresult DeviceDriver::event_query(CUevent e) {
+  count(EntryPoint::event_query, 0);
+  return t_.event_query(e);
+}
+
+CUresult DeviceDriver::event_synchronize(CUevent e) {
   count(EntryPoint::event_synchronize, 0);
-  check(t_.event_synchronize(e), EntryPoint::event_synchronize);
+  return t_.event_synchronize(e);
+}
+
+CUresult DeviceDriver::ctx_synchronize(CUcontext ctx) {
+  ScopedContext scope(*this, ctx);
+  if (!scope.ok()) return CUDA_ERROR_INVALID_CONTEXT;
+  count(EntryPoint::ctx_synchronize, 0);
+  return t_.ctx_synchronize();
 }
 
 }  // namespace expanse::core

@@ -23,6 +23,11 @@ struct AllocatorOptions {
   // repeated workload settles into zero driver calls. true: reclaim first, so physical memory
   // stays as close as possible to live memory, at the cost of remapping in steady state.
   bool reclaim_before_create = false;
+  // Every device for which cuDeviceCanAccessPeer says it can gets READWRITE access to every
+  // mapping (EXPANSE_CONF peer_access:auto|none); expanse_enable_peer_access adds one explicitly.
+  bool peer_access_auto = true;
+  // cuMemCreate asks for GPUDirect RDMA capability where the device supports it (rdma:auto|off).
+  bool rdma = true;
 };
 
 }  // namespace expanse::core

@@ -34,6 +34,10 @@ struct DeviceStats {
 
   std::array<uint64_t, driver::kEntryPointCount> driver_calls{};
   double modeled_driver_ns = 0;
+  // Read-only stream lookups (cuStreamGetId, cuStreamGetCtx, cuStreamIsCapturing, capture-mode
+  // switches): about one per allocate and free, cheap user-mode calls on a GPU. Counted apart so
+  // that driver_calls measures work (zero in a steady state).
+  uint64_t stream_queries = 0;
 
   uint64_t total_driver_calls() const noexcept {
     uint64_t n = 0;

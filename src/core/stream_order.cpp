@@ -1,18 +1,104 @@
 // Stream-ordered reuse (DESIGN.md invariant 3): per-stream LIFOs, record_stream, fences that make
-// freed memory safe for every stream, and blocks pending on other streams' events.
+// freed memory safe for every stream, and blocks pending on other streams.
+//
+// A stream is what the driver says it is, never a handle value (issue 8):
+// - a stream the application created is keyed by its driver id (cuStreamGetId, unique for the
+//   process's life). A handle value that comes back for a new stream after cuStreamDestroy gets a
+//   new id, so it inherits nothing; before a fence is recorded on a handle, its id is checked
+//   again, and a handle that names another stream now marks the old one `gone`: only a sync of its
+//   context proves its work done.
+// - CU_STREAM_PER_THREAD is the calling thread's stream of its current context (its own id);
+//   only that thread can record on it, other threads wait for its context instead.
+// - NULL / CU_STREAM_LEGACY: the legacy stream of the current context, keyed per calling thread
+//   too (in code built with --default-stream per-thread, NULL is that thread's per-thread stream);
+//   fences go on the legacy stream, which waits for every blocking stream of its context, the
+//   per-thread ones included, so they cover both meanings.
+// - a driver without stream ids (older than CUDA 12.0): every call gets a fresh key, so nothing
+//   is reused before a fence, recorded at the free by the freeing thread, or a context sync.
+// Events live in the stream's context and are recorded with that context current. Any failure to
+// record, query or synchronize means "not proven done": the memory waits, it is never reused.
+// During stream capture nothing is recorded on, queried on or synchronized with a capturing
+// stream (cuStreamIsCapturing is legal and asked first); its frees wait for the capture to end.
 #include "core/allocator_internal.hpp"
 #include "driver/env_config.hpp"
 #include "expanse/errors.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 
 namespace expanse::core {
+namespace {
+
+// A number per thread that is never reused (std::thread::id values are, after a thread exits).
+uint64_t this_thread_serial() {
+  static std::atomic<uint64_t> next{1};
+  thread_local const uint64_t serial = next.fetch_add(1, std::memory_order_relaxed);
+  return serial;
+}
+
+}  // namespace
+
+StreamIdentity DeviceAllocator::identify(CUstream s, const char* what, const void* ptr) {
+  try {
+    return drv_.identify(s);
+  } catch (const driver::driver_error& e) {
+    throw usage_error("expanse: " + std::string(what) +
+                      (ptr != nullptr ? " of " + hex(reinterpret_cast<CUdeviceptr>(ptr)) : "") +
+                      " on device " + std::to_string(device()) + ": " + e.what() +
+                      "; nothing was changed");
+  }
+}
+
+DeviceAllocator::StreamState& DeviceAllocator::stream_state(CUstream s, const StreamIdentity& id) {
+  drv_.add_stream_queries(id.queries);
+  StreamKey key = 0;
+  switch (id.kind) {
+    case StreamIdentity::created:
+    case StreamIdentity::per_thread:
+      key = id.id;
+      break;
+    case StreamIdentity::legacy: {
+      auto [it, added] = legacy_keys_.try_emplace({id.id, this_thread_serial()}, 0);
+      if (added) it->second = next_key_++;
+      key = it->second;
+      break;
+    }
+    case StreamIdentity::unknown:
+      key = next_key_++;
+      break;
+  }
+  auto [it, added] = streams_.try_emplace(key);
+  StreamState& ss = it->second;
+  if (!added) {
+    ss.gone = false;  // the driver just named it again: its handle is valid
+    return ss;
+  }
+  ss.key = key;
+  ss.kind = id.kind;
+  ss.id = id.id;
+  ss.handle = id.kind == StreamIdentity::legacy       ? CU_STREAM_LEGACY
+              : id.kind == StreamIdentity::per_thread ? CU_STREAM_PER_THREAD
+                                                      : s;
+  if (id.kind == StreamIdentity::per_thread || id.kind == StreamIdentity::unknown) {
+    ss.owner_thread = this_thread_serial();
+  }
+  CUcontext ctx = nullptr;
+  if (id.in_primary || drv_.stream_ctx(s, &ctx) != CUDA_SUCCESS || ctx == nullptr) {
+    ctx = drv_.primary();
+  }
+  ss.ctx = ctx;
+  return ss;
+}
 
 void DeviceAllocator::flush_lifo_entry(StreamState& ss, size_t i) {
   BlockIt it = ss.lifo[i];
   ss.lifo.erase(ss.lifo.begin() + static_cast<std::ptrdiff_t>(i));
-  index_.insert_free(it, res(it->second.res).arena);
+  const Arena a = res(it->second.res).arena;
+  it = index_.insert_free(it, a);  // may merge with ss's other free blocks (seq: the largest)
+  if (!it->second.safe && it->second.stream == ss.key && it->second.seq <= ss.safe_seq) {
+    index_.make_safe(it, a);  // a fence passed it already
+  }
 }
 
 void DeviceAllocator::flush_lifos() {
@@ -22,6 +108,7 @@ void DeviceAllocator::flush_lifos() {
 }
 
 void DeviceAllocator::record_stream(void* ptr, CUstream stream) {
+  const StreamIdentity id = identify(stream, "record_stream", ptr);
   std::lock_guard<std::mutex> lock(mu_);
   auto addr = reinterpret_cast<CUdeviceptr>(ptr);
   auto it = index_.blocks().find(addr);
@@ -31,101 +118,187 @@ void DeviceAllocator::record_stream(void* ptr, CUstream stream) {
                       "; nothing was changed");
   }
   Block& b = it->second;
-  if (stream == b.stream) return;
-  if (std::find(b.users.begin(), b.users.end(), stream) == b.users.end()) {
-    b.users.push_back(stream);
+  StreamState& ss = stream_state(stream, id);
+  if (ss.key == b.stream) return;
+  if (std::find(b.users.begin(), b.users.end(), ss.key) == b.users.end()) {
+    b.users.push_back(ss.key);
+    ++ss.live_refs;
   }
 }
 
-// ---- streams: fences and pending blocks -----------------------------------------------------
+// ---- events --------------------------------------------------------------------------------
 
-CUevent DeviceAllocator::get_event() {
-  if (!event_pool_.empty()) {
-    CUevent e = event_pool_.back();
-    event_pool_.pop_back();
+CUevent DeviceAllocator::get_event(CUcontext ctx) {
+  auto& pool = event_pool_[ctx];
+  if (!pool.empty()) {
+    CUevent e = pool.back();
+    pool.pop_back();
     return e;
   }
-  CUevent e = drv_.event_create();
-  all_events_.push_back(e);
+  CUevent e = nullptr;
+  if (drv_.event_create(ctx, &e) != CUDA_SUCCESS) return nullptr;
+  all_events_.emplace_back(ctx, e);
   return e;
 }
 
-void DeviceAllocator::put_event(CUevent e) { event_pool_.push_back(e); }
+void DeviceAllocator::put_event(CUcontext ctx, CUevent e) { event_pool_[ctx].push_back(e); }
+
+// ---- fences ----------------------------------------------------------------------------------
+
+// No stream of ctx that expanse knows is capturing (a legacy-stream record or a context sync
+// would implicitly synchronize with it, which invalidates the capture).
+bool DeviceAllocator::context_quiet(CUcontext ctx) {
+  for (auto& [k, st] : streams_) {
+    if (st.ctx != ctx || st.gone || st.kind == StreamIdentity::legacy) continue;
+    if (st.owner_thread != 0 && st.owner_thread != this_thread_serial()) continue;
+    DeviceDriver::ScopedContext scope(drv_, ctx);
+    if (!scope.ok() || !drv_.surely_not_capturing(st.handle)) return false;
+  }
+  return true;
+}
+
+// Records a fence after ss's latest free. not_now: it cannot be recorded from here or now
+// (another thread's per-thread stream, a capture, a driver failure); gone: the handle no longer
+// names ss (destroyed, perhaps recycled), so only a sync of ss.ctx covers its work.
+// at_free: called by the thread freeing on ss's handle right now, which the caller promises is a
+// valid stream (the only time an unknown stream's handle can be trusted).
+DeviceAllocator::Recorded DeviceAllocator::record_fence(StreamState& ss, bool at_free) {
+  if (ss.gone) return Recorded::gone;
+  if (ss.kind == StreamIdentity::unknown && !at_free) return Recorded::gone;  // cannot be checked
+  if (ss.owner_thread != 0 && ss.owner_thread != this_thread_serial()) return Recorded::not_now;
+  DeviceDriver::ScopedContext scope(drv_, ss.ctx);
+  if (!scope.ok()) return Recorded::not_now;
+  if (ss.kind == StreamIdentity::created || ss.kind == StreamIdentity::per_thread) {
+    uint64_t now = 0;
+    drv_.add_stream_queries(1);
+    if (!drv_.stream_id(ss.handle, &now) || now != ss.id) {
+      ss.gone = ss.kind == StreamIdentity::created;
+      return ss.gone ? Recorded::gone : Recorded::not_now;
+    }
+  }
+  if (!drv_.surely_not_capturing(ss.handle)) return Recorded::not_now;
+  if (ss.kind == StreamIdentity::legacy && !context_quiet(ss.ctx)) return Recorded::not_now;
+  CUevent e = get_event(ss.ctx);
+  if (e == nullptr) return Recorded::not_now;
+  if (drv_.event_record(ss.ctx, e, ss.handle) != CUDA_SUCCESS) {
+    put_event(ss.ctx, e);
+    return Recorded::not_now;
+  }
+  // A capture begun by another thread between the check and the record may have taken the
+  // record into its graph; such an event must never be queried. It stays out of the pool.
+  if (!drv_.surely_not_capturing(ss.handle)) return Recorded::not_now;
+  ss.fences.push_back({e, ss.ctx, ss.free_seq});
+  return Recorded::yes;
+}
+
+// Synchronizes ctx (unless a known stream of it captures) and marks every stream of it done up
+// to now. Returns whether it did.
+bool DeviceAllocator::sync_context(CUcontext ctx) {
+  if (!context_quiet(ctx)) return false;
+  if (drv_.ctx_synchronize(ctx) != CUDA_SUCCESS) return false;
+  for (auto& [k, st] : streams_) {
+    if (st.ctx != ctx) continue;
+    st.safe_seq = st.free_seq;
+    for (const Fence& f : st.fences) put_event(f.ctx, f.event);
+    st.fences.clear();
+    if (st.gone) {
+      while (!st.lifo.empty()) flush_lifo_entry(st, st.lifo.size() - 1);
+    }
+  }
+  return true;
+}
+
+// Makes ss's frees up to safe_seq safe for every stream.
+void DeviceAllocator::settle(StreamState& ss) {
+  if (ss.gone && ss.safe_seq == ss.free_seq) {
+    while (!ss.lifo.empty()) flush_lifo_entry(ss, ss.lifo.size() - 1);
+  }
+  for (Arena a : {Arena::small, Arena::large}) {
+    for (BlockIt it : index_.owned_up_to(a, ss.key, ss.safe_seq)) index_.make_safe(it, a);
+  }
+}
 
 // Makes freed memory whose streams' work has completed safe for every stream. With wait, blocks
-// until all such work is done (every unsafe free block becomes safe).
+// until that work is done wherever that can be proven (a capturing stream's frees stay unsafe).
 void DeviceAllocator::poll(bool wait) {
-  for (size_t i = 0; i < pending_.size();) {
-    Block& b = pending_[i]->second;
-    bool done = true;
-    while (!b.events.empty()) {
-      CUevent e = b.events.back();
+  bool work = !pending_.empty();
+  for (auto& [key, ss] : streams_) work = work || ss.safe_seq < ss.free_seq;
+  if (!work) {  // nothing to record or query; blocks flushed from LIFOs may still be settled
+    for (auto& [key, ss] : streams_) {
+      if (ss.safe_seq > 0) settle(ss);
+    }
+    return;
+  }
+  DeviceDriver::RelaxedCapture relaxed(drv_);
+  std::vector<CUcontext> to_sync;
+  for (auto& [key, ss] : streams_) {
+    if (ss.safe_seq >= ss.free_seq) continue;
+    if (ss.fences.empty() || ss.fences.back().seq < ss.free_seq) {
+      if (record_fence(ss) != Recorded::yes && wait) to_sync.push_back(ss.ctx);
+    }
+    while (!ss.fences.empty()) {
+      Fence f = ss.fences.front();
+      CUresult r = CUDA_SUCCESS;
       if (wait) {
-        drv_.event_synchronize(e);
-      } else if (!drv_.event_query(e)) {
+        r = drv_.event_synchronize(f.event);
+      } else {
+        r = drv_.event_query(f.event);
+      }
+      if (r != CUDA_SUCCESS) {  // not ready, or an error: not proven done
+        if (wait) to_sync.push_back(ss.ctx);
+        break;
+      }
+      ss.safe_seq = std::max(ss.safe_seq, f.seq);
+      put_event(f.ctx, f.event);
+      ss.fences.pop_front();
+    }
+  }
+  std::sort(to_sync.begin(), to_sync.end());
+  to_sync.erase(std::unique(to_sync.begin(), to_sync.end()), to_sync.end());
+  for (CUcontext ctx : to_sync) sync_context(ctx);
+  for (auto& [key, ss] : streams_) {
+    if (ss.safe_seq > 0) settle(ss);
+  }
+
+  for (size_t i = 0; i < pending_.size();) {
+    bool done = true;
+    for (const auto& [key, seq] : pending_[i].deps) {
+      auto st = streams_.find(key);
+      if (st != streams_.end() && st->second.safe_seq < seq) {
         done = false;
         break;
       }
-      put_event(e);
-      b.events.pop_back();
     }
     if (!done) {
       ++i;
       continue;
     }
-    BlockIt it = pending_[i];
-    pending_[i] = pending_.back();
+    BlockIt it = pending_[i].it;
+    pending_[i] = std::move(pending_.back());
     pending_.pop_back();
-    index_.insert_free(it, res(it->second.res).arena);
-  }
-
-  for (CUstream s : index_.streams_with_unsafe()) {
-    StreamState& ss = stream_state(s);
-    if (ss.safe_seq < ss.free_seq && (ss.fences.empty() || ss.fences.back().seq < ss.free_seq)) {
-      CUevent e = get_event();
-      bool recorded = false;
-      try {
-        recorded = drv_.event_record_or_synchronize(e, s);
-      } catch (...) {
-        put_event(e);
-        throw;
-      }
-      if (!recorded) {
-        put_event(e);
-        forget_stream(s);  // destroyed; the device has been synchronized
-        continue;
-      }
-      ss.fences.push_back({e, ss.free_seq});
-    }
-    while (!ss.fences.empty()) {
-      Fence f = ss.fences.front();
-      if (wait) {
-        drv_.event_synchronize(f.event);
-      } else if (!drv_.event_query(f.event)) {
-        break;
-      }
-      ss.safe_seq = std::max(ss.safe_seq, f.seq);
-      put_event(f.event);
-      ss.fences.pop_front();
-    }
-    for (Arena a : {Arena::small, Arena::large}) {
-      for (BlockIt it : index_.owned_up_to(a, s, ss.safe_seq)) index_.make_safe(it, a);
+    const Arena a = res(it->second.res).arena;
+    it = index_.insert_free(it, a);  // may merge with its owner's other free blocks
+    auto owner = streams_.find(it->second.stream);
+    if (!it->second.safe &&
+        (owner == streams_.end() || owner->second.safe_seq >= it->second.seq)) {
+      index_.make_safe(it, a);
     }
   }
+  drop_finished_states();
 }
 
-// A stream that no longer exists, after the device was synchronized: everything freed on it is
-// safe, and its state goes (a new stream may get the same handle).
-void DeviceAllocator::forget_stream(CUstream s) {
-  auto found = streams_.find(s);
-  if (found != streams_.end()) {
-    StreamState& ss = found->second;
-    while (!ss.lifo.empty()) flush_lifo_entry(ss, ss.lifo.size() - 1);
-    for (const Fence& f : ss.fences) put_event(f.event);
-    streams_.erase(found);
-  }
-  for (Arena a : {Arena::small, Arena::large}) {
-    for (BlockIt it : index_.owned_up_to(a, s, UINT64_MAX)) index_.make_safe(it, a);
+// States nobody can name again (gone streams, one-call keys of a driver without ids) go once
+// everything freed on them is safe and no live block refers to them.
+void DeviceAllocator::drop_finished_states() {
+  for (auto it = streams_.begin(); it != streams_.end();) {
+    StreamState& ss = it->second;
+    const bool unnamed = ss.gone || ss.kind == StreamIdentity::unknown;
+    if (unnamed && it->first != in_use_ && ss.live_refs == 0 && ss.safe_seq == ss.free_seq &&
+        ss.fences.empty() && ss.lifo.empty()) {
+      it = streams_.erase(it);
+    } else {
+      ++it;
+    }
   }
 }
 

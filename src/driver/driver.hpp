@@ -7,6 +7,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace expanse::driver {
 
@@ -25,8 +26,13 @@ class driver_error : public std::runtime_error {
 // A filled table plus where it came from. Owns the dlopen handle (closed on destruction).
 class LoadedDriver {
  public:
-  LoadedDriver(DriverTable table, DriverKind kind, std::string description, void* dl_handle)
-      : table_(table), kind_(kind), description_(std::move(description)), dl_(dl_handle) {}
+  LoadedDriver(DriverTable table, DriverKind kind, std::string description, void* dl_handle,
+               int driver_version = 0)
+      : table_(table),
+        kind_(kind),
+        description_(std::move(description)),
+        dl_(dl_handle),
+        driver_version_(driver_version) {}
   ~LoadedDriver();
   LoadedDriver(const LoadedDriver&) = delete;
   LoadedDriver& operator=(const LoadedDriver&) = delete;
@@ -35,6 +41,14 @@ class LoadedDriver {
   DriverKind kind() const noexcept { return kind_; }
   // "cuda: libcuda.so.1, driver 13.0" / "sim: EXPANSE_CONF driver:sim, 1 device x 80 GiB".
   const std::string& description() const noexcept { return description_; }
+  // cuDriverGetVersion's answer (12020 for a 12.2 driver); 0 if it could not be read.
+  int driver_version() const noexcept { return driver_version_; }
+
+  // Whether entry point e was loaded. Required ones always are; an optional one is null where
+  // the driver is older than the entry point's version or does not provide it.
+  bool has(EntryPoint e) const noexcept { return table_.has(e); }
+  // The optional entry points this driver lacks, in list order (for `expanse info`).
+  std::vector<EntryPoint> missing() const;
 
   // "cuMemMap: CUDA_ERROR_INVALID_VALUE (invalid argument)" for a failing call.
   std::string describe_error(EntryPoint e, CUresult r) const;
@@ -46,14 +60,19 @@ class LoadedDriver {
   DriverKind kind_;
   std::string description_;
   void* dl_;
+  int driver_version_;
 };
 
 // Opens a libcuda-compatible library with dlopen (default "libcuda.so.1"), resolves every entry
 // point through cuGetProcAddress_v2 (falling back to dlsym of the exported symbol), and calls
-// cuInit(0). Throws driver_error carrying the dlopen error, the missing symbol, or cuInit's code.
+// cuInit(0). Entry points newer than cuDriverGetVersion are not asked for (an old driver could
+// answer with an older, ABI-incompatible variant); optional ones the driver lacks stay null.
+// Throws driver_error carrying the dlopen error, a missing required symbol, or cuInit's code.
 std::unique_ptr<LoadedDriver> load_cuda(const std::string& library = "libcuda.so.1");
 
-// Resets the in-process sim with cfg and returns its table (cuInit already called).
+// Resets the in-process sim with cfg and returns its table (cuInit already called). As for a
+// real driver, optional entry points newer than cfg.driver_version are left null, and one
+// older than a required entry point throws driver_error.
 std::unique_ptr<LoadedDriver> load_sim(const sim::SimConfig& cfg, const std::string& why);
 
 // EXPANSE_CONF's driver selection. mode: "auto" | "cuda" | "sim". With "auto", a working

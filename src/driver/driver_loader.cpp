@@ -16,6 +16,15 @@ std::string version_text(int v) {
 
 }  // namespace
 
+std::vector<EntryPoint> LoadedDriver::missing() const {
+  std::vector<EntryPoint> out;
+  for (int i = 0; i < kEntryPointCount; ++i) {
+    const auto e = static_cast<EntryPoint>(i);
+    if (!has(e)) out.push_back(e);
+  }
+  return out;
+}
+
 std::unique_ptr<LoadedDriver> load_cuda(const std::string& library) {
   dlerror();
   void* dl = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -43,6 +52,17 @@ std::unique_ptr<LoadedDriver> load_cuda(const std::string& library) {
   for (int i = 0; i < kEntryPointCount; ++i) {
     auto e = static_cast<EntryPoint>(i);
     void* fn = nullptr;
+    // A driver older than the variant is never asked: cuGetProcAddress would hand out the newest
+    // variant it knows, whose ABI may differ from the one we call.
+    const bool too_new = driver_version > 0 && entry_point_version(e) > driver_version;
+    if (too_new) {
+      if (!entry_point_required(e)) continue;
+      throw driver_error("the CUDA driver '" + library + "' (version " +
+                             version_text(driver_version) + ") is older than " +
+                             entry_point_symbol(e) + " (CUDA " +
+                             version_text(entry_point_version(e)) + ")",
+                         CUDA_ERROR_NOT_FOUND);
+    }
     if (gpa != nullptr) {
       CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SUCCESS;
       // Ask for the exact ABI variant we were compiled against, not the newest one.
@@ -51,6 +71,7 @@ std::unique_ptr<LoadedDriver> load_cuda(const std::string& library) {
       if (r != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS) fn = nullptr;
     }
     if (fn == nullptr) fn = dlsym(dl, entry_point_symbol(e));
+    if (fn == nullptr && !entry_point_required(e)) continue;
     if (fn == nullptr) {
       throw driver_error("the CUDA driver '" + library + "' (version " +
                              version_text(driver_version) + ") lacks " + entry_point_symbol(e),
@@ -73,12 +94,24 @@ std::unique_ptr<LoadedDriver> load_cuda(const std::string& library) {
   closer.dl = nullptr;
   return std::make_unique<LoadedDriver>(
       table, DriverKind::cuda, "cuda: " + library + ", driver " + version_text(driver_version),
-      dl);
+      dl, driver_version);
 }
 
 std::unique_ptr<LoadedDriver> load_sim(const sim::SimConfig& cfg, const std::string& why) {
+  // The sim's table has everything; a driver of cfg.driver_version would lack what is newer.
+  DriverTable table = sim::table();
+  for (int i = 0; i < kEntryPointCount; ++i) {
+    const auto e = static_cast<EntryPoint>(i);
+    if (entry_point_version(e) <= cfg.driver_version) continue;
+    if (entry_point_required(e)) {
+      throw driver_error("the sim's driver version " + version_text(cfg.driver_version) +
+                             " (sim_driver_version) is older than " + entry_point_symbol(e) +
+                             " (CUDA " + version_text(entry_point_version(e)) + ")",
+                         CUDA_ERROR_NOT_FOUND);
+    }
+    *table.slot(e) = nullptr;
+  }
   sim::reset(cfg);
-  const DriverTable& table = sim::table();
   CUresult r = table.init(0);
   if (r != CUDA_SUCCESS) {
     const char* name = nullptr;
@@ -91,7 +124,10 @@ std::unique_ptr<LoadedDriver> load_sim(const sim::SimConfig& cfg, const std::str
                      (cfg.devices == 1 ? "" : "s") + " x " + conf::format_size(cfg.capacity) +
                      ", granularity " + conf::format_size(cfg.granularity);
   if (!cfg.backing) desc += ", no host memory behind pages";
-  return std::make_unique<LoadedDriver>(table, DriverKind::sim, desc, nullptr);
+  if (cfg.driver_version != sim::SimConfig{}.driver_version)
+    desc += ", driver " + version_text(cfg.driver_version);
+  return std::make_unique<LoadedDriver>(table, DriverKind::sim, desc, nullptr,
+                                        cfg.driver_version);
 }
 
 std::unique_ptr<LoadedDriver> select_driver(const std::string& conf, bool allow_sim_fallback) {

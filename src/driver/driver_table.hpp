@@ -10,16 +10,20 @@
 namespace expanse::driver {
 
 struct DriverTable {
-#define EXPANSE_X(field, base, symbol, version) decltype(&::symbol) field = nullptr;
+#define EXPANSE_X(field, base, symbol, version, need) decltype(&::symbol) field = nullptr;
   EXPANSE_DRIVER_ENTRY_POINTS(EXPANSE_X)
 #undef EXPANSE_X
 
   // The entry point at index e, type-erased (for loaders that fill the table generically).
   void** slot(EntryPoint e) noexcept;
-  // True when every entry point is filled.
+  // True when every entry point is filled, optional ones included.
   bool complete() const noexcept;
-  // The first entry point left unfilled, or nullptr.
+  // The first entry point left unfilled (optional ones included), or nullptr.
   const char* first_missing() const noexcept;
+  // The first required entry point left unfilled, or nullptr.
+  const char* first_missing_required() const noexcept;
+  // True when entry point e is filled.
+  bool has(EntryPoint e) const noexcept;
 };
 
 }  // namespace expanse::driver

@@ -5,14 +5,18 @@
 namespace expanse::driver {
 namespace {
 
+constexpr bool required = true;
+constexpr bool optional = false;
+
 struct EntryInfo {
   const char* name;
   const char* symbol;
   int version;
+  bool is_required;
 };
 
 constexpr EntryInfo kEntries[] = {
-#define EXPANSE_X(field, base, symbol, version) {base, #symbol, version},
+#define EXPANSE_X(field, base, symbol, version, need) {base, #symbol, version, need},
     EXPANSE_DRIVER_ENTRY_POINTS(EXPANSE_X)
 #undef EXPANSE_X
 };
@@ -25,10 +29,11 @@ const char* entry_point_symbol(EntryPoint e) noexcept {
   return kEntries[static_cast<int>(e)].symbol;
 }
 int entry_point_version(EntryPoint e) noexcept { return kEntries[static_cast<int>(e)].version; }
+bool entry_point_required(EntryPoint e) noexcept { return kEntries[static_cast<int>(e)].is_required; }
 
 void** DriverTable::slot(EntryPoint e) noexcept {
   switch (e) {
-#define EXPANSE_X(field, base, symbol, version) \
+#define EXPANSE_X(field, base, symbol, version, need) \
   case EntryPoint::field:                       \
     return reinterpret_cast<void**>(&field);
     EXPANSE_DRIVER_ENTRY_POINTS(EXPANSE_X)
@@ -38,13 +43,26 @@ void** DriverTable::slot(EntryPoint e) noexcept {
 }
 
 const char* DriverTable::first_missing() const noexcept {
-#define EXPANSE_X(field, base, symbol, version) \
+#define EXPANSE_X(field, base, symbol, version, need) \
   if (field == nullptr) return base;
   EXPANSE_DRIVER_ENTRY_POINTS(EXPANSE_X)
 #undef EXPANSE_X
   return nullptr;
 }
 
+const char* DriverTable::first_missing_required() const noexcept {
+#define EXPANSE_X(field, base, symbol, version, need) \
+  if (need && field == nullptr) return base;
+  EXPANSE_DRIVER_ENTRY_POINTS(EXPANSE_X)
+#undef EXPANSE_X
+  return nullptr;
+}
+
 bool DriverTable::complete() const noexcept { return first_missing() == nullptr; }
+
+bool DriverTable::has(EntryPoint e) const noexcept {
+  void* const* p = const_cast<DriverTable*>(this)->slot(e);
+  return p != nullptr && *p != nullptr;
+}
 
 }  // namespace expanse::driver

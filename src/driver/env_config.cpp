@@ -36,6 +36,12 @@ const std::vector<std::string>& known_keys() {
       "va_size",          // bytes of VA reserved per reservation
       "va_budget",        // most VA the allocator may reserve per device
       "driver_library",   // path of the libcuda-compatible library for driver:cuda
+      "sim_driver_version",  // cuDriverGetVersion of the sim (13000); newer entry points absent
+      "sim_peer_access",     // cuDeviceCanAccessPeer between distinct sim devices
+      "sim_posix_fd",        // sim devices support POSIX file-descriptor handles
+      "sim_rdma",            // sim devices support GPUDirect RDMA with VMM
+      "peer_access",      // auto | none: grant peers that can access a device its memory
+      "rdma",             // auto | off: ask cuMemCreate for GPUDirect RDMA where supported
   };
   return keys;
 }

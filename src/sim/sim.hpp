@@ -27,7 +27,11 @@ struct SimConfig {
   // false: physical pages have no host memory behind them and mapped VA stays PROT_NONE, so a
   // trace peaking at 55 GiB replays on a small host (replay never touches the memory).
   bool backing = true;
+  // cuDriverGetVersion's answer; cuGetProcAddress refuses variants newer than it.
   int driver_version = 13000;
+  bool peer_access = true;  // cuDeviceCanAccessPeer between distinct devices
+  bool posix_fd = true;     // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+  bool rdma = true;         // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
 };
 
 // Parses the sim_* keys of an EXPANSE_CONF string (other known keys are accepted and ignored;
@@ -71,9 +75,17 @@ double modeled_seconds();
 // Work recorded on a held stream (cuEventRecord) stays incomplete: cuEventQuery / cuStreamQuery
 // answer CUDA_ERROR_NOT_READY until release_stream(). cuStreamSynchronize / cuEventSynchronize /
 // cuCtxSynchronize wait for the work, i.e. they complete it (a held stream's work finishes when
-// somebody waits for it, as on a GPU). stream may be NULL (the legacy default stream).
+// somebody waits for it, as on a GPU). stream is a live stream handle, NULL or CU_STREAM_LEGACY
+// (the legacy stream of the calling thread's current context, device 0's without one) or
+// CU_STREAM_PER_THREAD (the calling thread's per-thread stream of that context, made on first
+// use). A destroyed stream stays held, its work pending, until a synchronize covers it (its
+// context's, or an event it recorded) or release_all(); its handle value may meanwhile name a
+// new stream (cuStreamCreate recycles values), which it is then release_stream's to release.
+// Throws std::invalid_argument for a handle that names no stream.
 void hold_stream(CUstream stream);
 void release_stream(CUstream stream);
+// Releases every held stream, destroyed ones and other threads' per-thread streams included.
+void release_all();
 // Number of events recorded but not complete, over all streams.
 size_t pending_events();
 

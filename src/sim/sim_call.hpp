@@ -65,6 +65,7 @@ void reset_device_context(State& s, int d);
 namespace expanse::sim {
 using detail::AccessBits;
 using detail::Allocation;
+using detail::Capture;
 using detail::CallSize;
 using detail::Context;
 using detail::Device;

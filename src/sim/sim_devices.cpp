@@ -20,8 +20,9 @@ namespace {
 
 // ---- device attributes --------------------------------------------------------------------------
 
-// An A100-80GB-like device (compute capability 8.0) that supports VMM and nothing that needs
-// hardware: no export handle types, no RDMA, no compression, no multicast, no host VMM.
+// An A100-80GB-like device (compute capability 8.0) that supports VMM and nothing else that needs
+// hardware: no compression, no multicast, no host VMM. POSIX file-descriptor handles (103) and
+// RDMA with VMM (110) follow sim_posix_fd and sim_rdma (the caller fills them in).
 bool device_attribute(int attr, int* value) {
   switch (attr) {
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = 1024; return true;
@@ -163,7 +164,7 @@ CUresult sim_device_get(CUdevice* dev, int ordinal) {
   return run(EntryPoint::device_get, true, [&](State& s, CallSize&) {
     if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(s, ordinal)) return CUDA_ERROR_INVALID_DEVICE;
-    *dev = ordinal;
+    *dev = detail::device_handle(ordinal);
     return CUDA_SUCCESS;
   });
 }
@@ -179,12 +180,16 @@ CUresult sim_device_get_count(int* count) {
 CUresult sim_device_get_attribute(int* value, CUdevice_attribute attrib, CUdevice dev) {
   return run(EntryPoint::device_get_attribute, true, [&](State& s, CallSize&) {
     if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
+    const int o = detail::device_ordinal(s, dev);
+    if (o < 0) return CUDA_ERROR_INVALID_DEVICE;
     const int a = detail::bits(attrib);
     if (a <= 0 || a >= static_cast<int>(CU_DEVICE_ATTRIBUTE_MAX)) return CUDA_ERROR_INVALID_VALUE;
     int v = 0;
     if (!device_attribute(a, &v)) return CUDA_ERROR_INVALID_VALUE;
-    if (a == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) v = dev + 1;
+    if (a == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) v = o + 1;
+    if (a == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)
+      v = s.cfg.posix_fd ? 1 : 0;
+    if (a == CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED) v = s.cfg.rdma ? 1 : 0;
     *value = v;
     return CUDA_SUCCESS;
   });
@@ -193,8 +198,9 @@ CUresult sim_device_get_attribute(int* value, CUdevice_attribute attrib, CUdevic
 CUresult sim_device_get_name(char* name, int len, CUdevice dev) {
   return run(EntryPoint::device_get_name, true, [&](State& s, CallSize&) {
     if (name == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
-    std::snprintf(name, static_cast<size_t>(len), "expanse sim device %d", dev);
+    const int o = detail::device_ordinal(s, dev);
+    if (o < 0) return CUDA_ERROR_INVALID_DEVICE;
+    std::snprintf(name, static_cast<size_t>(len), "expanse sim device %d", o);
     return CUDA_SUCCESS;
   });
 }
@@ -202,7 +208,7 @@ CUresult sim_device_get_name(char* name, int len, CUdevice dev) {
 CUresult sim_device_total_mem(size_t* bytes, CUdevice dev) {
   return run(EntryPoint::device_total_mem, true, [&](State& s, CallSize&) {
     if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (detail::device_ordinal(s, dev) < 0) return CUDA_ERROR_INVALID_DEVICE;
     *bytes = s.cfg.capacity;
     return CUDA_SUCCESS;
   });
@@ -211,7 +217,7 @@ CUresult sim_device_total_mem(size_t* bytes, CUdevice dev) {
 CUresult sim_device_total_mem_v1(unsigned int* bytes, CUdevice dev) {
   return run(EntryPoint::device_total_mem, true, [&](State& s, CallSize&) {
     if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (detail::device_ordinal(s, dev) < 0) return CUDA_ERROR_INVALID_DEVICE;
     *bytes = static_cast<unsigned int>(std::min<size_t>(s.cfg.capacity, UINT_MAX));
     return CUDA_SUCCESS;
   });
@@ -222,8 +228,9 @@ CUresult sim_device_total_mem_v1(unsigned int* bytes, CUdevice dev) {
 CUresult sim_device_primary_ctx_retain(CUcontext* ctx, CUdevice dev) {
   return run(EntryPoint::device_primary_ctx_retain, true, [&](State& s, CallSize&) {
     if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
-    Device& d = device(s, dev);
+    const int o = detail::device_ordinal(s, dev);
+    if (o < 0) return CUDA_ERROR_INVALID_DEVICE;
+    Device& d = device(s, o);
     ++d.primary_refs;
     *ctx = reinterpret_cast<CUcontext>(&d.ctx);
     return CUDA_SUCCESS;
@@ -232,10 +239,11 @@ CUresult sim_device_primary_ctx_retain(CUcontext* ctx, CUdevice dev) {
 
 CUresult sim_device_primary_ctx_release(CUdevice dev) {
   return run(EntryPoint::device_primary_ctx_release, true, [&](State& s, CallSize&) {
-    if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
-    Device& d = device(s, dev);
+    const int o = detail::device_ordinal(s, dev);
+    if (o < 0) return CUDA_ERROR_INVALID_DEVICE;
+    Device& d = device(s, o);
     if (d.primary_refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    if (--d.primary_refs == 0) detail::reset_device_context(s, dev);
+    if (--d.primary_refs == 0) detail::reset_device_context(s, o);
     return CUDA_SUCCESS;
   });
 }
@@ -291,6 +299,7 @@ CUresult sim_ctx_synchronize() {
   return run(EntryPoint::ctx_synchronize, true, [&](State& s, CallSize&) {
     const int d = detail::current_device(s);
     if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (const CUresult c = detail::context_sync_check(s, d); c != CUDA_SUCCESS) return c;
     detail::complete_device(s, d);
     return CUDA_SUCCESS;
   });
@@ -305,6 +314,7 @@ CUresult sim_ctx_synchronize_v2(CUcontext ctx) {
       d = device(s, c->device).primary_refs > 0 ? c->device : -1;
     }
     if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (const CUresult c = detail::context_sync_check(s, d); c != CUDA_SUCCESS) return c;
     detail::complete_device(s, d);
     return CUDA_SUCCESS;
   });
@@ -331,6 +341,79 @@ CUresult sim_mem_get_info_v1(unsigned int* free_bytes, unsigned int* total_bytes
     if (total_bytes != nullptr) {
       *total_bytes = static_cast<unsigned int>(std::min<size_t>(s.cfg.capacity, UINT_MAX));
     }
+    return CUDA_SUCCESS;
+  });
+}
+
+}  // namespace expanse::sim
+
+namespace expanse::sim {
+
+// ---- device handles -----------------------------------------------------------------------------
+
+// CUdevice values are not the ordinals (the driver promises nothing else; on today's GPUs they
+// happen to coincide), so that code mixing the two fails in the sim, not first on a GPU.
+constexpr CUdevice kDeviceHandleBase = 0x100;
+
+CUdevice detail::device_handle(int ordinal) noexcept { return kDeviceHandleBase + ordinal; }
+
+int detail::device_ordinal(const State& s, CUdevice dev) noexcept {
+  const int o = dev - kDeviceHandleBase;
+  return valid_device(s, o) ? o : -1;
+}
+
+// ---- peers and context queries ------------------------------------------------------------------
+
+CUresult sim_device_can_access_peer(int* can, CUdevice dev, CUdevice peer) {
+  return run(EntryPoint::device_can_access_peer, true, [&](State& s, CallSize&) {
+    if (can == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const int d = detail::device_ordinal(s, dev);
+    const int p = detail::device_ordinal(s, peer);
+    if (d < 0 || p < 0) return CUDA_ERROR_INVALID_DEVICE;
+    // A device is not its own peer (the driver answers 0 for dev == peer).
+    *can = d != p && s.cfg.peer_access ? 1 : 0;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult sim_ctx_get_device(CUdevice* dev) {
+  return run(EntryPoint::ctx_get_device, true, [&](State& s, CallSize&) {
+    if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const int d = detail::current_device(s);
+    if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    *dev = detail::device_handle(d);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult sim_ctx_get_device_v2(CUdevice* dev, CUcontext ctx) {
+  return run(EntryPoint::ctx_get_device, true, [&](State& s, CallSize&) {
+    if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    int d = -1;
+    if (ctx == nullptr) {
+      d = detail::current_device(s);
+    } else if (Context* c = detail::find_context(s, ctx); c != nullptr) {
+      d = device(s, c->device).primary_refs > 0 ? c->device : -1;
+    }
+    if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    *dev = detail::device_handle(d);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult sim_ctx_get_id(CUcontext ctx, unsigned long long* id) {
+  return run(EntryPoint::ctx_get_id, true, [&](State& s, CallSize&) {
+    if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Context* c = nullptr;
+    if (ctx == nullptr) {
+      const int d = detail::current_device(s);
+      if (d >= 0) c = &device(s, d).ctx;
+    } else {
+      c = detail::find_context(s, ctx);
+      if (c != nullptr && device(s, c->device).primary_refs == 0) c = nullptr;
+    }
+    if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    *id = c->id;
     return CUDA_SUCCESS;
   });
 }

@@ -54,11 +54,58 @@ CUresult sim_event_query(CUevent event);
 CUresult sim_event_synchronize(CUevent event);
 CUresult sim_memcpy_htod(CUdeviceptr dst, const void* src, size_t bytes);  // cuMemcpyHtoD_v2
 CUresult sim_memcpy_dtoh(void* dst, CUdeviceptr src, size_t bytes);        // cuMemcpyDtoH_v2
+CUresult sim_stream_get_ctx(CUstream stream, CUcontext* ctx);
+CUresult sim_stream_get_id(CUstream stream, unsigned long long* id);
+CUresult sim_stream_get_flags(CUstream stream, unsigned int* flags);
+CUresult sim_stream_get_device(CUstream stream, CUdevice* dev);
+CUresult sim_stream_begin_capture(CUstream stream, CUstreamCaptureMode mode);  // _v2
+CUresult sim_stream_end_capture(CUstream stream, CUgraph* graph);
+CUresult sim_stream_is_capturing(CUstream stream, CUstreamCaptureStatus* status);
+CUresult sim_stream_get_capture_info(CUstream stream, CUstreamCaptureStatus* status,
+                                     cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps,
+                                     const CUgraphEdgeData** edges, size_t* num_deps);  // _v3
+CUresult sim_thread_exchange_stream_capture_mode(CUstreamCaptureMode* mode);
+CUresult sim_graph_destroy(CUgraph graph);
+CUresult sim_device_can_access_peer(int* can, CUdevice dev, CUdevice peer);
+CUresult sim_ctx_get_device(CUdevice* dev);
+CUresult sim_ctx_get_id(CUcontext ctx, unsigned long long* id);
 
 // Variants outside the entry-point list (counted under the entry point of the same base name).
 CUresult sim_ctx_synchronize_v2(CUcontext ctx);  // cuCtxSynchronize_v2
 CUresult sim_mem_get_info_v1(unsigned int* free_bytes, unsigned int* total_bytes);  // cuMemGetInfo
 CUresult sim_device_total_mem_v1(unsigned int* bytes, CUdevice dev);  // cuDeviceTotalMem
+CUresult sim_stream_get_ctx_v2(CUstream stream, CUcontext* ctx, CUgreenCtx* green);  // 12.5
+CUresult sim_stream_begin_capture_v1(CUstream stream);  // cuStreamBeginCapture (10.0 ABI)
+CUresult sim_stream_get_capture_info_v1(CUstream stream, CUstreamCaptureStatus* status,
+                                        cuuint64_t* id);  // cuStreamGetCaptureInfo (10.1 ABI)
+CUresult sim_stream_get_capture_info_v2(CUstream stream, CUstreamCaptureStatus* status,
+                                        cuuint64_t* id, CUgraph* graph,
+                                        const CUgraphNode** deps,
+                                        size_t* num_deps);  // cuStreamGetCaptureInfo_v2
+CUresult sim_ctx_get_device_v2(CUdevice* dev, CUcontext ctx);  // cuCtxGetDevice_v2 (13.0)
+// The _ptsz variants: the NULL stream is the calling thread's per-thread stream.
+CUresult sim_stream_synchronize_ptsz(CUstream stream);
+CUresult sim_stream_query_ptsz(CUstream stream);
+CUresult sim_stream_wait_event_ptsz(CUstream stream, CUevent event, unsigned int flags);
+CUresult sim_event_record_ptsz(CUevent event, CUstream stream);
+CUresult sim_stream_get_ctx_ptsz(CUstream stream, CUcontext* ctx);
+CUresult sim_stream_get_ctx_v2_ptsz(CUstream stream, CUcontext* ctx, CUgreenCtx* green);
+CUresult sim_stream_get_id_ptsz(CUstream stream, unsigned long long* id);
+CUresult sim_stream_get_flags_ptsz(CUstream stream, unsigned int* flags);
+CUresult sim_stream_get_device_ptsz(CUstream stream, CUdevice* dev);
+CUresult sim_stream_begin_capture_ptsz(CUstream stream, CUstreamCaptureMode mode);
+CUresult sim_stream_begin_capture_v1_ptsz(CUstream stream);
+CUresult sim_stream_end_capture_ptsz(CUstream stream, CUgraph* graph);
+CUresult sim_stream_is_capturing_ptsz(CUstream stream, CUstreamCaptureStatus* status);
+CUresult sim_stream_get_capture_info_ptsz(CUstream stream, CUstreamCaptureStatus* status,
+                                          cuuint64_t* id, CUgraph* graph,
+                                          const CUgraphNode** deps,
+                                          const CUgraphEdgeData** edges, size_t* num_deps);
+CUresult sim_stream_get_capture_info_v2_ptsz(CUstream stream, CUstreamCaptureStatus* status,
+                                             cuuint64_t* id, CUgraph* graph,
+                                             const CUgraphNode** deps, size_t* num_deps);
+CUresult sim_stream_get_capture_info_v1_ptsz(CUstream stream, CUstreamCaptureStatus* status,
+                                             cuuint64_t* id);
 
 // cuGetProcAddress_v2 (spec §1.3): base name + cudaVersion -> the newest variant introduced at or
 // before cudaVersion. Works before cuInit. Not counted (it is not a listed entry point).

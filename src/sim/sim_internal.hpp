@@ -78,6 +78,23 @@ struct Reservation {
 
 struct Context {
   int device = 0;
+  uint64_t id = 0;  // cuCtxGetId; a new one each time the primary context is (re)created
+};
+
+struct Stream;
+
+// One stream capture sequence (cuStreamBeginCapture .. cuStreamEndCapture). Streams that wait on
+// an event recorded in it join it; work recorded into it is captured, never executed.
+struct Capture {
+  uint64_t id = 0;  // unique over the process (cuStreamGetCaptureInfo)
+  int mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  uint64_t thread = 0;  // the thread that began it
+  int device = 0;       // its context
+  bool invalidated = false;
+  bool ended = false;  // cuStreamEndCapture was called (or its context was reset)
+  CUgraph graph = nullptr;  // the graph being captured into, handed over at cuStreamEndCapture
+  Stream* origin = nullptr;
+  std::vector<std::shared_ptr<Stream>> members;  // origin and joined streams (cleared at end)
 };
 
 // A stream is an ordered list of work items (seq 1, 2, ...). An item completes when every item
@@ -92,10 +109,14 @@ struct Stream : std::enable_shared_from_this<Stream> {
     uint64_t seq = 0;
     std::vector<Dep> deps;
   };
-  int device = 0;
+  CUstream handle = nullptr;  // the value handed out (CU_STREAM_LEGACY / _PER_THREAD for those)
+  uint64_t id = 0;            // cuStreamGetId: unique over the process, never reused
+  int device = 0;             // its context (the device's primary context)
   unsigned flags = 0;
   bool is_default = false;  // the legacy NULL stream of its device
+  bool per_thread = false;  // a per-thread default stream (CU_STREAM_PER_THREAD)
   bool held = false;
+  std::shared_ptr<Capture> capture;  // the capture sequence it takes part in, if any
   bool destroyed = false;
   uint64_t next_seq = 1;
   uint64_t done_seq = 0;
@@ -108,6 +129,7 @@ struct Event {
   unsigned flags = 0;
   std::shared_ptr<Stream> stream;  // where it was last recorded; null: never recorded
   uint64_t seq = 0;
+  std::shared_ptr<Capture> captured;  // last recorded inside this capture sequence
   bool complete() const noexcept { return !stream || stream->done_seq >= seq; }
 };
 
@@ -138,9 +160,28 @@ struct State {
   std::unordered_map<CUmemGenericAllocationHandle, std::unique_ptr<Allocation>> allocations;
   size_t mapped_bytes = 0;
 
-  std::unordered_map<const Stream*, std::shared_ptr<Stream>> streams;  // live created streams
+  // Live created streams and events by handle value. Values are recycled: a create hands out
+  // the most recently freed value first (as the real driver's allocator tends to).
+  std::unordered_map<uintptr_t, std::shared_ptr<Stream>> streams;
   std::unordered_map<const Stream*, std::shared_ptr<Stream>> busy;  // any stream with pending work
-  std::unordered_map<const Event*, std::unique_ptr<Event>> events;
+  std::unordered_map<uintptr_t, std::unique_ptr<Event>> events;
+  std::vector<uintptr_t> free_stream_handles;  // most recently freed last
+  std::vector<uintptr_t> free_event_handles;
+  uintptr_t next_stream_handle = 0;
+  uintptr_t next_event_handle = 0;
+  // What using a freed handle value returns until it is handed out again: INVALID_HANDLE after
+  // cuStreamDestroy / cuEventDestroy, CONTEXT_IS_DESTROYED after its context was reset.
+  std::unordered_map<uintptr_t, CUresult> dead_streams;
+  std::unordered_map<uintptr_t, CUresult> dead_events;
+  // Per-thread default streams, made on first use: (thread token, device) -> stream.
+  std::map<std::pair<uint64_t, int>, std::shared_ptr<Stream>> per_thread_streams;
+  uint64_t next_stream_id = 1;
+  uint64_t next_capture_id = 1;
+  uint64_t next_ctx_id = 1;
+  // Graphs returned by cuStreamEndCapture (or still being captured into), by handle value.
+  std::map<uintptr_t, bool> graphs;  // value: owned by the user (false while capturing)
+  uintptr_t next_graph_handle = 0;
+  std::vector<std::shared_ptr<Capture>> captures;  // capture sequences under way
 
   std::array<std::map<uint64_t, CUresult>, kEntryCount> injections;  // call number -> code
   std::array<uint64_t, kEntryCount> calls_seen{};  // monotonic, not cleared by reset_counts
@@ -160,12 +201,51 @@ Context* find_context(State& s, CUcontext ctx) noexcept;
 // The device of the calling thread's current context, or -1 if there is none (or it was released).
 int current_device(State& s) noexcept;
 
+// A token unique to the calling thread (never reused), for per-thread state.
+uint64_t thread_token() noexcept;
+
 // Streams/events bookkeeping used by both the entry points and the control API.
-// Resolves a user stream handle (NULL/LEGACY/PER_THREAD -> device's default stream).
-Stream* resolve_stream(State& s, CUstream h, int default_device) noexcept;
+// Resolves a user stream handle: NULL and CU_STREAM_LEGACY -> the device's legacy stream,
+// CU_STREAM_PER_THREAD -> the calling thread's per-thread stream of the device (made on first
+// use), others -> the live created stream with that handle value (nullptr if none).
+Stream* resolve_stream(State& s, CUstream h, int default_device);
+// What a stream handle that resolve_stream does not know answers (see State::dead_streams).
+CUresult dead_stream_code(const State& s, CUstream h) noexcept;
 void progress(State& s);
 void force_complete(State& s, Stream& st, uint64_t upto);
 void complete_device(State& s, int device);
+
+// Work for streams (sim_streams.cpp): st waits for e (joins e's capture when e was recorded in
+// one), and e is recorded on st; both answer the driver's code.
+CUresult wait_event(State& s, Stream& st, Event& e, unsigned flags);
+CUresult record_event(State& s, Stream& st, Event& e);
+
+// ---- device handles ----
+// The CUdevice that cuDeviceGet hands out for an ordinal, and back (-1: not a device of s).
+CUdevice device_handle(int ordinal) noexcept;
+int device_ordinal(const State& s, CUdevice dev) noexcept;
+
+// ---- stream capture (sim_capture.cpp) ----
+// The calling thread's capture interaction mode (cuThreadExchangeStreamCaptureMode).
+int& thread_capture_mode(const State& s) noexcept;
+// The state of a stream's capture: NONE, ACTIVE or INVALIDATED.
+CUstreamCaptureStatus capture_status(const Stream& st) noexcept;
+// Marks a capture sequence invalidated (cuStreamEndCapture then fails).
+void invalidate(Capture& c) noexcept;
+// Whether a blocking (not CU_STREAM_NON_BLOCKING) stream of device's context is capturing: the
+// legacy stream is then unusable (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT).
+bool blocking_capture_in(const State& s, int device) noexcept;
+// Invalidates every capture with a blocking stream of device (implicit legacy dependency).
+void invalidate_blocking_captures(State& s, int device) noexcept;
+// For a "potentially unsafe" call (cuMemCreate, cuMemMap, ... see sim_capture.cpp): SUCCESS, or
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED after invalidating the capture(s) that forbid it, as
+// the calling thread's capture mode and the captures under way decide.
+CUresult check_unsafe_call(State& s) noexcept;
+// For synchronizing a whole context: UNSUPPORTED while any stream of it captures (every such
+// capture is invalidated), else what check_unsafe_call says.
+CUresult context_sync_check(State& s, int device) noexcept;
+// Ends every capture (a reset of the context, or of the sim).
+void drop_captures(State& s, int device) noexcept;
 
 // The protection of [va, va+len) follows the bookkeeping again (after a change or a failure).
 bool sync_host_protection(State& s, uintptr_t va, size_t len);

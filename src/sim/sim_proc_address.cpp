@@ -24,8 +24,7 @@ void* fp(F* f) noexcept {
 }
 
 const Variant* variants(size_t* n) {
-  // Streams: the sim's per-thread default stream is its legacy default stream, so the _ptsz
-  // variants are the same functions.
+  // The _ptsz variants treat the NULL stream as the calling thread's per-thread stream.
   static const Variant v[] = {
       {"cuGetErrorString", 6000, false, fp(&sim_get_error_string), "cuGetErrorString"},
       {"cuGetErrorName", 6000, false, fp(&sim_get_error_name), "cuGetErrorName"},
@@ -72,20 +71,67 @@ const Variant* variants(size_t* n) {
       {"cuStreamDestroy", 2000, false, fp(&sim_stream_destroy), "cuStreamDestroy"},
       {"cuStreamDestroy", 4000, false, fp(&sim_stream_destroy), "cuStreamDestroy_v2"},
       {"cuStreamSynchronize", 2000, false, fp(&sim_stream_synchronize), "cuStreamSynchronize"},
-      {"cuStreamSynchronize", 7000, true, fp(&sim_stream_synchronize), "cuStreamSynchronize_ptsz"},
+      {"cuStreamSynchronize", 7000, true, fp(&sim_stream_synchronize_ptsz),
+       "cuStreamSynchronize_ptsz"},
       {"cuStreamQuery", 2000, false, fp(&sim_stream_query), "cuStreamQuery"},
-      {"cuStreamQuery", 7000, true, fp(&sim_stream_query), "cuStreamQuery_ptsz"},
+      {"cuStreamQuery", 7000, true, fp(&sim_stream_query_ptsz), "cuStreamQuery_ptsz"},
       {"cuStreamWaitEvent", 3020, false, fp(&sim_stream_wait_event), "cuStreamWaitEvent"},
-      {"cuStreamWaitEvent", 7000, true, fp(&sim_stream_wait_event), "cuStreamWaitEvent_ptsz"},
+      {"cuStreamWaitEvent", 7000, true, fp(&sim_stream_wait_event_ptsz),
+       "cuStreamWaitEvent_ptsz"},
       {"cuEventCreate", 2000, false, fp(&sim_event_create), "cuEventCreate"},
       {"cuEventDestroy", 2000, false, fp(&sim_event_destroy), "cuEventDestroy"},
       {"cuEventDestroy", 4000, false, fp(&sim_event_destroy), "cuEventDestroy_v2"},
       {"cuEventRecord", 2000, false, fp(&sim_event_record), "cuEventRecord"},
-      {"cuEventRecord", 7000, true, fp(&sim_event_record), "cuEventRecord_ptsz"},
+      {"cuEventRecord", 7000, true, fp(&sim_event_record_ptsz), "cuEventRecord_ptsz"},
       {"cuEventQuery", 2000, false, fp(&sim_event_query), "cuEventQuery"},
       {"cuEventSynchronize", 2000, false, fp(&sim_event_synchronize), "cuEventSynchronize"},
       {"cuMemcpyHtoD", 3020, false, fp(&sim_memcpy_htod), "cuMemcpyHtoD_v2"},
       {"cuMemcpyDtoH", 3020, false, fp(&sim_memcpy_dtoh), "cuMemcpyDtoH_v2"},
+      {"cuStreamGetCtx", 9020, false, fp(&sim_stream_get_ctx), "cuStreamGetCtx"},
+      {"cuStreamGetCtx", 9020, true, fp(&sim_stream_get_ctx_ptsz), "cuStreamGetCtx_ptsz"},
+      {"cuStreamGetCtx", 12050, false, fp(&sim_stream_get_ctx_v2), "cuStreamGetCtx_v2"},
+      {"cuStreamGetCtx", 12050, true, fp(&sim_stream_get_ctx_v2_ptsz), "cuStreamGetCtx_v2_ptsz"},
+      {"cuStreamGetId", 12000, false, fp(&sim_stream_get_id), "cuStreamGetId"},
+      {"cuStreamGetId", 12000, true, fp(&sim_stream_get_id_ptsz), "cuStreamGetId_ptsz"},
+      {"cuStreamGetFlags", 5050, false, fp(&sim_stream_get_flags), "cuStreamGetFlags"},
+      {"cuStreamGetFlags", 7000, true, fp(&sim_stream_get_flags_ptsz), "cuStreamGetFlags_ptsz"},
+      {"cuStreamGetDevice", 12080, false, fp(&sim_stream_get_device), "cuStreamGetDevice"},
+      {"cuStreamGetDevice", 12080, true, fp(&sim_stream_get_device_ptsz),
+       "cuStreamGetDevice_ptsz"},
+      {"cuStreamBeginCapture", 10000, false, fp(&sim_stream_begin_capture_v1),
+       "cuStreamBeginCapture"},
+      {"cuStreamBeginCapture", 10000, true, fp(&sim_stream_begin_capture_v1_ptsz),
+       "cuStreamBeginCapture_ptsz"},
+      {"cuStreamBeginCapture", 10010, false, fp(&sim_stream_begin_capture),
+       "cuStreamBeginCapture_v2"},
+      {"cuStreamBeginCapture", 10010, true, fp(&sim_stream_begin_capture_ptsz),
+       "cuStreamBeginCapture_v2_ptsz"},
+      {"cuStreamEndCapture", 10000, false, fp(&sim_stream_end_capture), "cuStreamEndCapture"},
+      {"cuStreamEndCapture", 10000, true, fp(&sim_stream_end_capture_ptsz),
+       "cuStreamEndCapture_ptsz"},
+      {"cuStreamIsCapturing", 10000, false, fp(&sim_stream_is_capturing), "cuStreamIsCapturing"},
+      {"cuStreamIsCapturing", 10000, true, fp(&sim_stream_is_capturing_ptsz),
+       "cuStreamIsCapturing_ptsz"},
+      {"cuStreamGetCaptureInfo", 10010, false, fp(&sim_stream_get_capture_info_v1),
+       "cuStreamGetCaptureInfo"},
+      {"cuStreamGetCaptureInfo", 10010, true, fp(&sim_stream_get_capture_info_v1_ptsz),
+       "cuStreamGetCaptureInfo_ptsz"},
+      {"cuStreamGetCaptureInfo", 11030, false, fp(&sim_stream_get_capture_info_v2),
+       "cuStreamGetCaptureInfo_v2"},
+      {"cuStreamGetCaptureInfo", 11030, true, fp(&sim_stream_get_capture_info_v2_ptsz),
+       "cuStreamGetCaptureInfo_v2_ptsz"},
+      {"cuStreamGetCaptureInfo", 12030, false, fp(&sim_stream_get_capture_info),
+       "cuStreamGetCaptureInfo_v3"},
+      {"cuStreamGetCaptureInfo", 12030, true, fp(&sim_stream_get_capture_info_ptsz),
+       "cuStreamGetCaptureInfo_v3_ptsz"},
+      {"cuThreadExchangeStreamCaptureMode", 10010, false,
+       fp(&sim_thread_exchange_stream_capture_mode), "cuThreadExchangeStreamCaptureMode"},
+      {"cuGraphDestroy", 10000, false, fp(&sim_graph_destroy), "cuGraphDestroy"},
+      {"cuDeviceCanAccessPeer", 4000, false, fp(&sim_device_can_access_peer),
+       "cuDeviceCanAccessPeer"},
+      {"cuCtxGetDevice", 2000, false, fp(&sim_ctx_get_device), "cuCtxGetDevice"},
+      {"cuCtxGetDevice", 13000, false, fp(&sim_ctx_get_device_v2), "cuCtxGetDevice_v2"},
+      {"cuCtxGetId", 12000, false, fp(&sim_ctx_get_id), "cuCtxGetId"},
       {"cuGetProcAddress", 11030, false, fp(&sim_get_proc_address_v1), "cuGetProcAddress"},
       {"cuGetProcAddress", 12000, false, fp(&sim_get_proc_address), "cuGetProcAddress_v2"},
   };
@@ -115,6 +161,8 @@ CUresult lookup(const char* symbol, int cuda_version, cuuint64_t flags, const Va
   const Variant* best_pt = nullptr;
   for (size_t i = 0; i < n; ++i) {
     if (std::strcmp(v[i].name, symbol) != 0) continue;
+    // A driver of driver_version knows nothing of variants introduced after it.
+    if (v[i].version > driver_version) continue;
     known = true;
     if (v[i].version > cuda_version) continue;
     const Variant*& slot = v[i].per_thread ? best_pt : best;

@@ -43,13 +43,25 @@ void validate(const SimConfig& c) {
 
 }  // namespace
 
+// Handle values of streams, events and graphs: pointer-like, distinct per kind, never
+// dereferenced (the sim looks them up).
+constexpr uintptr_t kStreamHandleBase = 0x00005e5700000000;
+constexpr uintptr_t kEventHandleBase = 0x00005e5e00000000;
+constexpr uintptr_t kGraphHandleBase = 0x00005e9700000000;
+
 State::State(const SimConfig& c) : cfg(c), costs(CostTable::get_default()) {
   generation = g_next_generation.fetch_add(1);
+  next_stream_handle = kStreamHandleBase;
+  next_event_handle = kEventHandleBase;
+  next_graph_handle = kGraphHandleBase;
   for (int d = 0; d < cfg.devices; ++d) {
     auto dev = std::make_unique<Device>();
     dev->ordinal = d;
     dev->ctx.device = d;
+    dev->ctx.id = next_ctx_id++;
     dev->default_stream = std::make_shared<Stream>();
+    dev->default_stream->handle = CU_STREAM_LEGACY;
+    dev->default_stream->id = next_stream_id++;
     dev->default_stream->device = d;
     dev->default_stream->is_default = true;
     devices.push_back(std::move(dev));
@@ -57,6 +69,11 @@ State::State(const SimConfig& c) : cfg(c), costs(CostTable::get_default()) {
 }
 
 State::~State() {
+  // Streams and captures point at each other while a capture is under way.
+  for (auto& c : captures) {
+    for (auto& m : c->members) m->capture.reset();
+    c->members.clear();
+  }
   // Newest (highest) first, so that the placement cursor comes all the way back.
   for (auto it = reservations.rbegin(); it != reservations.rend(); ++it)
     va_release(it->first, it->second.size);
@@ -99,14 +116,34 @@ int current_device(State& s) noexcept {
 
 // ---- streams ----------------------------------------------------------------------------------
 
-Stream* resolve_stream(State& s, CUstream h, int default_device) noexcept {
+uint64_t thread_token() noexcept {
+  static std::atomic<uint64_t> next{1};
+  thread_local const uint64_t token = next.fetch_add(1);
+  return token;
+}
+
+Stream* resolve_stream(State& s, CUstream h, int default_device) {
   const auto raw = reinterpret_cast<uintptr_t>(h);
   if (raw == 0 || raw == 1 || raw == 2) {  // NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
     if (default_device < 0 || default_device >= static_cast<int>(s.devices.size())) return nullptr;
-    return s.devices[static_cast<size_t>(default_device)]->default_stream.get();
+    if (raw != 2) return s.devices[static_cast<size_t>(default_device)]->default_stream.get();
+    auto& slot = s.per_thread_streams[{thread_token(), default_device}];
+    if (!slot) {
+      slot = std::make_shared<Stream>();
+      slot->handle = CU_STREAM_PER_THREAD;
+      slot->id = s.next_stream_id++;
+      slot->device = default_device;
+      slot->per_thread = true;
+    }
+    return slot.get();
   }
-  auto it = s.streams.find(reinterpret_cast<const Stream*>(h));
+  auto it = s.streams.find(raw);
   return it == s.streams.end() ? nullptr : it->second.get();
+}
+
+CUresult dead_stream_code(const State& s, CUstream h) noexcept {
+  auto it = s.dead_streams.find(reinterpret_cast<uintptr_t>(h));
+  return it != s.dead_streams.end() ? it->second : CUDA_ERROR_INVALID_HANDLE;
 }
 
 void progress(State& s) {
@@ -228,6 +265,15 @@ SimConfig sim_config_from_string(const std::string& conf) {
       }
     } else if (key == "sim_backing") {
       cfg.backing = conf::parse_bool_for(key, value);
+    } else if (key == "sim_driver_version") {
+      // CUDA 10.2 (VMM's first release) .. 99.9, as 1000 * major + 10 * minor.
+      cfg.driver_version = static_cast<int>(conf::parse_int_for(key, value, 10020, 99990));
+    } else if (key == "sim_peer_access") {
+      cfg.peer_access = conf::parse_bool_for(key, value);
+    } else if (key == "sim_posix_fd") {
+      cfg.posix_fd = conf::parse_bool_for(key, value);
+    } else if (key == "sim_rdma") {
+      cfg.rdma = conf::parse_bool_for(key, value);
     }
   }
   if (cfg.capacity % cfg.granularity != 0) {
@@ -314,9 +360,11 @@ detail::Stream* control_stream(State& s, CUstream stream, const char* what) {
   if (dev < 0) dev = 0;
   detail::Stream* st = detail::resolve_stream(s, stream, dev);
   if (st == nullptr) {
-    // A destroyed stream whose work is still pending can still be released.
-    auto it = s.busy.find(reinterpret_cast<const detail::Stream*>(stream));
-    if (it != s.busy.end()) st = it->second.get();
+    // A destroyed stream whose work is still pending can still be released (while its handle
+    // value has not gone to a new stream).
+    for (auto& [key, b] : s.busy) {
+      if (b->handle == stream && b->destroyed) st = b.get();
+    }
   }
   if (st == nullptr) {
     char buf[64];
@@ -338,6 +386,16 @@ void release_stream(CUstream stream) {
   std::lock_guard<std::mutex> lock(state_mutex());
   State& s = state_locked();
   control_stream(s, stream, "release_stream")->held = false;
+  detail::progress(s);
+}
+
+void release_all() {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  State& s = state_locked();
+  for (auto& [key, st] : s.busy) st->held = false;
+  for (auto& [key, st] : s.streams) st->held = false;
+  for (auto& [key, st] : s.per_thread_streams) st->held = false;
+  for (auto& d : s.devices) d->default_stream->held = false;
   detail::progress(s);
 }
 

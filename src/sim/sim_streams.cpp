@@ -1,5 +1,7 @@
 // The sim's streams and events: ordered work items, held streams, waits and synchronization
-// (spec: shared/reference/cuda_vmm_spec.md §4).
+// (spec: shared/reference/cuda_vmm_spec.md §4), their contexts, per-thread default streams,
+// recycled handle values, and what stream capture forbids (sim_capture.cpp has the capture
+// calls themselves).
 #include "sim/sim_call.hpp"
 #include "sim/sim_entry.hpp"
 #include "sim/sim_errors.hpp"
@@ -15,32 +17,68 @@ namespace {
 
 // ---- stream helpers -----------------------------------------------------------------------------
 
+constexpr uintptr_t kHandleStep = 0x200;
+
 bool special_stream(CUstream h) noexcept {
   const auto raw = reinterpret_cast<uintptr_t>(h);
   return raw == 0 || raw == 1 || raw == 2;
 }
 
-// Resolves a stream argument; special streams need a current context (INVALID_CONTEXT) unless
-// default_device is given.
-CUresult stream_arg(State& s, CUstream h, int default_device, Stream** out) {
-  if (special_stream(h)) {
-    if (default_device < 0) default_device = detail::current_device(s);
-    if (default_device < 0) return CUDA_ERROR_INVALID_CONTEXT;
+uintptr_t take_handle(std::vector<uintptr_t>& free_list, uintptr_t& next) {
+  if (!free_list.empty()) {
+    const uintptr_t v = free_list.back();
+    free_list.pop_back();
+    return v;
   }
-  Stream* st = detail::resolve_stream(s, h, default_device);
-  if (st == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  const uintptr_t v = next;
+  next += kHandleStep;
+  return v;
+}
+
+// Resolves a stream argument; the special streams (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD)
+// are those of the current context (INVALID_CONTEXT without one).
+CUresult stream_arg(State& s, CUstream h, Stream** out) {
+  int d = -1;
+  if (special_stream(h)) {
+    d = detail::current_device(s);
+    if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  Stream* st = detail::resolve_stream(s, h, d);
+  if (st == nullptr) return detail::dead_stream_code(s, h);
   *out = st;
   return CUDA_SUCCESS;
 }
 
-Event* event_arg(State& s, CUevent h) {
-  auto it = s.events.find(reinterpret_cast<const Event*>(h));
-  return it == s.events.end() ? nullptr : it->second.get();
+// Resolves an event argument (nullptr: *code says why).
+Event* event_arg(State& s, CUevent h, CUresult* code) {
+  const auto raw = reinterpret_cast<uintptr_t>(h);
+  auto it = s.events.find(raw);
+  if (it != s.events.end()) return it->second.get();
+  auto dead = s.dead_events.find(raw);
+  *code = dead != s.dead_events.end() ? dead->second : CUDA_ERROR_INVALID_HANDLE;
+  return nullptr;
 }
 
-// Appends a work item to st. Legacy default-stream semantics: work on the NULL stream waits for
-// all blocking streams of its device, and work on a blocking stream waits for the NULL stream.
-uint64_t enqueue(State& s, Stream& st, std::vector<Stream::Dep> deps) {
+// Work for a stream: queued as a work item, or captured when the stream is capturing. The
+// legacy stream may not take work while a blocking stream of its context captures (the work
+// would depend on the capture): that invalidates the capture. Legacy default-stream semantics:
+// work on the legacy stream waits for all blocking streams of its context (per-thread streams
+// included), and work on a blocking stream waits for the legacy stream.
+struct Submitted {
+  uint64_t seq = 0;                   // the work item (0 when captured)
+  std::shared_ptr<Capture> captured;  // the capture it went into
+};
+
+CUresult submit(State& s, Stream& st, std::vector<Stream::Dep> deps, Submitted* out) {
+  if (st.is_default && detail::blocking_capture_in(s, st.device)) {
+    detail::invalidate_blocking_captures(s, st.device);
+    return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+  }
+  if (st.capture) {
+    if (st.capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    out->captured = st.capture;
+    return CUDA_SUCCESS;
+  }
   if (st.is_default) {
     for (auto& [key, other] : s.busy) {
       if (other->device == st.device && !other->is_default &&
@@ -58,26 +96,65 @@ uint64_t enqueue(State& s, Stream& st, std::vector<Stream::Dep> deps) {
   st.pending.push_back(std::move(item));
   s.busy[&st] = st.shared_from_this();
   detail::progress(s);
-  return st.next_seq - 1;
+  out->seq = st.next_seq - 1;
+  return CUDA_SUCCESS;
+}
+
+// Querying or waiting for a stream from the host. A capturing stream cannot be (its work is
+// not scheduled): UNSUPPORTED, and the capture is invalidated. The legacy stream cannot be
+// while a blocking stream of its context captures (IMPLICIT, invalidating it). Otherwise the
+// call is "potentially unsafe" during another capture (check_unsafe_call).
+CUresult host_wait_check(State& s, Stream& st) {
+  if (st.capture) {
+    detail::invalidate(*st.capture);
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  if (st.is_default && detail::blocking_capture_in(s, st.device)) {
+    detail::invalidate_blocking_captures(s, st.device);
+    return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+  }
+  return detail::check_unsafe_call(s);
+}
+
+// An event last recorded inside a capture sequence has no work to wait for: querying or
+// waiting for it is CUDA_ERROR_CAPTURED_EVENT (and invalidates the capture while it is under
+// way) until it is recorded again outside capture.
+CUresult captured_event_check(Event& e) {
+  if (!e.captured) return CUDA_SUCCESS;
+  detail::invalidate(*e.captured);
+  return CUDA_ERROR_CAPTURED_EVENT;
 }
 
 }  // namespace
 
 // Drops a device's streams and events (its primary context was reset).
 void detail::reset_device_context(State& s, int d) {
+  detail::drop_captures(s, d);
   detail::complete_device(s, d);
   for (auto it = s.streams.begin(); it != s.streams.end();) {
     if (it->second->device == d) {
       it->second->destroyed = true;
+      s.free_stream_handles.push_back(it->first);
+      s.dead_streams[it->first] = CUDA_ERROR_CONTEXT_IS_DESTROYED;
       it = s.streams.erase(it);
     } else {
       ++it;
     }
   }
+  for (auto it = s.per_thread_streams.begin(); it != s.per_thread_streams.end();) {
+    it = it->first.second == d ? s.per_thread_streams.erase(it) : std::next(it);
+  }
   for (auto it = s.events.begin(); it != s.events.end();) {
-    it = it->second->device == d ? s.events.erase(it) : std::next(it);
+    if (it->second->device == d) {
+      s.free_event_handles.push_back(it->first);
+      s.dead_events[it->first] = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+      it = s.events.erase(it);
+    } else {
+      ++it;
+    }
   }
   device(s, d).default_stream->held = false;
+  device(s, d).ctx.id = s.next_ctx_id++;
 }
 
 // ---- streams and events -------------------------------------------------------------------------
@@ -90,20 +167,29 @@ CUresult sim_stream_create(CUstream* stream, unsigned int flags) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     auto st = std::make_shared<Stream>();
+    const uintptr_t h = take_handle(s.free_stream_handles, s.next_stream_handle);
+    s.dead_streams.erase(h);
+    st->handle = reinterpret_cast<CUstream>(h);
+    st->id = s.next_stream_id++;
     st->device = d;
     st->flags = flags;
-    *stream = reinterpret_cast<CUstream>(st.get());
-    s.streams.emplace(st.get(), std::move(st));
+    *stream = st->handle;
+    s.streams.emplace(h, std::move(st));
     return CUDA_SUCCESS;
   });
 }
 
 CUresult sim_stream_destroy(CUstream stream) {
   return run(EntryPoint::stream_destroy, true, [&](State& s, CallSize&) {
-    auto it = s.streams.find(reinterpret_cast<const Stream*>(stream));
-    if (it == s.streams.end()) return CUDA_ERROR_INVALID_HANDLE;
-    // Returns at once; pending work still completes (the stream lives on in s.busy until then).
-    it->second->destroyed = true;
+    auto it = s.streams.find(reinterpret_cast<uintptr_t>(stream));
+    if (it == s.streams.end()) return detail::dead_stream_code(s, stream);
+    // Returns at once; pending work still completes (the stream lives on in s.busy until then),
+    // and the handle value is free for the next cuStreamCreate.
+    Stream& st = *it->second;
+    if (st.capture) detail::invalidate(*st.capture);
+    st.destroyed = true;
+    s.free_stream_handles.push_back(it->first);
+    s.dead_streams[it->first] = CUDA_ERROR_INVALID_HANDLE;
     s.streams.erase(it);
     return CUDA_SUCCESS;
   });
@@ -112,7 +198,9 @@ CUresult sim_stream_destroy(CUstream stream) {
 CUresult sim_stream_synchronize(CUstream stream) {
   return run(EntryPoint::stream_synchronize, true, [&](State& s, CallSize&) {
     Stream* st = nullptr;
-    const CUresult r = stream_arg(s, stream, -1, &st);
+    CUresult r = stream_arg(s, stream, &st);
+    if (r != CUDA_SUCCESS) return r;
+    r = host_wait_check(s, *st);
     if (r != CUDA_SUCCESS) return r;
     detail::force_complete(s, *st, st->last_seq());
     detail::progress(s);
@@ -123,7 +211,9 @@ CUresult sim_stream_synchronize(CUstream stream) {
 CUresult sim_stream_query(CUstream stream) {
   return run(EntryPoint::stream_query, true, [&](State& s, CallSize&) {
     Stream* st = nullptr;
-    const CUresult r = stream_arg(s, stream, -1, &st);
+    CUresult r = stream_arg(s, stream, &st);
+    if (r != CUDA_SUCCESS) return r;
+    r = host_wait_check(s, *st);
     if (r != CUDA_SUCCESS) return r;
     return st->pending.empty() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
   });
@@ -133,14 +223,50 @@ CUresult sim_stream_wait_event(CUstream stream, CUevent event, unsigned int flag
   return run(EntryPoint::stream_wait_event, true, [&](State& s, CallSize&) {
     if ((flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL)) != 0)
       return CUDA_ERROR_INVALID_VALUE;
-    Event* e = event_arg(s, event);
-    if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult code = CUDA_SUCCESS;
+    Event* e = event_arg(s, event, &code);
+    if (e == nullptr) return code;
     Stream* st = nullptr;
-    const CUresult r = stream_arg(s, stream, -1, &st);
+    const CUresult r = stream_arg(s, stream, &st);
     if (r != CUDA_SUCCESS) return r;
-    if (!e->complete() && e->stream.get() != st) enqueue(s, *st, {{e->stream, e->seq}});
-    return CUDA_SUCCESS;
+    return detail::wait_event(s, *st, *e, flags);
   });
+}
+
+CUresult detail::wait_event(State& s, Stream& st, Event& e, unsigned flags) {
+  if (st.capture && st.capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  if (e.captured) {
+    Capture& c = *e.captured;
+    if (c.ended) return CUDA_ERROR_CAPTURED_EVENT;
+    if (st.capture.get() == &c) return CUDA_SUCCESS;  // a join within the capture
+    if (st.capture) {                                 // two captures would merge
+      detail::invalidate(*st.capture);
+      detail::invalidate(c);
+      return CUDA_ERROR_STREAM_CAPTURE_MERGE;
+    }
+    if (st.is_default || st.device != c.device) {
+      detail::invalidate(c);
+      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    // A fork: the stream joins the capture sequence.
+    st.capture = e.captured;
+    c.members.push_back(st.shared_from_this());
+    return CUDA_SUCCESS;
+  }
+  if (st.capture) {
+    if (st.capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    // A capture may only depend on work outside it through an external event wait node.
+    if ((flags & CU_EVENT_WAIT_EXTERNAL) == 0 && e.stream) {
+      detail::invalidate(*st.capture);
+      return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+    }
+    return CUDA_SUCCESS;
+  }
+  Submitted sub;
+  std::vector<Stream::Dep> deps;
+  if (!e.complete() && e.stream.get() != &st) deps.push_back({e.stream, e.seq});
+  if (deps.empty() && !st.is_default) return CUDA_SUCCESS;
+  return submit(s, st, std::move(deps), &sub);
 }
 
 CUresult sim_event_create(CUevent* event, unsigned int flags) {
@@ -156,16 +282,24 @@ CUresult sim_event_create(CUevent* event, unsigned int flags) {
     auto e = std::make_unique<Event>();
     e->device = d;
     e->flags = flags;
-    *event = reinterpret_cast<CUevent>(e.get());
-    s.events.emplace(e.get(), std::move(e));
+    const uintptr_t h = take_handle(s.free_event_handles, s.next_event_handle);
+    s.dead_events.erase(h);
+    *event = reinterpret_cast<CUevent>(h);
+    s.events.emplace(h, std::move(e));
     return CUDA_SUCCESS;
   });
 }
 
 CUresult sim_event_destroy(CUevent event) {
   return run(EntryPoint::event_destroy, true, [&](State& s, CallSize&) {
-    auto it = s.events.find(reinterpret_cast<const Event*>(event));
-    if (it == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
+    auto it = s.events.find(reinterpret_cast<uintptr_t>(event));
+    if (it == s.events.end()) {
+      CUresult code = CUDA_ERROR_INVALID_HANDLE;
+      event_arg(s, event, &code);
+      return code;
+    }
+    s.free_event_handles.push_back(it->first);
+    s.dead_events[it->first] = CUDA_ERROR_INVALID_HANDLE;
     s.events.erase(it);
     return CUDA_SUCCESS;
   });
@@ -173,35 +307,117 @@ CUresult sim_event_destroy(CUevent event) {
 
 CUresult sim_event_record(CUevent event, CUstream stream) {
   return run(EntryPoint::event_record, true, [&](State& s, CallSize&) {
-    Event* e = event_arg(s, event);
-    if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult code = CUDA_SUCCESS;
+    Event* e = event_arg(s, event, &code);
+    if (e == nullptr) return code;
     Stream* st = nullptr;
-    const CUresult r = stream_arg(s, stream, e->device, &st);
+    const CUresult r = stream_arg(s, stream, &st);
     if (r != CUDA_SUCCESS) return r;
     if (st->device != e->device) return CUDA_ERROR_INVALID_HANDLE;  // different contexts
-    const uint64_t seq = enqueue(s, *st, {});
-    e->stream = st->shared_from_this();
-    e->seq = seq;
-    return CUDA_SUCCESS;
+    return detail::record_event(s, *st, *e);
   });
+}
+
+CUresult detail::record_event(State& s, Stream& st, Event& e) {
+  Submitted sub;
+  const CUresult r = submit(s, st, {}, &sub);
+  if (r != CUDA_SUCCESS) return r;
+  if (sub.captured) {
+    e.captured = sub.captured;
+    e.stream.reset();
+    e.seq = 0;
+  } else {
+    e.captured.reset();
+    e.stream = st.shared_from_this();
+    e.seq = sub.seq;
+  }
+  return CUDA_SUCCESS;
 }
 
 CUresult sim_event_query(CUevent event) {
   return run(EntryPoint::event_query, true, [&](State& s, CallSize&) {
-    Event* e = event_arg(s, event);
-    if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult code = CUDA_SUCCESS;
+    Event* e = event_arg(s, event, &code);
+    if (e == nullptr) return code;
+    CUresult r = captured_event_check(*e);
+    if (r != CUDA_SUCCESS) return r;
+    r = detail::check_unsafe_call(s);
+    if (r != CUDA_SUCCESS) return r;
     return e->complete() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
   });
 }
 
 CUresult sim_event_synchronize(CUevent event) {
   return run(EntryPoint::event_synchronize, true, [&](State& s, CallSize&) {
-    Event* e = event_arg(s, event);
-    if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult code = CUDA_SUCCESS;
+    Event* e = event_arg(s, event, &code);
+    if (e == nullptr) return code;
+    CUresult r = captured_event_check(*e);
+    if (r != CUDA_SUCCESS) return r;
+    r = detail::check_unsafe_call(s);
+    if (r != CUDA_SUCCESS) return r;
     if (e->stream) {
       detail::force_complete(s, *e->stream, e->seq);
       detail::progress(s);
     }
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- stream properties --------------------------------------------------------------------------
+
+CUresult sim_stream_get_ctx(CUstream stream, CUcontext* ctx) {
+  return run(EntryPoint::stream_get_ctx, true, [&](State& s, CallSize&) {
+    Stream* st = nullptr;
+    const CUresult r = stream_arg(s, stream, &st);
+    if (r != CUDA_SUCCESS) return r;
+    if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *ctx = reinterpret_cast<CUcontext>(&device(s, st->device).ctx);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult sim_stream_get_ctx_v2(CUstream stream, CUcontext* ctx, CUgreenCtx* green) {
+  return run(EntryPoint::stream_get_ctx, true, [&](State& s, CallSize&) {
+    Stream* st = nullptr;
+    const CUresult r = stream_arg(s, stream, &st);
+    if (r != CUDA_SUCCESS) return r;
+    if (ctx == nullptr || green == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *ctx = reinterpret_cast<CUcontext>(&device(s, st->device).ctx);
+    *green = nullptr;  // the sim has no green contexts
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult sim_stream_get_id(CUstream stream, unsigned long long* id) {
+  return run(EntryPoint::stream_get_id, true, [&](State& s, CallSize&) {
+    Stream* st = nullptr;
+    const CUresult r = stream_arg(s, stream, &st);
+    if (r != CUDA_SUCCESS) return r;
+    if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *id = st->id;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult sim_stream_get_flags(CUstream stream, unsigned int* flags) {
+  return run(EntryPoint::stream_get_flags, true, [&](State& s, CallSize&) {
+    Stream* st = nullptr;
+    const CUresult r = stream_arg(s, stream, &st);
+    if (r != CUDA_SUCCESS) return r;
+    if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *flags = st->flags;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult sim_stream_get_device(CUstream stream, CUdevice* dev) {
+  return run(EntryPoint::stream_get_device, true, [&](State& s, CallSize&) {
+    Stream* st = nullptr;
+    const CUresult r = stream_arg(s, stream, &st);
+    if (r != CUDA_SUCCESS) return r;
+    if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *dev = detail::device_handle(st->device);
     return CUDA_SUCCESS;
   });
 }

@@ -155,9 +155,18 @@ bool accessible(State& s, uintptr_t lo, uintptr_t hi, int dev, int need) {
 // host memory behind the pages (sim_backing; else NOT_SUPPORTED: nothing to copy from). The copy
 // completes before the call returns; it does not wait on (or order against) any stream's pending
 // work — the sim has no device-side writers for it to wait for.
+//
+// Capture: a synchronous copy is ordered with the legacy stream, so while a blocking stream of the
+// context captures it is an implicit dependency on the capture (IMPLICIT, invalidating it; the
+// aws-ofi-nccl PR #1342 failure); otherwise it is a "potentially unsafe" call (sim_capture.cpp).
 CUresult check_copy(State& s, uintptr_t dev_ptr, const void* host, size_t bytes, int need) {
   const int d = detail::current_device(s);
   if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (detail::blocking_capture_in(s, d)) {
+    detail::invalidate_blocking_captures(s, d);
+    return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+  }
+  if (const CUresult c = detail::check_unsafe_call(s); c != CUDA_SUCCESS) return c;
   if (bytes == 0) return CUDA_SUCCESS;
   if (host == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const uintptr_t hi = dev_ptr + bytes;
@@ -198,6 +207,7 @@ CUresult sim_memcpy_dtoh(void* dst, CUdeviceptr src, size_t bytes) {
 CUresult sim_mem_address_reserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
                                  unsigned long long flags) {
   return run(EntryPoint::mem_address_reserve, true, [&](State& s, CallSize&) {
+    if (const CUresult c = detail::check_unsafe_call(s); c != CUDA_SUCCESS) return c;
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     const size_t hp = detail::host_page_size();
     if (ptr == nullptr || size == 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -214,6 +224,7 @@ CUresult sim_mem_address_reserve(CUdeviceptr* ptr, size_t size, size_t alignment
 
 CUresult sim_mem_address_free(CUdeviceptr ptr, size_t size) {
   return run(EntryPoint::mem_address_free, true, [&](State& s, CallSize&) {
+    if (const CUresult c = detail::check_unsafe_call(s); c != CUDA_SUCCESS) return c;
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     const auto base = static_cast<uintptr_t>(ptr);
     auto it = s.reservations.find(base);
@@ -245,6 +256,7 @@ CUresult sim_mem_address_free(CUdeviceptr ptr, size_t size) {
 CUresult sim_mem_create(CUmemGenericAllocationHandle* handle, size_t size,
                         const CUmemAllocationProp* prop, unsigned long long flags) {
   return run(EntryPoint::mem_create, true, [&](State& s, CallSize& units) {
+    if (const CUresult c = detail::check_unsafe_call(s); c != CUDA_SUCCESS) return c;
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     if (handle == nullptr || prop == nullptr || flags != 0 || size == 0)
       return CUDA_ERROR_INVALID_VALUE;
@@ -276,9 +288,14 @@ CUresult sim_mem_create(CUmemGenericAllocationHandle* handle, size_t size,
         return CUDA_ERROR_INVALID_VALUE;
     }
     if (!aligned(size, s.cfg.granularity)) return CUDA_ERROR_INVALID_VALUE;
-    // Export handle types (attrs 103/104/105/128), RDMA (attr 110), tile pools and hardware
-    // decompression are not supported by the sim's device.
-    if (handle_types != 0 || af.gpuDirectRDMACapable != 0 || af.usage != 0) {
+    // What the device does not support (spec §10: NOT_SUPPORTED, a documented code of
+    // cuMemCreate): POSIX file descriptors unless sim_posix_fd (attr 103), RDMA unless sim_rdma
+    // (attr 110); Windows handles, fabric handles (attrs 104/105/128), tile pools and hardware
+    // decompression never.
+    const unsigned supported =
+        s.cfg.posix_fd ? static_cast<unsigned>(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) : 0u;
+    if ((handle_types & ~supported) != 0 || (af.gpuDirectRDMACapable != 0 && !s.cfg.rdma) ||
+        af.usage != 0) {
       return CUDA_ERROR_NOT_SUPPORTED;
     }
     const int dev = prop->location.id;
@@ -310,6 +327,7 @@ CUresult sim_mem_create(CUmemGenericAllocationHandle* handle, size_t size,
 
 CUresult sim_mem_release(CUmemGenericAllocationHandle handle) {
   return run(EntryPoint::mem_release, true, [&](State& s, CallSize&) {
+    if (const CUresult c = detail::check_unsafe_call(s); c != CUDA_SUCCESS) return c;
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     Allocation* a = live_handle(s, handle);
     if (a == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -368,6 +386,7 @@ CUresult sim_mem_retain_allocation_handle(CUmemGenericAllocationHandle* handle, 
 CUresult sim_mem_map(CUdeviceptr ptr, size_t size, size_t offset,
                      CUmemGenericAllocationHandle handle, unsigned long long flags) {
   return run(EntryPoint::mem_map, true, [&](State& s, CallSize& units) {
+    if (const CUresult c = detail::check_unsafe_call(s); c != CUDA_SUCCESS) return c;
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     if (flags != 0 || offset != 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
     const auto lo = static_cast<uintptr_t>(ptr);
@@ -398,6 +417,7 @@ CUresult sim_mem_map(CUdeviceptr ptr, size_t size, size_t offset,
 
 CUresult sim_mem_unmap(CUdeviceptr ptr, size_t size) {
   return run(EntryPoint::mem_unmap, true, [&](State& s, CallSize& units) {
+    if (const CUresult c = detail::check_unsafe_call(s); c != CUDA_SUCCESS) return c;
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     const auto lo = static_cast<uintptr_t>(ptr);
     const uintptr_t hi = lo + size;
@@ -413,6 +433,7 @@ CUresult sim_mem_unmap(CUdeviceptr ptr, size_t size) {
 CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
                             size_t count) {
   return run(EntryPoint::mem_set_access, true, [&](State& s, CallSize& units) {
+    if (const CUresult c = detail::check_unsafe_call(s); c != CUDA_SUCCESS) return c;
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < count; ++i) {
@@ -441,6 +462,19 @@ CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc*
       if (it == s.mappings.end() || it->first != cur) return CUDA_ERROR_INVALID_VALUE;
       ms.push_back(it);
       cur += it->second.size;
+    }
+    // A device other than the owner needs a peer path (cuDeviceCanAccessPeer; sim_peer_access).
+    // The real code for a device without one is undocumented; cuda-api-wrappers#512 reports
+    // "invalid argument" from this call on a multi-GPU box without P2P.
+    if (!s.cfg.peer_access) {
+      for (auto it : ms) {
+        for (size_t i = 0; i < count; ++i) {
+          if (desc[i].location.id != it->second.alloc->device &&
+              detail::bits(desc[i].flags) != CU_MEM_ACCESS_FLAGS_PROT_NONE) {
+            return CUDA_ERROR_INVALID_VALUE;
+          }
+        }
+      }
     }
     std::vector<std::map<size_t, AccessBits>> saved;
     saved.reserve(ms.size());

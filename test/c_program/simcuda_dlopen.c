@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
   memset(&prop, 0, sizeof prop);
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = dev;
+  prop.location.id = 0; /* an ordinal, not the CUdevice */
   check("cuMemGetAllocationGranularity(MINIMUM)",
         cu_granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
   printf("      device 0: %zu bytes, granularity %zu bytes\n", total, gran);
@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
   check("cuMemMap(ptr, 2 pages, 0, handle)", cu_map(ptr, 2 * gran, 0, handle, 0), CUDA_SUCCESS);
   memset(&access, 0, sizeof access);
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = dev;
+  access.location.id = 0;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   check("cuMemSetAccess(ptr, 2 pages, READWRITE)", cu_set_access(ptr, 2 * gran, &access, 1),
         CUDA_SUCCESS);

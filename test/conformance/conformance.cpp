@@ -92,6 +92,14 @@ class InProcessHooks final : public SimHooks {
     sim::reset(suite_sim_config());
     return "";
   }
+  std::string reset_with(const std::string& extra) override {
+    try {
+      sim::reset(sim::sim_config_from_string(std::string(kSimConf) + "," + extra));
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  }
   unsigned long long call_count(const char* base_name) override {
     return sim::call_count(entry_point_by_name(base_name));
   }
@@ -100,6 +108,7 @@ class InProcessHooks final : public SimHooks {
   }
   void hold_stream(CUstream stream) override { sim::hold_stream(stream); }
   void release_stream(CUstream stream) override { sim::release_stream(stream); }
+  void release_all() override { sim::release_all(); }
   SimOutstanding outstanding() override {
     const sim::Outstanding o = sim::outstanding();
     SimOutstanding r;
@@ -137,6 +146,8 @@ class DlopenHooks final : public SimHooks {
       missing = "expanse_sim_release_stream";
     else if (!h->resolve(&h->outstanding_, "expanse_sim_outstanding"))
       missing = "expanse_sim_outstanding";
+    else if (!h->resolve(&h->release_all_, "expanse_sim_release_all"))
+      missing = "expanse_sim_release_all";
     if (missing != nullptr) {
       *error = path + " does not export " + missing;
       return nullptr;
@@ -155,6 +166,14 @@ class DlopenHooks final : public SimHooks {
     }
     return "";
   }
+  std::string reset_with(const std::string& extra) override {
+    const std::string conf = std::string(kSimConf) + "," + extra;
+    if (configure_(conf.c_str()) != 0) {
+      const char* e = last_error_();
+      return "expanse_sim_configure(\"" + conf + "\") failed: " + (e != nullptr ? e : "?");
+    }
+    return "";
+  }
   unsigned long long call_count(const char* base_name) override { return call_count_(base_name); }
   void inject_failure(const char* base_name, unsigned long long nth, CUresult code) override {
     if (inject_(base_name, nth, static_cast<int>(code)) != 0) {
@@ -165,6 +184,7 @@ class DlopenHooks final : public SimHooks {
   }
   void hold_stream(CUstream stream) override { hold_(stream); }
   void release_stream(CUstream stream) override { release_(stream); }
+  void release_all() override { release_all_(); }
   SimOutstanding outstanding() override {
     SimOutstanding r;
     if (outstanding_(&r.reservations, &r.allocations, &r.mappings, &r.physical_bytes) != 0)
@@ -189,6 +209,7 @@ class DlopenHooks final : public SimHooks {
   int (*inject_)(const char*, unsigned long long, int) = nullptr;
   void (*hold_)(void*) = nullptr;
   void (*release_)(void*) = nullptr;
+  void (*release_all_)() = nullptr;
   int (*outstanding_)(unsigned long long*, unsigned long long*, unsigned long long*,
                       unsigned long long*) = nullptr;
 };
@@ -286,7 +307,7 @@ void Conformance::TearDown() {
   forget_all();
   t().ctx_set_current(nullptr);
   if (primary_ != nullptr) {
-    t().device_primary_ctx_release(0);
+    t().device_primary_ctx_release(dev(0));
     primary_ = nullptr;
   }
   if (hooks_ != nullptr && !HasFatalFailure()) {
@@ -312,6 +333,15 @@ void Conformance::reset_uninitialized() {
   ASSERT_TRUE(err.empty()) << err;
 }
 
+void Conformance::reconfigure(const std::string& extra) {
+  ASSERT_NE(hooks_, nullptr);
+  forget_all();
+  primary_ = nullptr;
+  const std::string err = hooks_->reset_with(extra);
+  ASSERT_TRUE(err.empty()) << err;
+  ASSERT_CU(CUDA_SUCCESS, t().init(0));
+}
+
 void* Conformance::library_symbol(const char* name) const {
   if (library_path_.empty()) return nullptr;
   void* handle = dlopen(library_path_.c_str(), RTLD_NOW | RTLD_NOLOAD);
@@ -327,8 +357,14 @@ void Conformance::must(CUresult r, const std::string& what) const {
 
 size_t Conformance::total_mem(int device) const {
   size_t bytes = 0;
-  must(t().device_total_mem(&bytes, device), "cuDeviceTotalMem");
+  must(t().device_total_mem(&bytes, dev(device)), "cuDeviceTotalMem");
   return bytes;
+}
+
+CUdevice Conformance::dev(int ordinal) const {
+  CUdevice d = 0;
+  must(t().device_get(&d, ordinal), "cuDeviceGet(" + std::to_string(ordinal) + ")");
+  return d;
 }
 
 CUmemAllocationProp Conformance::device_prop(int device) {
@@ -351,7 +387,8 @@ CUmemAccessDesc Conformance::access_desc(int device, CUmemAccess_flags f) {
 }
 
 CUcontext Conformance::make_current() {
-  if (primary_ == nullptr) must(t().device_primary_ctx_retain(&primary_, 0), "cuDevicePrimaryCtxRetain");
+  if (primary_ == nullptr)
+    must(t().device_primary_ctx_retain(&primary_, dev(0)), "cuDevicePrimaryCtxRetain");
   must(t().ctx_set_current(primary_), "cuCtxSetCurrent");
   return primary_;
 }

@@ -54,11 +54,14 @@ class SimHooks {
   virtual ~SimHooks() = default;
   // A fresh sim (kSimConf) on which cuInit has not been called. Returns "" or what went wrong.
   virtual std::string reset_uninitialized() = 0;
+  // The same with kSimConf plus extra keys ("sim_peer_access:false"); "" or what went wrong.
+  virtual std::string reset_with(const std::string& extra) = 0;
   virtual unsigned long long call_count(const char* base_name) = 0;
   // The nth call of base_name from now on (1 = the next one) returns code, doing nothing.
   virtual void inject_failure(const char* base_name, unsigned long long nth, CUresult code) = 0;
   virtual void hold_stream(CUstream stream) = 0;
   virtual void release_stream(CUstream stream) = 0;
+  virtual void release_all() = 0;
   virtual SimOutstanding outstanding() = 0;
 };
 
@@ -105,6 +108,10 @@ class Conformance : public ::testing::TestWithParam<Variant> {
   size_t gran() const { return gran_; }
   int device_count() const { return device_count_; }
   size_t total_mem(int device = 0) const;
+  // The CUdevice of an ordinal (cuDeviceGet). Functions taking a CUdevice get this, never the
+  // ordinal (the sim's CUdevice values differ from the ordinals); CUmemLocation.id takes the
+  // ordinal.
+  CUdevice dev(int ordinal) const;
 
   // The standard allocation properties: pinned device memory on `device`.
   static CUmemAllocationProp device_prop(int device = 0);
@@ -118,6 +125,8 @@ class Conformance : public ::testing::TestWithParam<Variant> {
 
   // Sim state reset to "cuInit not called"; forgets every tracked resource.
   void reset_uninitialized();
+  // A fresh, initialized sim configured with kSimConf plus extra keys (call first in a test).
+  void reconfigure(const std::string& extra);
 
   // ---- tracked driver calls: whatever succeeds is undone in TearDown --------------------------
   // try_*: the driver's code, tracking the resource when it succeeded. The plain forms throw

@@ -35,15 +35,15 @@ TEST_P(Conformance, MemGetInfoAcceptsNullTotal) {
 // §4 / §7 #7: releasing a primary context that was never retained is INVALID_CONTEXT; a bad
 // device is INVALID_DEVICE.
 TEST_P(Conformance, PrimaryCtxReleaseWithoutRetainIsInvalidContext) {
-  const int dev = 0;  // the fixture retains it only in make_current(), not called here
-  EXPECT_CU(CUDA_ERROR_INVALID_CONTEXT, t().device_primary_ctx_release(dev));
+  const CUdevice d0 = dev(0);  // the fixture retains it only in make_current(), not called here
+  EXPECT_CU(CUDA_ERROR_INVALID_CONTEXT, t().device_primary_ctx_release(d0));
   EXPECT_CU(CUDA_ERROR_INVALID_DEVICE, t().device_primary_ctx_release(device_count()));
   // Retain/release pairs balance: one retain allows exactly one release.
   CUcontext ctx = nullptr;
-  ASSERT_CU(CUDA_SUCCESS, t().device_primary_ctx_retain(&ctx, dev));
+  ASSERT_CU(CUDA_SUCCESS, t().device_primary_ctx_retain(&ctx, d0));
   EXPECT_NE(ctx, nullptr);
-  EXPECT_CU(CUDA_SUCCESS, t().device_primary_ctx_release(dev));
-  EXPECT_CU(CUDA_ERROR_INVALID_CONTEXT, t().device_primary_ctx_release(dev));
+  EXPECT_CU(CUDA_SUCCESS, t().device_primary_ctx_release(d0));
+  EXPECT_CU(CUDA_ERROR_INVALID_CONTEXT, t().device_primary_ctx_release(d0));
 }
 
 // §4: cuDevicePrimaryCtxRetain does not make the context current; retaining again returns the
@@ -52,15 +52,15 @@ TEST_P(Conformance, PrimaryCtxRetainDoesNotMakeCurrent) {
   ASSERT_CU(CUDA_SUCCESS, t().ctx_set_current(nullptr));
   CUcontext a = nullptr;
   CUcontext b = nullptr;
-  ASSERT_CU(CUDA_SUCCESS, t().device_primary_ctx_retain(&a, 0));
-  ASSERT_CU(CUDA_SUCCESS, t().device_primary_ctx_retain(&b, 0));
+  ASSERT_CU(CUDA_SUCCESS, t().device_primary_ctx_retain(&a, dev(0)));
+  ASSERT_CU(CUDA_SUCCESS, t().device_primary_ctx_retain(&b, dev(0)));
   EXPECT_NE(a, nullptr);
   EXPECT_EQ(a, b);
   CUcontext cur = reinterpret_cast<CUcontext>(0x1);
   EXPECT_CU(CUDA_SUCCESS, t().ctx_get_current(&cur));
   EXPECT_EQ(cur, nullptr);
-  EXPECT_CU(CUDA_SUCCESS, t().device_primary_ctx_release(0));
-  EXPECT_CU(CUDA_SUCCESS, t().device_primary_ctx_release(0));
+  EXPECT_CU(CUDA_SUCCESS, t().device_primary_ctx_release(dev(0)));
+  EXPECT_CU(CUDA_SUCCESS, t().device_primary_ctx_release(dev(0)));
   CUcontext c = nullptr;
   EXPECT_CU(CUDA_ERROR_INVALID_DEVICE, t().device_primary_ctx_retain(&c, device_count()));
 }

@@ -68,7 +68,7 @@ TEST_P(Conformance, CreateHostNumaCurrentIsInvalidValue) {
 TEST_P(Conformance, CreateRdmaCapableFollowsAttribute110) {
   int rdma = -1;
   ASSERT_CU(CUDA_SUCCESS, t().device_get_attribute(
-                              &rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 0));
+                              &rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev(0)));
   CUmemAllocationProp prop = device_prop(0);
   prop.allocFlags.gpuDirectRDMACapable = 1;
   CUmemGenericAllocationHandle h = 0;
@@ -221,7 +221,7 @@ TEST_P(Conformance, MemGetInfoIsPerDevice) {
   make_current();  // device 0
   const size_t free0 = mem_free();
   CUcontext ctx1 = nullptr;
-  ASSERT_CU(CUDA_SUCCESS, t().device_primary_ctx_retain(&ctx1, 1));
+  ASSERT_CU(CUDA_SUCCESS, t().device_primary_ctx_retain(&ctx1, dev(1)));
   ASSERT_CU(CUDA_SUCCESS, t().ctx_push_current(ctx1));
   size_t free1 = 0;
   EXPECT_CU(CUDA_SUCCESS, t().mem_get_info(&free1, nullptr));
@@ -239,7 +239,7 @@ TEST_P(Conformance, MemGetInfoIsPerDevice) {
     EXPECT_LE(free1_after + size / 2, free1);
   }
   EXPECT_CU(CUDA_SUCCESS, release(h));
-  EXPECT_CU(CUDA_SUCCESS, t().device_primary_ctx_release(1));
+  EXPECT_CU(CUDA_SUCCESS, t().device_primary_ctx_release(dev(1)));
 }
 
 // §5.2 / §6.6: once every user-visible reference (create/retain) is released, the handle value is

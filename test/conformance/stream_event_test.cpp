@@ -110,7 +110,7 @@ TEST_P(Conformance, EventRecordAcrossContextsIsInvalidHandle) {
   if (device_count() < 2) GTEST_SKIP() << "needs two devices (two primary contexts)";
   const CUevent e0 = make_event(CU_EVENT_DISABLE_TIMING);  // device 0's context
   CUcontext ctx1 = nullptr;
-  ASSERT_CU(CUDA_SUCCESS, t().device_primary_ctx_retain(&ctx1, 1));
+  ASSERT_CU(CUDA_SUCCESS, t().device_primary_ctx_retain(&ctx1, dev(1)));
   ASSERT_CU(CUDA_SUCCESS, t().ctx_push_current(ctx1));
   CUstream s1 = nullptr;
   ASSERT_CU(CUDA_SUCCESS, t().stream_create(&s1, 0));
@@ -118,7 +118,7 @@ TEST_P(Conformance, EventRecordAcrossContextsIsInvalidHandle) {
   EXPECT_CU(CUDA_SUCCESS, t().stream_destroy(s1));
   CUcontext popped = nullptr;
   EXPECT_CU(CUDA_SUCCESS, t().ctx_pop_current(&popped));
-  EXPECT_CU(CUDA_SUCCESS, t().device_primary_ctx_release(1));
+  EXPECT_CU(CUDA_SUCCESS, t().device_primary_ctx_release(dev(1)));
 }
 
 // §4: a destroyed stream or event is an invalid handle (sim: a real driver may crash instead).

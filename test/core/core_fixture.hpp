@@ -27,6 +27,22 @@ inline sim::SimConfig sim_config(size_t capacity, bool backing = true, int devic
   return c;
 }
 
+// Calls that do work: every sim call but the read-only stream lookups the allocator makes about
+// once per allocate and free (cuStreamGetId and friends; DeviceStats::stream_queries), and the
+// context switches around them (NULL with no current context means the primary context's).
+inline uint64_t work_calls() {
+  using driver::EntryPoint;
+  uint64_t n = sim::total_calls();
+  for (EntryPoint e : {EntryPoint::stream_get_id, EntryPoint::stream_get_ctx,
+                       EntryPoint::stream_is_capturing,
+                       EntryPoint::thread_exchange_stream_capture_mode,
+                       EntryPoint::ctx_get_current, EntryPoint::ctx_push_current,
+                       EntryPoint::ctx_pop_current}) {
+    n -= sim::call_count(e);
+  }
+  return n;
+}
+
 class CoreTest : public ::testing::Test {
  protected:
   void make(const sim::SimConfig& cfg, const core::AllocatorOptions& opts = {}) {

@@ -431,7 +431,10 @@ TEST_F(ReviewTest, ReleaseFailingInTrimKeepsBooksExact) {
 
 // cuEventRecord fails for a fence inside poll(): the request fails cleanly, nothing leaks, the
 // memory becomes usable by other streams once the driver works again.
-TEST_F(ReviewTest, EventRecordFailingInPollKeepsBooksExact) {
+// cuEventRecord fails while the memory is needed: nothing is inferred from the error (the
+// request neither fails nor reuses the memory unproven); the allocator records a fence again
+// (or, waiting, syncs the stream's context), and the books stay exact.
+TEST_F(ReviewTest, EventRecordFailingInPollIsNotAFailureNorAProof) {
   core::AllocatorOptions o;
   o.lifo_depth = 0;
   make(sim_config(256 * MiB), o);
@@ -439,10 +442,11 @@ TEST_F(ReviewTest, EventRecordFailingInPollKeepsBooksExact) {
   void* a = alloc_->allocate(200 * MiB, s1);
   alloc_->deallocate(a, s1);
   sim::inject_failure(EntryPoint::event_record, 1, CUDA_ERROR_UNKNOWN);
-  EXPECT_THROW(alloc_->allocate(200 * MiB, s2), driver_failure);
+  const uint64_t records = sim::call_count(EntryPoint::event_record);
+  void* b = alloc_->allocate(200 * MiB, s2);
+  EXPECT_GE(sim::call_count(EntryPoint::event_record), records + 2);  // failed, then again
   sim::clear_injections();
   expect_books_match_driver();
-  void* b = alloc_->allocate(200 * MiB, s2);
   alloc_->deallocate(b, s2);
 }
 

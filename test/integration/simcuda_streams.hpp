@@ -42,15 +42,19 @@ class SimCuda {
   // cuInit, device 0's primary context made current on this thread, then cuStreamCreate.
   CUstream create_stream() {
     auto init = fn<CUresult (*)(unsigned)>("cuInit");
+    auto device_get = fn<CUresult (*)(CUdevice*, int)>("cuDeviceGet");
     auto retain = fn<CUresult (*)(CUcontext*, CUdevice)>("cuDevicePrimaryCtxRetain");
     auto set_current = fn<CUresult (*)(CUcontext)>("cuCtxSetCurrent");
     auto create = fn<CUresult (*)(CUstream*, unsigned)>("cuStreamCreate");
-    if (init == nullptr || retain == nullptr || set_current == nullptr || create == nullptr) {
+    if (init == nullptr || device_get == nullptr || retain == nullptr || set_current == nullptr ||
+        create == nullptr) {
       return nullptr;
     }
+    CUdevice dev = 0;  // the CUdevice of ordinal 0 (not 0 itself in the sim)
     CUcontext ctx = nullptr;
     CUstream s = nullptr;
-    if (init(0) != CUDA_SUCCESS || retain(&ctx, 0) != CUDA_SUCCESS ||
+    if (init(0) != CUDA_SUCCESS || device_get(&dev, 0) != CUDA_SUCCESS ||
+        retain(&ctx, dev) != CUDA_SUCCESS ||
         set_current(ctx) != CUDA_SUCCESS || create(&s, CU_STREAM_DEFAULT) != CUDA_SUCCESS) {
       error_ = "creating a sim stream failed";
       return nullptr;

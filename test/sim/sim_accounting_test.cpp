@@ -95,7 +95,7 @@ TEST_F(SimAccounting, ModeledTime) {
   set_cost_table(c);
   reset_counts();
   EXPECT_EQ(0.0, modeled_seconds());
-  make_current(0);                                             // 2 x 500 ns
+  make_current(0);  // cuDeviceGet, retain, set current: 3 x 500 ns
   const CUdeviceptr va = reserve(8 * MiB);                     // 20 us
   const CUmemGenericAllocationHandle h = create(4 * MiB);      // 28 + 4 us
   const CUmemGenericAllocationHandle h2 = create(4 * MiB);     // 28 + 4 us
@@ -112,7 +112,7 @@ TEST_F(SimAccounting, ModeledTime) {
   ASSERT_EQ(CUDA_SUCCESS, t().mem_address_free(va, 8 * MiB));       // 20 us
   size_t f = 0;
   ASSERT_EQ(CUDA_SUCCESS, t().mem_get_info(&f, nullptr));  // 10 us
-  const double expected_us = 2 * 0.5 + 20 + 2 * 32 + 2 * 3.4 + 2 * 2 * 52 + 2 * 40 + 2 * 20 +
+  const double expected_us = 3 * 0.5 + 20 + 2 * 32 + 2 * 3.4 + 2 * 2 * 52 + 2 * 40 + 2 * 20 +
                              20 + 10;
   EXPECT_NEAR(expected_us * 1e-6, modeled_seconds(), 1e-12);
   // A range curve replaces the per-mapping sum for ranges of several mappings.

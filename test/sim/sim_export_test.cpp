@@ -150,9 +150,12 @@ TEST_F(SimExport, VmmThroughProcAddress) {
   auto unmap = proc<decltype(&::cuMemUnmap)>("cuMemUnmap", 13000);
   auto release = proc<decltype(&::cuMemRelease)>("cuMemRelease", 13000);
   auto free_fn = proc<decltype(&::cuMemAddressFree)>("cuMemAddressFree", 13000);
+  auto device_get = proc<decltype(&::cuDeviceGet)>("cuDeviceGet", 13000);
   ASSERT_EQ(CUDA_SUCCESS, init(0));
+  CUdevice d1 = -1;
+  ASSERT_EQ(CUDA_SUCCESS, device_get(&d1, 1));
   CUcontext ctx = nullptr;
-  ASSERT_EQ(CUDA_SUCCESS, retain(&ctx, 1));
+  ASSERT_EQ(CUDA_SUCCESS, retain(&ctx, d1));
   ASSERT_EQ(CUDA_SUCCESS, set_current(ctx));
   CUdeviceptr va = 0;
   ASSERT_EQ(CUDA_SUCCESS, reserve_fn(&va, 4 * MiB, 0, 0, 0));
@@ -290,9 +293,12 @@ TEST_F(SimExport, StreamsAndHolding) {
   auto hold = lib().sym<decltype(&expanse_sim_hold_stream)>("expanse_sim_hold_stream");
   auto release = lib().sym<decltype(&expanse_sim_release_stream)>("expanse_sim_release_stream");
   auto pending = lib().sym<decltype(&expanse_sim_pending_events)>("expanse_sim_pending_events");
+  auto device_get = lib().sym<decltype(&::cuDeviceGet)>("cuDeviceGet");
   ASSERT_EQ(CUDA_SUCCESS, init(0));
+  CUdevice d0 = -1;
+  ASSERT_EQ(CUDA_SUCCESS, device_get(&d0, 0));
   CUcontext ctx = nullptr;
-  ASSERT_EQ(CUDA_SUCCESS, retain(&ctx, 0));
+  ASSERT_EQ(CUDA_SUCCESS, retain(&ctx, d0));
   ASSERT_EQ(CUDA_SUCCESS, push(ctx));
   CUstream s = nullptr;
   CUevent e = nullptr;
@@ -365,8 +371,11 @@ TEST_F(SimExportChild, ThreeDevices) {
   int n = 0;
   ASSERT_EQ(CUDA_SUCCESS, count(&n));
   EXPECT_EQ(3, n);
+  auto get = reinterpret_cast<decltype(&::cuDeviceGet)>(dlsym(handle_, "cuDeviceGet"));
+  CUdevice d2 = -1;
+  ASSERT_EQ(CUDA_SUCCESS, get(&d2, 2));
   size_t bytes = 0;
-  ASSERT_EQ(CUDA_SUCCESS, total(&bytes, 2));
+  ASSERT_EQ(CUDA_SUCCESS, total(&bytes, d2));
   EXPECT_EQ(4 * GiB, bytes);
 }
 

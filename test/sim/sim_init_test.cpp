@@ -90,33 +90,42 @@ TEST_F(SimInit, Devices) {
   ASSERT_EQ(CUDA_SUCCESS, t().init(0));
   CUdevice d = -1;
   EXPECT_EQ(CUDA_SUCCESS, t().device_get(&d, 2));
-  EXPECT_EQ(2, d);
+  EXPECT_NE(2, d) << "CUdevice values are not the ordinals";
+  CUdevice d0 = -1;
+  CUdevice d1 = -1;
+  EXPECT_EQ(CUDA_SUCCESS, t().device_get(&d0, 0));
+  EXPECT_EQ(CUDA_SUCCESS, t().device_get(&d1, 1));
+  EXPECT_NE(0, d0);
+  EXPECT_NE(1, d1);
+  EXPECT_TRUE(d0 != d1 && d1 != d && d0 != d);
   EXPECT_EQ(CUDA_ERROR_INVALID_DEVICE, t().device_get(&d, 3));
   EXPECT_EQ(CUDA_ERROR_INVALID_DEVICE, t().device_get(&d, -1));
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().device_get(nullptr, 0));
   char name[64];
-  EXPECT_EQ(CUDA_SUCCESS, t().device_get_name(name, sizeof name, 1));
+  EXPECT_EQ(CUDA_SUCCESS, t().device_get_name(name, sizeof name, d1));
   EXPECT_STREQ("expanse sim device 1", name);
   char tiny[8];
-  EXPECT_EQ(CUDA_SUCCESS, t().device_get_name(tiny, sizeof tiny, 1));
+  EXPECT_EQ(CUDA_SUCCESS, t().device_get_name(tiny, sizeof tiny, d1));
   EXPECT_STREQ("expanse", tiny);
-  EXPECT_EQ(CUDA_ERROR_INVALID_DEVICE, t().device_get_name(name, sizeof name, 3));
-  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().device_get_name(nullptr, 10, 0));
+  EXPECT_EQ(CUDA_ERROR_INVALID_DEVICE, t().device_get_name(name, sizeof name, 1));  // an ordinal
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().device_get_name(nullptr, 10, d0));
   size_t total = 0;
-  EXPECT_EQ(CUDA_SUCCESS, t().device_total_mem(&total, 0));
+  EXPECT_EQ(CUDA_SUCCESS, t().device_total_mem(&total, d0));
   EXPECT_EQ(8 * GiB, total);
-  EXPECT_EQ(CUDA_ERROR_INVALID_DEVICE, t().device_total_mem(&total, 5));
-  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().device_total_mem(nullptr, 0));
+  EXPECT_EQ(CUDA_ERROR_INVALID_DEVICE, t().device_total_mem(&total, 0));  // an ordinal
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().device_total_mem(nullptr, d0));
   unsigned int total32 = 0;
-  EXPECT_EQ(CUDA_SUCCESS, sim_device_total_mem_v1(&total32, 0));
+  EXPECT_EQ(CUDA_SUCCESS, sim_device_total_mem_v1(&total32, d0));
   EXPECT_EQ(0xFFFFFFFFu, total32);  // clamped
 }
 
 TEST_F(SimInit, Attributes) {
   ASSERT_EQ(CUDA_SUCCESS, t().init(0));
-  auto attr = [&](CUdevice_attribute a, CUdevice dev = 0) {
+  CUdevice d0 = -1;
+  ASSERT_EQ(CUDA_SUCCESS, t().device_get(&d0, 0));
+  auto attr = [&](CUdevice_attribute a, CUdevice dev = -1) {
     int v = -12345;
-    const CUresult r = t().device_get_attribute(&v, a, dev);
+    const CUresult r = t().device_get_attribute(&v, a, dev == -1 ? d0 : dev);
     return std::make_pair(r, v);
   };
   EXPECT_EQ(std::make_pair(CUDA_SUCCESS, 1),
@@ -124,18 +133,19 @@ TEST_F(SimInit, Attributes) {
   EXPECT_EQ(std::make_pair(CUDA_SUCCESS, 1), attr(CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING));
   EXPECT_EQ(std::make_pair(CUDA_SUCCESS, 8), attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR));
   EXPECT_EQ(std::make_pair(CUDA_SUCCESS, 0), attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR));
-  EXPECT_EQ(std::make_pair(CUDA_SUCCESS, 0),
+  EXPECT_EQ(std::make_pair(CUDA_SUCCESS, 1),
             attr(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED));
-  EXPECT_EQ(std::make_pair(CUDA_SUCCESS, 0),
+  EXPECT_EQ(std::make_pair(CUDA_SUCCESS, 1),
             attr(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED));
   EXPECT_EQ(std::make_pair(CUDA_SUCCESS, 108), attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT));
   EXPECT_EQ(std::make_pair(CUDA_SUCCESS, 32), attr(CU_DEVICE_ATTRIBUTE_WARP_SIZE));
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, attr(CU_DEVICE_ATTRIBUTE_MAX).first);
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, attr(as_enum<CUdevice_attribute>(0)).first);
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, attr(as_enum<CUdevice_attribute>(200)).first);
-  EXPECT_EQ(CUDA_ERROR_INVALID_DEVICE, attr(CU_DEVICE_ATTRIBUTE_WARP_SIZE, 1).first);
+  EXPECT_EQ(CUDA_ERROR_INVALID_DEVICE, attr(CU_DEVICE_ATTRIBUTE_WARP_SIZE, d0 + 1).first);
+  EXPECT_EQ(CUDA_ERROR_INVALID_DEVICE, attr(CU_DEVICE_ATTRIBUTE_WARP_SIZE, 0).first);  // ordinal
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE,
-            t().device_get_attribute(nullptr, CU_DEVICE_ATTRIBUTE_WARP_SIZE, 0));
+            t().device_get_attribute(nullptr, CU_DEVICE_ATTRIBUTE_WARP_SIZE, d0));
 }
 
 TEST_F(SimInit, ErrorStrings) {
@@ -171,29 +181,31 @@ class SimContext : public SimTest {};
 
 TEST_F(SimContext, RetainDoesNotMakeCurrent) {
   CUcontext ctx = nullptr;
-  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_retain(&ctx, 0));
+  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_retain(&ctx, dev(0)));
   EXPECT_NE(nullptr, ctx);
   CUcontext again = nullptr;
-  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_retain(&again, 0));
+  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_retain(&again, dev(0)));
   EXPECT_EQ(ctx, again);
   CUcontext other = nullptr;
-  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_retain(&other, 1));
+  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_retain(&other, dev(1)));
   EXPECT_NE(ctx, other);
   CUcontext cur = reinterpret_cast<CUcontext>(1);
   EXPECT_EQ(CUDA_SUCCESS, t().ctx_get_current(&cur));
   EXPECT_EQ(nullptr, cur);
-  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().device_primary_ctx_retain(nullptr, 0));
-  EXPECT_EQ(CUDA_ERROR_INVALID_DEVICE, t().device_primary_ctx_retain(&cur, 2));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().device_primary_ctx_retain(nullptr, dev(0)));
+  EXPECT_EQ(CUDA_ERROR_INVALID_DEVICE, t().device_primary_ctx_retain(&cur, dev(1) + 1));
+  EXPECT_EQ(CUDA_ERROR_INVALID_DEVICE, t().device_primary_ctx_retain(&cur, 0));  // an ordinal
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().ctx_get_current(nullptr));
 }
 
 TEST_F(SimContext, ReleaseWithoutRetain) {
-  EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, t().device_primary_ctx_release(0));
+  EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, t().device_primary_ctx_release(dev(0)));
   EXPECT_EQ(CUDA_ERROR_INVALID_DEVICE, t().device_primary_ctx_release(7));
   CUcontext ctx = nullptr;
-  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_retain(&ctx, 0));
-  EXPECT_EQ(CUDA_SUCCESS, t().device_primary_ctx_release(0));
-  EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, t().device_primary_ctx_release(0));
+  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_retain(&ctx, dev(0)));
+  EXPECT_EQ(CUDA_ERROR_INVALID_DEVICE, t().device_primary_ctx_release(0));  // an ordinal
+  EXPECT_EQ(CUDA_SUCCESS, t().device_primary_ctx_release(dev(0)));
+  EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, t().device_primary_ctx_release(dev(0)));
   // Fully released: can no longer be made current.
   EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, t().ctx_set_current(ctx));
   EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, t().ctx_push_current(ctx));
@@ -202,8 +214,8 @@ TEST_F(SimContext, ReleaseWithoutRetain) {
 TEST_F(SimContext, StackAndSetCurrent) {
   CUcontext c0 = nullptr;
   CUcontext c1 = nullptr;
-  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_retain(&c0, 0));
-  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_retain(&c1, 1));
+  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_retain(&c0, dev(0)));
+  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_retain(&c1, dev(1)));
   CUcontext cur = nullptr;
   EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, t().ctx_pop_current(&cur));
   EXPECT_EQ(CUDA_SUCCESS, t().ctx_set_current(c0));  // empty stack: pushes
@@ -273,7 +285,7 @@ TEST_F(SimContext, MemGetInfoNeedsContext) {
   EXPECT_EQ(1 * GiB, free_bytes);
   EXPECT_EQ(CUDA_SUCCESS, t().ctx_synchronize());
   // Released primary context: no context any more.
-  EXPECT_EQ(CUDA_SUCCESS, t().device_primary_ctx_release(1));
+  EXPECT_EQ(CUDA_SUCCESS, t().device_primary_ctx_release(dev(1)));
   EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, t().mem_get_info(&free_bytes, &total));
 }
 
@@ -360,7 +372,7 @@ TEST(SimProcAddress, VersionsAndStatus) {
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, get("cuMemCreate", 12000, 4));
   EXPECT_EQ(CUDA_SUCCESS,
             get("cuStreamSynchronize", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM));
-  EXPECT_EQ(reinterpret_cast<void*>(&sim_stream_synchronize), fn);
+  EXPECT_EQ(reinterpret_cast<void*>(&sim_stream_synchronize_ptsz), fn);
   EXPECT_EQ(CUDA_SUCCESS, get("cuGetProcAddress", 12000));
   EXPECT_EQ(reinterpret_cast<void*>(&sim_get_proc_address), fn);
   EXPECT_EQ(CUDA_SUCCESS, get("cuGetProcAddress", 11030));

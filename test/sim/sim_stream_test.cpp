@@ -191,15 +191,15 @@ TEST_F(SimStream, DestroyedStreamStillCompletesItsWork) {
 TEST_F(SimStream, StreamAndEventOfDifferentDevices) {
   const CUevent e0 = event();
   CUcontext c1 = nullptr;
-  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_retain(&c1, 1));
+  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_retain(&c1, dev(1)));
   ASSERT_EQ(CUDA_SUCCESS, t().ctx_push_current(c1));
   const CUstream s1 = stream();
   EXPECT_EQ(CUDA_ERROR_INVALID_HANDLE, t().event_record(e0, s1));
   EXPECT_EQ(CUDA_SUCCESS, t().stream_wait_event(s1, e0, 0));  // cross-device waits are fine
   ASSERT_EQ(CUDA_SUCCESS, t().ctx_pop_current(nullptr));
   // Releasing device 1's primary context destroys its streams.
-  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_release(1));
-  EXPECT_EQ(CUDA_ERROR_INVALID_HANDLE, t().stream_query(s1));
+  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_release(dev(1)));
+  EXPECT_EQ(CUDA_ERROR_CONTEXT_IS_DESTROYED, t().stream_query(s1));
   EXPECT_EQ(0u, outstanding().streams);
 }
 
@@ -207,7 +207,7 @@ TEST_F(SimStream, CtxSynchronizeCompletesOnlyItsDevice) {
   const CUstream s0 = stream();
   const CUevent e0 = event();
   CUcontext c1 = nullptr;
-  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_retain(&c1, 1));
+  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_retain(&c1, dev(1)));
   ASSERT_EQ(CUDA_SUCCESS, t().ctx_push_current(c1));
   const CUstream s1 = stream();
   const CUevent e1 = event();

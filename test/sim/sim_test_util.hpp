@@ -84,9 +84,16 @@ class SimTest : public ::testing::Test {
 
   const driver::DriverTable& t() const { return table(); }
 
+  // The CUdevice of an ordinal (cuDeviceGet): the sim's are not the ordinals.
+  CUdevice dev(int ordinal) const {
+    CUdevice d = -1;
+    EXPECT_EQ(CUDA_SUCCESS, t().device_get(&d, ordinal));
+    return d;
+  }
+
   CUcontext make_current(int device = 0) {
     CUcontext ctx = nullptr;
-    EXPECT_EQ(CUDA_SUCCESS, t().device_primary_ctx_retain(&ctx, device));
+    EXPECT_EQ(CUDA_SUCCESS, t().device_primary_ctx_retain(&ctx, dev(device)));
     EXPECT_EQ(CUDA_SUCCESS, t().ctx_set_current(ctx));
     return ctx;
   }

@@ -20,8 +20,10 @@ TEST_F(SimThreads, ConcurrentLifecycles) {
   auto worker = [&](int id) {
     const driver::DriverTable& d = table();
     const int dev = id % 2;
+    CUdevice cu_dev = -1;
     CUcontext ctx = nullptr;
-    if (d.device_primary_ctx_retain(&ctx, dev) != CUDA_SUCCESS ||
+    if (d.device_get(&cu_dev, dev) != CUDA_SUCCESS ||
+        d.device_primary_ctx_retain(&ctx, cu_dev) != CUDA_SUCCESS ||
         d.ctx_set_current(ctx) != CUDA_SUCCESS) {
       ++failures;
       return;
@@ -57,7 +59,7 @@ TEST_F(SimThreads, ConcurrentLifecycles) {
       if (!ok) ++failures;
     }
     if (d.event_destroy(e) != CUDA_SUCCESS || d.stream_destroy(s) != CUDA_SUCCESS) ++failures;
-    if (d.device_primary_ctx_release(dev) != CUDA_SUCCESS) ++failures;
+    if (d.device_primary_ctx_release(cu_dev) != CUDA_SUCCESS) ++failures;
   };
   std::vector<std::thread> threads;
   for (int i = 0; i < kThreads; ++i) threads.emplace_back(worker, i);

@@ -122,6 +122,11 @@ TEST_F(SimVmm, AddressFreeWithMappings) {
 // -----------------------------------------------------------------------------
 
 TEST_F(SimVmm, CreateArguments) {
+  // A device without RDMA with VMM (attribute 110): the flag is refused.
+  SimConfig no_rdma = config();
+  no_rdma.rdma = false;
+  reset(no_rdma);
+  ASSERT_EQ(CUDA_SUCCESS, t().init(0));
   CUmemGenericAllocationHandle h = 0;
   CUmemAllocationProp p = device_prop(0);
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_create(nullptr, 2 * MiB, &p, 0));

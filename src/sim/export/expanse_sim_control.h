@@ -16,7 +16,25 @@ extern "C" {
 
 /* Replaces the whole sim state with a fresh, uninitialized one configured by conf (EXPANSE_CONF
  * syntax: "sim_devices:2,sim_capacity:8GiB,sim_granularity:2MiB,sim_backing:true"; other known
- * keys are ignored). Returns 0, or nonzero with the reason in expanse_sim_last_error(). */
+ * keys are ignored). Returns 0, or nonzero with the reason in expanse_sim_last_error().
+ * The keys:
+ *   sim_devices         number of devices (default 1)
+ *   sim_capacity        physical memory per device (default 80GiB)
+ *   sim_granularity     allocation granularity (default 2MiB)
+ *   sim_backing         true: host memory behind pages; false: bookkeeping only (default true)
+ *   sim_driver_version  what cuDriverGetVersion answers (default 13000); cuGetProcAddress knows
+ *                       no entry point or ABI variant introduced after it (as a real driver of
+ *                       that version), and expanse's loader leaves the newer optional entry
+ *                       points out (dlsym still finds every symbol this library exports)
+ *   sim_peer_access     cuDeviceCanAccessPeer between distinct devices, and cuMemSetAccess
+ *                       granting a device access to another device's memory (default true)
+ *   sim_posix_fd        CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED; without
+ *                       it cuMemCreate refuses that handle type (CUDA_ERROR_NOT_SUPPORTED)
+ *   sim_rdma            CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED; without it
+ *                       cuMemCreate refuses allocFlags.gpuDirectRDMACapable (NOT_SUPPORTED)
+ * CUdevice values from cuDeviceGet are not the ordinals (0x100 + ordinal): functions taking a
+ * CUdevice refuse an ordinal (CUDA_ERROR_INVALID_DEVICE), while CUmemLocation.id takes the
+ * ordinal, as cuda.h documents. */
 int expanse_sim_configure(const char* conf);
 
 /* The message of the last failing control call on this thread ("" if none). */
@@ -37,10 +55,17 @@ void expanse_sim_clear_injections(void);
 double expanse_sim_modeled_seconds(void);
 
 /* Work recorded on a held stream stays pending until released or synchronized (see sim.hpp).
- * stream is a CUstream (NULL: the legacy default stream). Unknown streams are ignored (and
- * reported through expanse_sim_last_error). */
+ * stream is a CUstream: a live stream, NULL or (void*)0x1 (CU_STREAM_LEGACY: the legacy stream of
+ * the calling thread's current context, device 0's without one), or (void*)0x2
+ * (CU_STREAM_PER_THREAD: the calling thread's per-thread stream of that context). Unknown
+ * streams are ignored (and reported through expanse_sim_last_error).
+ * A held stream that is destroyed keeps its work pending until a synchronize covers it (its
+ * context's, or an event it recorded) or expanse_sim_release_all(); meanwhile cuStreamCreate
+ * may hand its handle value to a new stream, which is what the value then names here. */
 void expanse_sim_hold_stream(void* stream);
 void expanse_sim_release_stream(void* stream);
+/* Releases every held stream: destroyed ones, other threads' per-thread streams, all of them. */
+void expanse_sim_release_all(void);
 unsigned long long expanse_sim_pending_events(void);
 
 /* What is outstanding over all devices; any pointer may be NULL. Returns 0. */

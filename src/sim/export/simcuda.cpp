@@ -210,7 +210,7 @@ EXPANSE_EXPORT CUresult cuStreamSynchronize(CUstream stream) {
 }
 EXPANSE_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) {
   ensure_configured();
-  return sim::sim_stream_synchronize(stream);
+  return sim::sim_stream_synchronize_ptsz(stream);
 }
 EXPANSE_EXPORT CUresult cuStreamQuery(CUstream stream) {
   ensure_configured();
@@ -218,7 +218,7 @@ EXPANSE_EXPORT CUresult cuStreamQuery(CUstream stream) {
 }
 EXPANSE_EXPORT CUresult cuStreamQuery_ptsz(CUstream stream) {
   ensure_configured();
-  return sim::sim_stream_query(stream);
+  return sim::sim_stream_query_ptsz(stream);
 }
 EXPANSE_EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
   ensure_configured();
@@ -226,7 +226,7 @@ EXPANSE_EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsign
 }
 EXPANSE_EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream stream, CUevent event, unsigned int flags) {
   ensure_configured();
-  return sim::sim_stream_wait_event(stream, event, flags);
+  return sim::sim_stream_wait_event_ptsz(stream, event, flags);
 }
 EXPANSE_EXPORT CUresult cuEventCreate(CUevent* event, unsigned int flags) {
   ensure_configured();
@@ -242,7 +242,7 @@ EXPANSE_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
 }
 EXPANSE_EXPORT CUresult cuEventRecord_ptsz(CUevent event, CUstream stream) {
   ensure_configured();
-  return sim::sim_event_record(event, stream);
+  return sim::sim_event_record_ptsz(event, stream);
 }
 EXPANSE_EXPORT CUresult cuEventQuery(CUevent event) {
   ensure_configured();
@@ -260,6 +260,102 @@ EXPANSE_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHo
 EXPANSE_EXPORT CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
   ensure_configured();
   return sim::sim_memcpy_dtoh(dstHost, srcDevice, ByteCount);
+}
+EXPANSE_EXPORT CUresult cuStreamGetCtx(CUstream stream, CUcontext* ctx) {
+  ensure_configured();
+  return sim::sim_stream_get_ctx(stream, ctx);
+}
+EXPANSE_EXPORT CUresult cuStreamGetCtx_ptsz(CUstream stream, CUcontext* ctx) {
+  ensure_configured();
+  return sim::sim_stream_get_ctx_ptsz(stream, ctx);
+}
+EXPANSE_EXPORT CUresult cuStreamGetCtx_v2(CUstream stream, CUcontext* ctx, CUgreenCtx* green) {
+  ensure_configured();
+  return sim::sim_stream_get_ctx_v2(stream, ctx, green);
+}
+EXPANSE_EXPORT CUresult cuStreamGetCtx_v2_ptsz(CUstream stream, CUcontext* ctx, CUgreenCtx* green) {
+  ensure_configured();
+  return sim::sim_stream_get_ctx_v2_ptsz(stream, ctx, green);
+}
+EXPANSE_EXPORT CUresult cuStreamGetId(CUstream stream, unsigned long long* id) {
+  ensure_configured();
+  return sim::sim_stream_get_id(stream, id);
+}
+EXPANSE_EXPORT CUresult cuStreamGetId_ptsz(CUstream stream, unsigned long long* id) {
+  ensure_configured();
+  return sim::sim_stream_get_id_ptsz(stream, id);
+}
+EXPANSE_EXPORT CUresult cuStreamGetFlags(CUstream stream, unsigned int* flags) {
+  ensure_configured();
+  return sim::sim_stream_get_flags(stream, flags);
+}
+EXPANSE_EXPORT CUresult cuStreamGetFlags_ptsz(CUstream stream, unsigned int* flags) {
+  ensure_configured();
+  return sim::sim_stream_get_flags_ptsz(stream, flags);
+}
+EXPANSE_EXPORT CUresult cuStreamGetDevice(CUstream stream, CUdevice* dev) {
+  ensure_configured();
+  return sim::sim_stream_get_device(stream, dev);
+}
+EXPANSE_EXPORT CUresult cuStreamGetDevice_ptsz(CUstream stream, CUdevice* dev) {
+  ensure_configured();
+  return sim::sim_stream_get_device_ptsz(stream, dev);
+}
+EXPANSE_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) {
+  ensure_configured();
+  return sim::sim_stream_begin_capture(stream, mode);
+}
+EXPANSE_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode) {
+  ensure_configured();
+  return sim::sim_stream_begin_capture_ptsz(stream, mode);
+}
+EXPANSE_EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) {
+  ensure_configured();
+  return sim::sim_stream_end_capture(stream, graph);
+}
+EXPANSE_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph* graph) {
+  ensure_configured();
+  return sim::sim_stream_end_capture_ptsz(stream, graph);
+}
+EXPANSE_EXPORT CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
+  ensure_configured();
+  return sim::sim_stream_is_capturing(stream, status);
+}
+EXPANSE_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus* status) {
+  ensure_configured();
+  return sim::sim_stream_is_capturing_ptsz(stream, status);
+}
+EXPANSE_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps, const CUgraphEdgeData** edges, size_t* num_deps) {
+  ensure_configured();
+  return sim::sim_stream_get_capture_info(stream, status, id, graph, deps, edges, num_deps);
+}
+EXPANSE_EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps, const CUgraphEdgeData** edges, size_t* num_deps) {
+  ensure_configured();
+  return sim::sim_stream_get_capture_info_ptsz(stream, status, id, graph, deps, edges, num_deps);
+}
+EXPANSE_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  ensure_configured();
+  return sim::sim_thread_exchange_stream_capture_mode(mode);
+}
+EXPANSE_EXPORT CUresult cuGraphDestroy(CUgraph graph) {
+  ensure_configured();
+  return sim::sim_graph_destroy(graph);
+}
+EXPANSE_EXPORT CUresult cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
+  ensure_configured();
+  return sim::sim_device_can_access_peer(can, dev, peer);
+}
+EXPANSE_EXPORT CUresult cuCtxGetDevice(CUdevice* dev) {
+  ensure_configured();
+  return sim::sim_ctx_get_device(dev);
+}
+EXPANSE_EXPORT CUresult cuCtxGetDevice_v2(CUdevice* dev, CUcontext ctx) {
+  ensure_configured();
+  return sim::sim_ctx_get_device_v2(dev, ctx);
+}
+EXPANSE_EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long* id) {
+  ensure_configured();
+  return sim::sim_ctx_get_id(ctx, id);
 }
 EXPANSE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
                                             cuuint64_t flags,
@@ -324,6 +420,30 @@ const Export kExports[] = {
     {"cuEventSynchronize", fp(&cuEventSynchronize)},
     {"cuMemcpyHtoD_v2", fp(&cuMemcpyHtoD_v2)},
     {"cuMemcpyDtoH_v2", fp(&cuMemcpyDtoH_v2)},
+    {"cuStreamGetCtx", fp(&cuStreamGetCtx)},
+    {"cuStreamGetCtx_ptsz", fp(&cuStreamGetCtx_ptsz)},
+    {"cuStreamGetCtx_v2", fp(&cuStreamGetCtx_v2)},
+    {"cuStreamGetCtx_v2_ptsz", fp(&cuStreamGetCtx_v2_ptsz)},
+    {"cuStreamGetId", fp(&cuStreamGetId)},
+    {"cuStreamGetId_ptsz", fp(&cuStreamGetId_ptsz)},
+    {"cuStreamGetFlags", fp(&cuStreamGetFlags)},
+    {"cuStreamGetFlags_ptsz", fp(&cuStreamGetFlags_ptsz)},
+    {"cuStreamGetDevice", fp(&cuStreamGetDevice)},
+    {"cuStreamGetDevice_ptsz", fp(&cuStreamGetDevice_ptsz)},
+    {"cuStreamBeginCapture_v2", fp(&cuStreamBeginCapture_v2)},
+    {"cuStreamBeginCapture_v2_ptsz", fp(&cuStreamBeginCapture_v2_ptsz)},
+    {"cuStreamEndCapture", fp(&cuStreamEndCapture)},
+    {"cuStreamEndCapture_ptsz", fp(&cuStreamEndCapture_ptsz)},
+    {"cuStreamIsCapturing", fp(&cuStreamIsCapturing)},
+    {"cuStreamIsCapturing_ptsz", fp(&cuStreamIsCapturing_ptsz)},
+    {"cuStreamGetCaptureInfo_v3", fp(&cuStreamGetCaptureInfo_v3)},
+    {"cuStreamGetCaptureInfo_v3_ptsz", fp(&cuStreamGetCaptureInfo_v3_ptsz)},
+    {"cuThreadExchangeStreamCaptureMode", fp(&cuThreadExchangeStreamCaptureMode)},
+    {"cuGraphDestroy", fp(&cuGraphDestroy)},
+    {"cuDeviceCanAccessPeer", fp(&cuDeviceCanAccessPeer)},
+    {"cuCtxGetDevice", fp(&cuCtxGetDevice)},
+    {"cuCtxGetDevice_v2", fp(&cuCtxGetDevice_v2)},
+    {"cuCtxGetId", fp(&cuCtxGetId)},
     {"cuGetProcAddress_v2", fp(&cuGetProcAddress_v2)},
 };
 
@@ -441,6 +561,11 @@ EXPANSE_EXPORT void expanse_sim_release_stream(void* stream) {
   } catch (const std::exception& e) {
     expanse::sim::exported::t_last_error = e.what();
   }
+}
+
+EXPANSE_EXPORT void expanse_sim_release_all(void) {
+  ensure_configured();
+  sim::release_all();
 }
 
 EXPANSE_EXPORT unsigned long long expanse_sim_pending_events(void) {

@@ -17,6 +17,22 @@
 #undef cuCtxPushCurrent
 #undef cuCtxPopCurrent
 #undef cuGetProcAddress
+#undef cuStreamBeginCapture
+#undef cuStreamGetCaptureInfo
+
+// Old-ABI capture variants that cuda.h 13 no longer declares.
+extern "C" {
+CUresult cuStreamBeginCapture(CUstream stream);
+CUresult cuStreamBeginCapture_ptsz(CUstream stream);
+CUresult cuStreamGetCaptureInfo(CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id);
+CUresult cuStreamGetCaptureInfo_ptsz(CUstream stream, CUstreamCaptureStatus* status,
+                                     cuuint64_t* id);
+CUresult cuStreamGetCaptureInfo_v2(CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id,
+                                   CUgraph* graph, const CUgraphNode** deps, size_t* num_deps);
+CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream stream, CUstreamCaptureStatus* status,
+                                        cuuint64_t* id, CUgraph* graph,
+                                        const CUgraphNode** deps, size_t* num_deps);
+}
 
 #define EXPANSE_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -61,6 +77,40 @@ EXPANSE_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cud
   return status == CU_GET_PROC_ADDRESS_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
+EXPANSE_EXPORT CUresult cuStreamBeginCapture(CUstream stream) {
+  ensure_configured();
+  return sim::sim_stream_begin_capture_v1(stream);
+}
+EXPANSE_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream stream) {
+  ensure_configured();
+  return sim::sim_stream_begin_capture_v1_ptsz(stream);
+}
+EXPANSE_EXPORT CUresult cuStreamGetCaptureInfo(CUstream stream, CUstreamCaptureStatus* status,
+                                               cuuint64_t* id) {
+  ensure_configured();
+  return sim::sim_stream_get_capture_info_v1(stream, status, id);
+}
+EXPANSE_EXPORT CUresult cuStreamGetCaptureInfo_ptsz(CUstream stream,
+                                                    CUstreamCaptureStatus* status,
+                                                    cuuint64_t* id) {
+  ensure_configured();
+  return sim::sim_stream_get_capture_info_v1_ptsz(stream, status, id);
+}
+EXPANSE_EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream stream, CUstreamCaptureStatus* status,
+                                                  cuuint64_t* id, CUgraph* graph,
+                                                  const CUgraphNode** deps, size_t* num_deps) {
+  ensure_configured();
+  return sim::sim_stream_get_capture_info_v2(stream, status, id, graph, deps, num_deps);
+}
+EXPANSE_EXPORT CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream stream,
+                                                       CUstreamCaptureStatus* status,
+                                                       cuuint64_t* id, CUgraph* graph,
+                                                       const CUgraphNode** deps,
+                                                       size_t* num_deps) {
+  ensure_configured();
+  return sim::sim_stream_get_capture_info_v2_ptsz(stream, status, id, graph, deps, num_deps);
+}
+
 namespace expanse::sim::exported {
 
 const Export* legacy_exports(size_t* n) noexcept {
@@ -73,6 +123,13 @@ const Export* legacy_exports(size_t* n) noexcept {
       {"cuCtxPushCurrent", reinterpret_cast<void*>(&cuCtxPushCurrent)},
       {"cuCtxPopCurrent", reinterpret_cast<void*>(&cuCtxPopCurrent)},
       {"cuGetProcAddress", reinterpret_cast<void*>(&cuGetProcAddress)},
+      {"cuStreamBeginCapture", reinterpret_cast<void*>(&cuStreamBeginCapture)},
+      {"cuStreamBeginCapture_ptsz", reinterpret_cast<void*>(&cuStreamBeginCapture_ptsz)},
+      {"cuStreamGetCaptureInfo", reinterpret_cast<void*>(&cuStreamGetCaptureInfo)},
+      {"cuStreamGetCaptureInfo_ptsz", reinterpret_cast<void*>(&cuStreamGetCaptureInfo_ptsz)},
+      {"cuStreamGetCaptureInfo_v2", reinterpret_cast<void*>(&cuStreamGetCaptureInfo_v2)},
+      {"cuStreamGetCaptureInfo_v2_ptsz",
+       reinterpret_cast<void*>(&cuStreamGetCaptureInfo_v2_ptsz)},
   };
   *n = sizeof table / sizeof table[0];
   return table;

@@ -1,0 +1,382 @@
+// Issue 8: the allocator stays safe where the real driver is strict — streams of other contexts,
+// destroyed streams whose handle values come back, per-thread default streams, stream capture,
+// peer access, allocation properties, older drivers. Each case runs through the C ABI twice: on
+// the in-process sim (driver:sim) and on libexpanse_simcuda.so loaded as the CUDA driver
+// (driver:cuda,driver_library:...), where the test's own streams come from the same library.
+#include "api/runtime.hpp"
+#include "expanse/expanse.h"
+#include "sim/sim.hpp"
+
+#include <gtest/gtest.h>
+
+#include <dlfcn.h>
+
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr size_t MiB = size_t{1} << 20;
+
+bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
+  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + bn && y < x + an;
+}
+
+// The sim's control functions, in-process or from libexpanse_simcuda.so.
+struct Control {
+  std::function<int(const char*)> configure;
+  std::function<void(void*)> hold, release;
+  std::function<void()> release_all;
+};
+
+class StreamTruth : public ::testing::TestWithParam<std::string> {
+ protected:
+  bool dlopened() const { return GetParam() == "simcuda"; }
+
+  // Configures expanse (and the sim under it) with conf: sim_* keys plus allocator keys.
+  void start(const std::string& conf) {
+    if (dlopened()) {
+      if (lib_ == nullptr) lib_ = dlopen(EXPANSE_SIMCUDA_PATH, RTLD_NOW | RTLD_LOCAL);
+      ASSERT_NE(lib_, nullptr) << dlerror();
+      auto sym = [&](const char* n) {
+        void* f = dlsym(lib_, n);
+        EXPECT_NE(f, nullptr) << n;
+        return f;
+      };
+      auto configure = reinterpret_cast<int (*)(const char*)>(sym("expanse_sim_configure"));
+      auto hold = reinterpret_cast<void (*)(void*)>(sym("expanse_sim_hold_stream"));
+      auto release = reinterpret_cast<void (*)(void*)>(sym("expanse_sim_release_stream"));
+      auto release_all = reinterpret_cast<void (*)()>(sym("expanse_sim_release_all"));
+      ctl_.configure = configure;
+      ctl_.hold = hold;
+      ctl_.release = release;
+      ctl_.release_all = release_all;
+      ASSERT_EQ(ctl_.configure(conf.c_str()), 0);
+      const std::string full =
+          "driver:cuda,driver_library:" + std::string(EXPANSE_SIMCUDA_PATH) + "," + conf;
+      ASSERT_EQ(expanse_init(full.c_str()), EXPANSE_OK) << expanse_last_error();
+    } else {
+      ctl_.hold = [](void* s) { expanse::sim::hold_stream(static_cast<CUstream>(s)); };
+      ctl_.release = [](void* s) { expanse::sim::release_stream(static_cast<CUstream>(s)); };
+      ctl_.release_all = [] { expanse::sim::release_all(); };
+      ASSERT_EQ(expanse_init(("driver:sim," + conf).c_str()), EXPANSE_OK) << expanse_last_error();
+    }
+    started_ = true;
+  }
+
+  // Releases held work, destroys the test's streams, shuts expanse down.
+  void stop() {
+    if (!started_) return;
+    started_ = false;
+    ctl_.release_all();
+    for (auto& [dev, s] : streams_) {
+      push(dev);
+      t().stream_destroy(s);
+      pop();
+    }
+    streams_.clear();
+    for (auto& [dev, ctx] : retained_) {
+      (void)ctx;
+      CUdevice d = 0;
+      t().device_get(&d, dev);
+      t().device_primary_ctx_release(d);
+    }
+    retained_.clear();
+    EXPECT_EQ(expanse_shutdown(), EXPANSE_OK) << expanse_last_error();
+    t_ = nullptr;
+  }
+
+  void TearDown() override {
+    stop();
+    if (lib_ != nullptr) dlclose(lib_);
+  }
+
+  const expanse::driver::DriverTable& t() {
+    if (t_ == nullptr) t_ = &expanse::api::Runtime::get().driver().table();
+    return *t_;
+  }
+
+  CUcontext primary(int dev) {
+    for (auto& [d, c] : retained_) {
+      if (d == dev) return c;
+    }
+    CUdevice d = 0;
+    EXPECT_EQ(t().device_get(&d, dev), CUDA_SUCCESS);
+    CUcontext ctx = nullptr;
+    EXPECT_EQ(t().device_primary_ctx_retain(&ctx, d), CUDA_SUCCESS);
+    retained_.emplace_back(dev, ctx);
+    return ctx;
+  }
+  void push(int dev) { ASSERT_EQ(t().ctx_push_current(primary(dev)), CUDA_SUCCESS); }
+  void pop() {
+    CUcontext c = nullptr;
+    t().ctx_pop_current(&c);
+  }
+  // A stream created in device dev's primary context (destroyed at the end unless destroy()ed).
+  CUstream stream(int dev = 0, unsigned flags = CU_STREAM_NON_BLOCKING) {
+    push(dev);
+    CUstream s = nullptr;
+    EXPECT_EQ(t().stream_create(&s, flags), CUDA_SUCCESS);
+    pop();
+    streams_.emplace_back(dev, s);
+    return s;
+  }
+  void destroy(CUstream s) {
+    for (size_t i = 0; i < streams_.size(); ++i) {
+      if (streams_[i].second == s) {
+        push(streams_[i].first);
+        EXPECT_EQ(t().stream_destroy(s), CUDA_SUCCESS);
+        pop();
+        streams_.erase(streams_.begin() + static_cast<std::ptrdiff_t>(i));
+        return;
+      }
+    }
+    ADD_FAILURE() << "not a test stream";
+  }
+
+  Control ctl_;
+  void* lib_ = nullptr;
+  bool started_ = false;
+  const expanse::driver::DriverTable* t_ = nullptr;
+  std::vector<std::pair<int, CUstream>> streams_;
+  std::vector<std::pair<int, CUcontext>> retained_;
+};
+
+void* must_malloc(size_t n, int dev, CUstream s) {
+  void* p = expanse_malloc(n, dev, reinterpret_cast<CUstream_st*>(s));
+  EXPECT_NE(p, nullptr) << expanse_last_error();
+  return p;
+}
+void must_free(void* p, size_t n, int dev, CUstream s) {
+  EXPECT_EQ(expanse_free_checked(p, n, dev, reinterpret_cast<CUstream_st*>(s)), EXPANSE_OK)
+      << expanse_last_error();
+}
+
+// Finding 1: a stream of another context (device 1) used on a device-0 block. Its event must be
+// recorded in its own context; before, INVALID_HANDLE was taken for "destroyed", device 0 was
+// synchronized, and the block went to the freeing stream s2 while device 1's stream still ran.
+TEST_P(StreamTruth, StreamOfAnotherDeviceIsWaitedFor) {
+  start("sim_devices:2,sim_capacity:1GiB");
+  CUstream s0 = stream(0), s2 = stream(0), s1 = stream(1);
+  void* a = must_malloc(8 * MiB, 0, s0);
+  ASSERT_EQ(expanse_record_stream(a, reinterpret_cast<CUstream_st*>(s1)), EXPANSE_OK)
+      << expanse_last_error();
+  ctl_.hold(s1);
+  must_free(a, 8 * MiB, 0, s2);  // ordered on s2; s0 and device 1's s1 used it too
+  std::vector<void*> got;
+  for (int i = 0; i < 6; ++i) {
+    void* b = must_malloc(8 * MiB, 0, s2);
+    EXPECT_FALSE(overlaps(a, 8 * MiB, b, 8 * MiB)) << "reused while device 1's stream runs";
+    got.push_back(b);
+  }
+  for (void* b : got) must_free(b, 8 * MiB, 0, s2);
+  ctl_.release(s1);
+}
+
+// Finding 2: a destroyed stream's handle value comes back for the next stream created; the new
+// stream must not inherit the dead one's freed blocks while its work still runs.
+TEST_P(StreamTruth, RecycledHandleInheritsNothing) {
+  start("sim_capacity:1GiB");
+  CUstream s1 = stream(0);
+  void* a = must_malloc(4 * MiB, 0, s1);
+  ctl_.hold(s1);
+  must_free(a, 4 * MiB, 0, s1);
+  destroy(s1);
+  CUstream s2 = stream(0);
+  ASSERT_EQ(s2, s1) << "the sim recycles stream handles (the test needs it)";
+  void* b = must_malloc(4 * MiB, 0, s2);
+  EXPECT_FALSE(overlaps(a, 4 * MiB, b, 4 * MiB))
+      << "the new stream got the destroyed stream's block while its work still ran";
+  must_free(b, 4 * MiB, 0, s2);
+}
+
+// Finding 3: CU_STREAM_PER_THREAD is one stream per thread: thread B must not get thread A's
+// freed block while A's work may still use it.
+TEST_P(StreamTruth, PerThreadStreamsAreNotShared) {
+  start("sim_capacity:1GiB");
+  const CUcontext ctx = primary(0);
+  auto* pts = reinterpret_cast<CUstream_st*>(CU_STREAM_PER_THREAD);
+  void* a = nullptr;
+  std::thread ta([&] {
+    t().ctx_set_current(ctx);
+    a = expanse_malloc(4 * MiB, 0, pts);
+    ctl_.hold(CU_STREAM_PER_THREAD);
+    expanse_free(a, 4 * MiB, 0, pts);
+  });
+  ta.join();
+  ASSERT_NE(a, nullptr);
+  void* b = nullptr;
+  std::thread tb([&] {
+    t().ctx_set_current(ctx);
+    b = expanse_malloc(4 * MiB, 0, pts);
+  });
+  tb.join();
+  ASSERT_NE(b, nullptr) << expanse_last_error();
+  EXPECT_FALSE(overlaps(a, 4 * MiB, b, 4 * MiB)) << "thread B got thread A's block";
+  must_free(b, 4 * MiB, 0, nullptr);
+}
+
+// NULL may mean the per-thread stream too (code built with --default-stream per-thread): a block
+// freed on NULL by one thread is not handed to another thread's NULL before a fence.
+TEST_P(StreamTruth, NullStreamIsNotSharedAcrossThreadsBeforeAFence) {
+  start("sim_capacity:1GiB");
+  const CUcontext ctx = primary(0);
+  void* a = nullptr;
+  std::thread ta([&] {
+    t().ctx_set_current(ctx);
+    a = expanse_malloc(4 * MiB, 0, nullptr);
+    ctl_.hold(nullptr);
+    expanse_free(a, 4 * MiB, 0, nullptr);
+  });
+  ta.join();
+  void* b = nullptr;
+  std::thread tb([&] {
+    t().ctx_set_current(ctx);
+    b = expanse_malloc(4 * MiB, 0, nullptr);
+  });
+  tb.join();
+  ASSERT_NE(b, nullptr) << expanse_last_error();
+  EXPECT_FALSE(overlaps(a, 4 * MiB, b, 4 * MiB));
+  must_free(b, 4 * MiB, 0, nullptr);
+}
+
+// Finding 4: allocating and freeing while another stream captures a graph makes no prohibited
+// call (the capture ends valid), and a block freed on the capturing stream is not handed to
+// another stream before the capture has ended.
+TEST_P(StreamTruth, CaptureIsNotBrokenAndItsFreesWait) {
+  start("sim_capacity:1GiB");
+  CUstream s1 = stream(0), cap = stream(0), s2 = stream(0);
+  push(0);
+  // Memory freed on s1 and still in use: the allocator will want to fence and query it.
+  void* old = must_malloc(16 * MiB, 0, s1);
+  ctl_.hold(s1);
+  must_free(old, 16 * MiB, 0, s1);
+  ASSERT_EQ(t().stream_begin_capture(cap, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  void* a = must_malloc(8 * MiB, 0, cap);     // new pages during capture
+  must_free(a, 8 * MiB, 0, cap);              // freed inside the capture
+  void* b = must_malloc(8 * MiB, 0, s2);      // another stream: polls, must not break capture
+  EXPECT_FALSE(overlaps(a, 8 * MiB, b, 8 * MiB)) << "a block freed in a capture went to s2";
+  void* c = must_malloc(64 * MiB, 0, s2);
+  CUgraph g = nullptr;
+  EXPECT_EQ(t().stream_end_capture(cap, &g), CUDA_SUCCESS) << "the capture was invalidated";
+  if (g != nullptr) t().graph_destroy(g);
+  pop();
+  must_free(b, 8 * MiB, 0, s2);
+  must_free(c, 64 * MiB, 0, s2);
+  ctl_.release(s1);
+}
+
+// Finding 5: every device that can access device 0 gets access to its mappings, present and
+// future (peer_access:auto); peer_access:none grants only the owner until
+// expanse_enable_peer_access.
+CUmemAccess_flags access_of(const expanse::driver::DriverTable& t, void* p, int dev) {
+  CUmemLocation loc{};
+  loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  loc.id = dev;  // CUmemLocation names devices by ordinal
+  unsigned long long flags = 0;
+  EXPECT_EQ(t.mem_get_access(&flags, &loc, reinterpret_cast<CUdeviceptr>(p)), CUDA_SUCCESS);
+  return static_cast<CUmemAccess_flags>(flags);
+}
+
+TEST_P(StreamTruth, PeersGetAccessByDefault) {
+  start("sim_devices:2,sim_capacity:1GiB");
+  void* a = must_malloc(4 * MiB, 0, nullptr);
+  EXPECT_EQ(access_of(t(), a, 0), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  EXPECT_EQ(access_of(t(), a, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  must_free(a, 4 * MiB, 0, nullptr);
+}
+
+TEST_P(StreamTruth, PeerAccessNoneThenEnabled) {
+  start("sim_devices:2,sim_capacity:1GiB,peer_access:none");
+  void* a = must_malloc(4 * MiB, 0, nullptr);
+  EXPECT_EQ(access_of(t(), a, 1), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+  ASSERT_EQ(expanse_enable_peer_access(0, 1), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(access_of(t(), a, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);  // present
+  void* b = must_malloc(64 * MiB, 0, nullptr);
+  EXPECT_EQ(access_of(t(), b, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);  // future
+  EXPECT_EQ(expanse_enable_peer_access(0, 7), EXPANSE_EINVAL);
+  must_free(a, 4 * MiB, 0, nullptr);
+  must_free(b, 64 * MiB, 0, nullptr);
+}
+
+TEST_P(StreamTruth, NoPeerAccessWhereTheDriverSaysNo) {
+  start("sim_devices:2,sim_capacity:1GiB,sim_peer_access:false");
+  void* a = must_malloc(4 * MiB, 0, nullptr);
+  EXPECT_EQ(access_of(t(), a, 1), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+  EXPECT_EQ(expanse_enable_peer_access(0, 1), EXPANSE_EINVAL);
+  EXPECT_NE(std::string(expanse_last_error()).find("cuDeviceCanAccessPeer"), std::string::npos)
+      << expanse_last_error();
+  must_free(a, 4 * MiB, 0, nullptr);
+}
+
+// Finding 6: cuMemCreate asks for POSIX fd handles and RDMA where the device supports them.
+CUmemAllocationProp props_of(const expanse::driver::DriverTable& t, void* p) {
+  CUmemGenericAllocationHandle h = 0;
+  CUmemAllocationProp prop{};
+  EXPECT_EQ(t.mem_retain_allocation_handle(&h, p), CUDA_SUCCESS);
+  EXPECT_EQ(t.mem_get_allocation_properties_from_handle(&prop, h), CUDA_SUCCESS);
+  t.mem_release(h);
+  return prop;
+}
+
+TEST_P(StreamTruth, AllocationsAreExportableAndRdmaCapable) {
+  start("sim_capacity:1GiB");
+  void* a = must_malloc(4 * MiB, 0, nullptr);
+  CUmemAllocationProp p = props_of(t(), a);
+  EXPECT_EQ(p.requestedHandleTypes, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  EXPECT_EQ(p.allocFlags.gpuDirectRDMACapable, 1);
+  must_free(a, 4 * MiB, 0, nullptr);
+}
+
+TEST_P(StreamTruth, RdmaOffOrUnsupportedIsNotAskedFor) {
+  for (const char* conf : {"sim_capacity:1GiB,rdma:off", "sim_capacity:1GiB,sim_rdma:false",
+                           "sim_capacity:1GiB,sim_posix_fd:false"}) {
+    SCOPED_TRACE(conf);
+    start(conf);
+    void* a = must_malloc(4 * MiB, 0, nullptr);
+    ASSERT_NE(a, nullptr);
+    CUmemAllocationProp p = props_of(t(), a);
+    const bool fd = std::string(conf).find("posix_fd") == std::string::npos;
+    EXPECT_EQ(p.requestedHandleTypes,
+              fd ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE);
+    EXPECT_EQ(p.allocFlags.gpuDirectRDMACapable, fd ? 0 : 1);
+    std::memset(a, 1, 4 * MiB);  // and the memory works
+    must_free(a, 4 * MiB, 0, nullptr);
+    stop();
+  }
+}
+
+// Finding 7: a 12.2 driver (535 series) lacks the newest entry points; an 11.4 one lacks stream
+// ids altogether. Both work, and reuse stays safe across a recycled handle.
+TEST_P(StreamTruth, OlderDriversWorkAndStaySafe) {
+  for (const char* version : {"12020", "11040"}) {
+    SCOPED_TRACE(version);
+    start(std::string("sim_capacity:1GiB,sim_driver_version:") + version);
+    CUstream s1 = stream(0), s3 = stream(0);
+    void* a = must_malloc(4 * MiB, 0, s1);
+    ctl_.hold(s1);
+    must_free(a, 4 * MiB, 0, s1);
+    destroy(s1);
+    CUstream s2 = stream(0);
+    void* b = must_malloc(4 * MiB, 0, s2);
+    EXPECT_FALSE(overlaps(a, 4 * MiB, b, 4 * MiB));
+    void* c = must_malloc(4 * MiB, 0, s3);
+    EXPECT_FALSE(overlaps(a, 4 * MiB, c, 4 * MiB));
+    must_free(b, 4 * MiB, 0, s2);
+    must_free(c, 4 * MiB, 0, s3);
+    // Everything comes back once the work is done.
+    ctl_.release_all();
+    void* big = must_malloc(1024 * MiB - 16 * MiB, 0, s3);
+    must_free(big, 1024 * MiB - 16 * MiB, 0, s3);
+    stop();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Drivers, StreamTruth, ::testing::Values("sim", "simcuda"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
+}  // namespace

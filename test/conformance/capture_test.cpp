@@ -1,0 +1,353 @@
+// Rules for stream capture (CUDA graphs): cuda.h 13.0 on cuStreamBeginCapture / EndCapture /
+// IsCapturing / GetCaptureInfo / cuThreadExchangeStreamCaptureMode, and the Programming Guide's
+// "Prohibited and Unhandled Operations": an invalid operation during capture returns an error
+// and invalidates the capture, whose cuStreamEndCapture then returns
+// CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and a NULL graph.
+#include "conformance.hpp"
+
+#include <thread>
+
+namespace expanse::conformance {
+namespace {
+
+// The stream's capture status as an int; -1 when cuStreamIsCapturing fails.
+int status_of(const driver::DriverTable& t, CUstream s) {
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  const CUresult r = t.stream_is_capturing(s, &st);
+  return r == CUDA_SUCCESS ? static_cast<int>(st) : -1;
+}
+
+// Ends the capture on s and checks the code; a returned graph is destroyed.
+void end_capture(const driver::DriverTable& t, CUstream s, CUresult expected) {
+  CUgraph g = reinterpret_cast<CUgraph>(0x1);
+  EXPECT_CU(expected, t.stream_end_capture(s, &g));
+  if (expected == CUDA_SUCCESS) {
+    EXPECT_NE(g, nullptr);
+    EXPECT_CU(CUDA_SUCCESS, t.graph_destroy(g));
+  } else if (expected == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) {
+    EXPECT_EQ(g, nullptr) << "an invalidated capture returns a NULL graph";
+  }
+  EXPECT_EQ(status_of(t, s), CU_STREAM_CAPTURE_STATUS_NONE) << "the stream left capture mode";
+}
+
+// Begin/end on a created stream: ACTIVE in between, a graph out, a unique capture id.
+TEST_P(Conformance, CaptureBeginEndReturnsGraph) {
+  const CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+  EXPECT_EQ(status_of(t(), s), CU_STREAM_CAPTURE_STATUS_NONE);
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  EXPECT_EQ(status_of(t(), s), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  cuuint64_t id1 = 0;
+  if (t().stream_get_capture_info != nullptr) {
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUgraph g = nullptr;
+    EXPECT_CU(CUDA_SUCCESS, t().stream_get_capture_info(s, &st, &id1, &g, nullptr, nullptr,
+                                                        nullptr));
+    EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    EXPECT_NE(g, nullptr);
+    EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().stream_get_capture_info(s, nullptr, nullptr, nullptr,
+                                                                    nullptr, nullptr, nullptr));
+  }
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().stream_is_capturing(s, nullptr));
+  end_capture(t(), s, CUDA_SUCCESS);
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  if (t().stream_get_capture_info != nullptr) {
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    cuuint64_t id2 = 0;
+    EXPECT_CU(CUDA_SUCCESS, t().stream_get_capture_info(s, &st, &id2, nullptr, nullptr, nullptr,
+                                                        nullptr));
+    EXPECT_NE(id1, id2) << "capture ids are unique";
+  }
+  end_capture(t(), s, CUDA_SUCCESS);
+}
+
+// Capture may not begin on the legacy stream, nor twice on one stream; bad modes are refused.
+TEST_P(Conformance, CaptureBeginMisuse) {
+  const CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+            t().stream_begin_capture(CU_STREAM_LEGACY, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+            t().stream_begin_capture(nullptr, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, call_raw(t().stream_begin_capture, s, 7));
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  EXPECT_NE(t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
+  end_capture(t(), s, CUDA_SUCCESS);
+  CUgraph g = nullptr;
+  EXPECT_NE(t().stream_end_capture(s, &g), CUDA_SUCCESS) << "not capturing";
+}
+
+// The per-thread default stream can be captured.
+TEST_P(Conformance, CapturePerThreadStream) {
+  make_current();
+  ASSERT_CU(CUDA_SUCCESS,
+            t().stream_begin_capture(CU_STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_RELAXED));
+  EXPECT_EQ(status_of(t(), CU_STREAM_PER_THREAD), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  end_capture(t(), CU_STREAM_PER_THREAD, CUDA_SUCCESS);
+}
+
+// Querying or synchronizing a capturing stream: UNSUPPORTED, and the capture is invalidated
+// (further work on it answers INVALIDATED).
+TEST_P(Conformance, CaptureQueryOrSyncOfCapturingStreamInvalidates) {
+  const CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+  const CUevent e = make_event(CU_EVENT_DISABLE_TIMING);
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, t().stream_query(s));
+  EXPECT_EQ(status_of(t(), s), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, t().event_record(e, s));
+  end_capture(t(), s, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, t().stream_synchronize(s))
+      << "forbidden in relaxed mode too: it conflicts with capture itself";
+  end_capture(t(), s, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+}
+
+// An event recorded in a capture has no work to wait for: querying or synchronizing it is
+// CUDA_ERROR_CAPTURED_EVENT (even in relaxed mode), invalidating the capture. Work recorded into
+// a capturing stream is captured, not executed.
+TEST_P(Conformance, CaptureCapturedEventQueryInvalidates) {
+  const CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+  const CUevent e = make_event(CU_EVENT_DISABLE_TIMING);
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  ASSERT_CU(CUDA_SUCCESS, t().event_record(e, s));
+  EXPECT_CU(CUDA_ERROR_CAPTURED_EVENT, t().event_query(e));
+  end_capture(t(), s, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  ASSERT_CU(CUDA_SUCCESS, t().event_record(e, s));
+  EXPECT_CU(CUDA_ERROR_CAPTURED_EVENT, t().event_synchronize(e));
+  end_capture(t(), s, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+}
+
+// Sim: work recorded into a capturing stream is captured, not queued: after the capture, the
+// stream's only pending work is what came before it.
+TEST_P(Conformance, CaptureRecordsNoWork) {
+  CONFORMANCE_REQUIRE_SIM("needs held streams");
+  const CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+  const CUevent before = make_event(CU_EVENT_DISABLE_TIMING);
+  hooks()->hold_stream(s);
+  ASSERT_CU(CUDA_SUCCESS, t().event_record(before, s));
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  const CUevent in = make_event(CU_EVENT_DISABLE_TIMING);
+  ASSERT_CU(CUDA_SUCCESS, t().event_record(in, s));
+  end_capture(t(), s, CUDA_SUCCESS);
+  hooks()->release_stream(s);
+  EXPECT_CU(CUDA_SUCCESS, t().event_query(before));
+  EXPECT_CU(CUDA_SUCCESS, t().stream_query(s));
+}
+
+// Synchronizing the context while one of its streams captures: UNSUPPORTED, invalidating.
+TEST_P(Conformance, CaptureContextSynchronizeInvalidates) {
+  const CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, t().ctx_synchronize());
+  end_capture(t(), s, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  EXPECT_CU(CUDA_SUCCESS, t().ctx_synchronize());
+}
+
+// While a blocking stream captures, the legacy stream is unusable: asking whether it captures
+// is IMPLICIT (capture left valid), putting work on it is IMPLICIT and invalidates. A
+// non-blocking stream's capture leaves the legacy stream alone.
+TEST_P(Conformance, CaptureLegacyStreamWhileBlockingStreamCaptures) {
+  const CUstream blocking = make_stream(0);
+  const CUevent e = make_event(CU_EVENT_DISABLE_TIMING);
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(blocking, CU_STREAM_CAPTURE_MODE_RELAXED));
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, t().stream_is_capturing(CU_STREAM_LEGACY, &st));
+  EXPECT_EQ(status_of(t(), blocking), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, t().event_record(e, nullptr));
+  end_capture(t(), blocking, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+  const CUstream non_blocking = make_stream(CU_STREAM_NON_BLOCKING);
+  ASSERT_CU(CUDA_SUCCESS,
+            t().stream_begin_capture(non_blocking, CU_STREAM_CAPTURE_MODE_RELAXED));
+  EXPECT_CU(CUDA_SUCCESS, t().stream_is_capturing(CU_STREAM_LEGACY, &st));
+  EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_NONE);
+  EXPECT_CU(CUDA_SUCCESS, t().event_record(e, nullptr));
+  EXPECT_CU(CUDA_SUCCESS, t().event_synchronize(e));
+  end_capture(t(), non_blocking, CUDA_SUCCESS);
+}
+
+// A stream waiting on an event recorded in a capture joins it (a fork); ending the capture on
+// the joined stream instead of the origin is UNMATCHED.
+TEST_P(Conformance, CaptureForkJoinsAndEndsOnlyAtOrigin) {
+  const CUstream origin = make_stream(CU_STREAM_NON_BLOCKING);
+  const CUstream fork = make_stream(CU_STREAM_NON_BLOCKING);
+  const CUevent e = make_event(CU_EVENT_DISABLE_TIMING);
+  const CUevent back = make_event(CU_EVENT_DISABLE_TIMING);
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(origin, CU_STREAM_CAPTURE_MODE_RELAXED));
+  ASSERT_CU(CUDA_SUCCESS, t().event_record(e, origin));
+  ASSERT_CU(CUDA_SUCCESS, t().stream_wait_event(fork, e, 0));
+  EXPECT_EQ(status_of(t(), fork), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  if (t().stream_get_capture_info != nullptr) {
+    cuuint64_t a = 0, b = 0;
+    CUstreamCaptureStatus st{};
+    EXPECT_CU(CUDA_SUCCESS,
+              t().stream_get_capture_info(origin, &st, &a, nullptr, nullptr, nullptr, nullptr));
+    EXPECT_CU(CUDA_SUCCESS,
+              t().stream_get_capture_info(fork, &st, &b, nullptr, nullptr, nullptr, nullptr));
+    EXPECT_EQ(a, b) << "one capture sequence";
+  }
+  ASSERT_CU(CUDA_SUCCESS, t().event_record(back, fork));
+  ASSERT_CU(CUDA_SUCCESS, t().stream_wait_event(origin, back, 0));  // the join
+  CUgraph g = nullptr;
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, t().stream_end_capture(fork, &g));
+  end_capture(t(), origin, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  EXPECT_EQ(status_of(t(), fork), CU_STREAM_CAPTURE_STATUS_NONE);
+}
+
+// A capturing stream may not wait on work outside the capture (only through an external event
+// wait node): ISOLATION, invalidating the capture.
+TEST_P(Conformance, CaptureWaitOnOutsideEventIsIsolation) {
+  const CUstream outside = make_stream(CU_STREAM_NON_BLOCKING);
+  const CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+  const CUevent e = make_event(CU_EVENT_DISABLE_TIMING);
+  ASSERT_CU(CUDA_SUCCESS, t().event_record(e, outside));
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  EXPECT_CU(CUDA_SUCCESS, t().stream_wait_event(s, e, CU_EVENT_WAIT_EXTERNAL));
+  end_capture(t(), s, CUDA_SUCCESS);
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_ISOLATION, t().stream_wait_event(s, e, 0));
+  end_capture(t(), s, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+}
+
+// cuThreadExchangeStreamCaptureMode swaps the thread's mode; bad modes are refused.
+TEST_P(Conformance, CaptureThreadExchangeMode) {
+  make_current();
+  CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+  ASSERT_CU(CUDA_SUCCESS, t().thread_exchange_stream_capture_mode(&m));
+  EXPECT_EQ(m, CU_STREAM_CAPTURE_MODE_GLOBAL) << "threads start in GLOBAL mode";
+  CUstreamCaptureMode back = m;
+  ASSERT_CU(CUDA_SUCCESS, t().thread_exchange_stream_capture_mode(&back));
+  EXPECT_EQ(back, CU_STREAM_CAPTURE_MODE_RELAXED);
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().thread_exchange_stream_capture_mode(nullptr));
+  int bad = 9;
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE,
+            t().thread_exchange_stream_capture_mode(reinterpret_cast<CUstreamCaptureMode*>(&bad)));
+}
+
+// The VMM calls are "potentially unsafe" during a GLOBAL or THREAD_LOCAL capture of the calling
+// thread (like cudaMalloc: not stream-ordered, unseen by capture; NCCL and mscclpp switch to
+// RELAXED around them): UNSUPPORTED, invalidating the capture. A thread switched to RELAXED, or
+// a capture begun RELAXED, permits them.
+TEST_P(Conformance, CaptureVmmCallsAreUnsafeUnlessRelaxed) {
+  const CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+  CUmemGenericAllocationHandle h = 0;
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, try_create(&h, gran(), device_prop(0)));
+  end_capture(t(), s, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  CUdeviceptr va = 0;
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, try_reserve(&va, gran()));
+  end_capture(t(), s, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+  ASSERT_CU(CUDA_SUCCESS, t().thread_exchange_stream_capture_mode(&m));
+  const Block b = make_block(1);  // reserve, create, map, set access
+  EXPECT_CU(CUDA_SUCCESS, unmap(b.ptr, b.size));
+  EXPECT_CU(CUDA_SUCCESS, release(b.handle));
+  ASSERT_CU(CUDA_SUCCESS, t().thread_exchange_stream_capture_mode(&m));
+  end_capture(t(), s, CUDA_SUCCESS);
+
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  EXPECT_CU(CUDA_SUCCESS, try_create(&h, gran(), device_prop(0)));
+  EXPECT_CU(CUDA_SUCCESS, release(h));
+  end_capture(t(), s, CUDA_SUCCESS);
+}
+
+// Querying an unrelated event or stream is potentially unsafe too (PyTorch switches to RELAXED
+// around its cudaEventQuery during capture, pytorch#158352).
+TEST_P(Conformance, CaptureQueryOfOtherWorkIsUnsafeUnlessRelaxed) {
+  const CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+  const CUstream other = make_stream(CU_STREAM_NON_BLOCKING);
+  const CUevent e = make_event(CU_EVENT_DISABLE_TIMING);
+  ASSERT_CU(CUDA_SUCCESS, t().event_record(e, other));
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, t().event_query(e));
+  end_capture(t(), s, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+  ASSERT_CU(CUDA_SUCCESS, t().thread_exchange_stream_capture_mode(&m));
+  EXPECT_CU(CUDA_SUCCESS, t().event_query(e));
+  EXPECT_CU(CUDA_SUCCESS, t().stream_query(other));
+  EXPECT_CU(CUDA_SUCCESS, t().event_synchronize(e));
+  ASSERT_CU(CUDA_SUCCESS, t().thread_exchange_stream_capture_mode(&m));
+  end_capture(t(), s, CUDA_SUCCESS);
+}
+
+// Another thread's GLOBAL capture forbids unsafe calls of a thread in GLOBAL mode, not of one in
+// THREAD_LOCAL or RELAXED mode; a THREAD_LOCAL capture forbids nothing to other threads.
+TEST_P(Conformance, CaptureOtherThreadsFollowTheirMode) {
+  const CUcontext ctx = make_current();
+  const CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+  auto create_in_thread = [&](CUstreamCaptureMode mode) {
+    CUresult r = CUDA_ERROR_UNKNOWN;
+    std::thread th([&] {
+      t().ctx_set_current(ctx);
+      CUstreamCaptureMode m = mode;
+      t().thread_exchange_stream_capture_mode(&m);
+      CUmemGenericAllocationHandle h = 0;
+      const CUmemAllocationProp prop = device_prop(0);
+      r = t().mem_create(&h, gran(), &prop, 0);
+      if (r == CUDA_SUCCESS) t().mem_release(h);
+      t().ctx_set_current(nullptr);
+    });
+    th.join();
+    return r;
+  };
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  EXPECT_CU(CUDA_SUCCESS, create_in_thread(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  EXPECT_CU(CUDA_SUCCESS, create_in_thread(CU_STREAM_CAPTURE_MODE_RELAXED));
+  EXPECT_EQ(status_of(t(), s), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+            create_in_thread(CU_STREAM_CAPTURE_MODE_GLOBAL));
+  end_capture(t(), s, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  EXPECT_CU(CUDA_SUCCESS, create_in_thread(CU_STREAM_CAPTURE_MODE_GLOBAL));
+  end_capture(t(), s, CUDA_SUCCESS);
+}
+
+// A capture not begun RELAXED must end on the thread that began it (WRONG_THREAD otherwise).
+TEST_P(Conformance, CaptureEndsOnItsThreadUnlessRelaxed) {
+  const CUcontext ctx = make_current();
+  const CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+  auto end_in_thread = [&](CUgraph* g) {
+    CUresult r = CUDA_ERROR_UNKNOWN;
+    std::thread th([&] {
+      t().ctx_set_current(ctx);
+      r = t().stream_end_capture(s, g);
+      t().ctx_set_current(nullptr);
+    });
+    th.join();
+    return r;
+  };
+  CUgraph g = nullptr;
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, end_in_thread(&g));
+  end_capture(t(), s, CUDA_SUCCESS);
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  EXPECT_CU(CUDA_SUCCESS, end_in_thread(&g));
+  EXPECT_CU(CUDA_SUCCESS, t().graph_destroy(g));
+}
+
+// Sim: a graph is destroyed once; one still being captured into cannot be.
+TEST_P(Conformance, CaptureGraphDestroyMisuse) {
+  CONFORMANCE_REQUIRE_SIM("destroying a graph twice is undefined on a real driver");
+  const CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  CUstreamCaptureStatus st{};
+  CUgraph live = nullptr;
+  ASSERT_CU(CUDA_SUCCESS,
+            t().stream_get_capture_info(s, &st, nullptr, &live, nullptr, nullptr, nullptr));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().graph_destroy(live));
+  CUgraph g = nullptr;
+  ASSERT_CU(CUDA_SUCCESS, t().stream_end_capture(s, &g));
+  EXPECT_EQ(g, live);
+  EXPECT_CU(CUDA_SUCCESS, t().graph_destroy(g));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().graph_destroy(g));
+}
+
+}  // namespace
+}  // namespace expanse::conformance
