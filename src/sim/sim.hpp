@@ -32,6 +32,10 @@ struct SimConfig {
   bool peer_access = true;  // cuDeviceCanAccessPeer between distinct devices
   bool posix_fd = true;     // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
   bool rdma = true;         // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
+  // sim_rdma:wsl (implies rdma): WSL2's driver, which says attribute 110 is 1 and lets
+  // cuMemCreate/cuMemMap take gpuDirectRDMACapable, then fails cuMemSetAccess on such memory
+  // with CUDA_ERROR_UNKNOWN (pytorch/pytorch#192330).
+  bool rdma_wsl = false;
 };
 
 // Parses the sim_* keys of an EXPANSE_CONF string (other known keys are accepted and ignored;

@@ -28,6 +28,14 @@
 // are captured or stream-ordered), every query of properties (cuStreamGetCtx/Id/Flags/Device,
 // cuStreamIsCapturing, cuStreamGetCaptureInfo, attributes, cuMemGetInfo, access queries).
 // An unsafe call under another thread's GLOBAL capture also invalidates that capture [INF].
+// Fork and join (cuStreamEndCapture docs, Programming Guide "Cross-stream Dependencies and
+// Events"): a stream that waits on an event recorded in a capture joins it; every joined stream
+// must be joined back into the origin stream (the origin waits on an event recorded on it, or on
+// a stream that did so, after its last captured work), else cuStreamEndCapture on the origin is
+// CUDA_ERROR_STREAM_CAPTURE_UNJOINED, and the capture ends with no graph. The sim's only graph
+// nodes are external event waits (cuStreamWaitEvent with CU_EVENT_WAIT_EXTERNAL): event records
+// and plain waits only move dependencies. A fork that captured nothing is taken as joined [INF]
+// (its dependencies are already the origin's; ROCm's HIP counts it as unjoined).
 // Codes not documented for these cases, chosen by precedent: beginning a capture on a capturing
 // stream, or ending one on a stream that is not capturing, is CUDA_ERROR_ILLEGAL_STATE (what
 // cuStreamUpdateCaptureDependencies documents for "the stream is not capturing"); an event last
@@ -127,13 +135,40 @@ namespace {
 // Takes the capture out of the list and its streams out of capture mode.
 void end(State& s, Capture& c) {
   c.ended = true;
-  for (auto& m : c.members) m->capture.reset();
+  for (auto& m : c.members) {
+    m->capture.reset();
+    m->capture_nodes = 0;
+    m->capture_reach.clear();
+  }
   c.members.clear();
   s.captures.erase(std::remove_if(s.captures.begin(), s.captures.end(),
                                   [&](const std::shared_ptr<Capture>& p) { return p.get() == &c; }),
                    s.captures.end());
 }
 
+}  // namespace
+
+void capture_join(Stream& st, const Event& e) {
+  for (const auto& [member, nodes] : e.captured_reach) {
+    uint64_t& mine = st.capture_reach[member];
+    mine = std::max(mine, nodes);
+  }
+}
+
+void capture_node(Stream& st) { st.capture_reach[&st] = ++st.capture_nodes; }
+
+void capture_record(Event& e, const Stream& st) { e.captured_reach = st.capture_reach; }
+
+namespace {
+// A member stream whose captured nodes the origin's dependencies do not all cover.
+bool unjoined(const Capture& c) {
+  for (const auto& m : c.members) {
+    if (m.get() == c.origin || m->capture_nodes == 0) continue;
+    auto it = c.origin->capture_reach.find(m.get());
+    if (it == c.origin->capture_reach.end() || it->second < m->capture_nodes) return true;
+  }
+  return false;
+}
 }  // namespace
 
 void drop_captures(State& s, int device) noexcept {
@@ -219,6 +254,8 @@ CUresult sim_stream_begin_capture(CUstream stream, CUstreamCaptureMode mode) {
     s.next_graph_handle += kGraphStep;
     s.graphs[reinterpret_cast<uintptr_t>(c->graph)] = false;
     c->members.push_back(st->shared_from_this());
+    st->capture_nodes = 0;
+    st->capture_reach.clear();
     st->capture = c;
     s.captures.push_back(std::move(c));
     return CUDA_SUCCESS;
@@ -246,12 +283,14 @@ CUresult sim_stream_end_capture(CUstream stream, CUgraph* graph) {
       return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
     const auto key = reinterpret_cast<uintptr_t>(c.graph);
     const bool invalidated = c.invalidated;
+    const bool open_fork = !invalidated && detail::unjoined(c);
     const std::shared_ptr<Capture> keep = st->capture;  // c outlives its removal from s
     detail::end(s, c);
-    if (invalidated) {
+    if (invalidated || open_fork) {
       s.graphs.erase(key);
       *graph = nullptr;
-      return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+      return invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+                         : CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
     }
     s.graphs[key] = true;
     *graph = c.graph;

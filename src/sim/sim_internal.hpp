@@ -117,6 +117,11 @@ struct Stream : std::enable_shared_from_this<Stream> {
   bool per_thread = false;  // a per-thread default stream (CU_STREAM_PER_THREAD)
   bool held = false;
   std::shared_ptr<Capture> capture;  // the capture sequence it takes part in, if any
+  // While capturing: graph nodes captured on it so far, and for each member stream the number
+  // of its nodes that this stream's dependency set covers (itself included); an event recorded
+  // here copies the map, a wait on it merges it (cuStreamEndCapture: UNJOINED otherwise).
+  uint64_t capture_nodes = 0;
+  std::map<const Stream*, uint64_t> capture_reach;
   bool destroyed = false;
   uint64_t next_seq = 1;
   uint64_t done_seq = 0;
@@ -130,6 +135,7 @@ struct Event {
   std::shared_ptr<Stream> stream;  // where it was last recorded; null: never recorded
   uint64_t seq = 0;
   std::shared_ptr<Capture> captured;  // last recorded inside this capture sequence
+  std::map<const Stream*, uint64_t> captured_reach;  // its stream's capture_reach then
   bool complete() const noexcept { return !stream || stream->done_seq >= seq; }
 };
 
@@ -246,6 +252,11 @@ CUresult check_unsafe_call(State& s) noexcept;
 CUresult context_sync_check(State& s, int device) noexcept;
 // Ends every capture (a reset of the context, or of the sim).
 void drop_captures(State& s, int device) noexcept;
+// Fork/join bookkeeping (see Stream::capture_reach): st takes part in e's capture and now
+// depends on what e recorded; st captured a graph node; e is recorded on capturing st.
+void capture_join(Stream& st, const Event& e);
+void capture_node(Stream& st);
+void capture_record(Event& e, const Stream& st);
 
 // The protection of [va, va+len) follows the bookkeeping again (after a change or a failure).
 bool sync_host_protection(State& s, uintptr_t va, size_t len);

@@ -273,7 +273,8 @@ SimConfig sim_config_from_string(const std::string& conf) {
     } else if (key == "sim_posix_fd") {
       cfg.posix_fd = conf::parse_bool_for(key, value);
     } else if (key == "sim_rdma") {
-      cfg.rdma = conf::parse_bool_for(key, value);
+      cfg.rdma_wsl = value == "wsl";
+      cfg.rdma = cfg.rdma_wsl || conf::parse_bool_for(key, value);
     }
   }
   if (cfg.capacity % cfg.granularity != 0) {

@@ -238,7 +238,10 @@ CUresult detail::wait_event(State& s, Stream& st, Event& e, unsigned flags) {
   if (e.captured) {
     Capture& c = *e.captured;
     if (c.ended) return CUDA_ERROR_CAPTURED_EVENT;
-    if (st.capture.get() == &c) return CUDA_SUCCESS;  // a join within the capture
+    if (st.capture.get() == &c) {  // a join within the capture
+      detail::capture_join(st, e);
+      return CUDA_SUCCESS;
+    }
     if (st.capture) {                                 // two captures would merge
       detail::invalidate(*st.capture);
       detail::invalidate(c);
@@ -251,6 +254,9 @@ CUresult detail::wait_event(State& s, Stream& st, Event& e, unsigned flags) {
     // A fork: the stream joins the capture sequence.
     st.capture = e.captured;
     c.members.push_back(st.shared_from_this());
+    st.capture_nodes = 0;
+    st.capture_reach.clear();
+    detail::capture_join(st, e);
     return CUDA_SUCCESS;
   }
   if (st.capture) {
@@ -260,6 +266,9 @@ CUresult detail::wait_event(State& s, Stream& st, Event& e, unsigned flags) {
       detail::invalidate(*st.capture);
       return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
     }
+    // An external event wait is a node of the graph (an event wait node); a plain wait on an
+    // event never recorded adds nothing.
+    if ((flags & CU_EVENT_WAIT_EXTERNAL) != 0) detail::capture_node(st);
     return CUDA_SUCCESS;
   }
   Submitted sub;
@@ -326,8 +335,10 @@ CUresult detail::record_event(State& s, Stream& st, Event& e) {
     e.captured = sub.captured;
     e.stream.reset();
     e.seq = 0;
+    detail::capture_record(e, st);
   } else {
     e.captured.reset();
+    e.captured_reach.clear();
     e.stream = st.shared_from_this();
     e.seq = sub.seq;
   }

@@ -463,6 +463,13 @@ CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc*
       ms.push_back(it);
       cur += it->second.size;
     }
+    // sim_rdma:wsl: WSL2 accepts gpuDirectRDMACapable at cuMemCreate/cuMemMap and fails here,
+    // with the generic code, for every mapping of such memory (pytorch/pytorch#192330).
+    if (s.cfg.rdma_wsl) {
+      for (auto it : ms) {
+        if (it->second.alloc->prop.allocFlags.gpuDirectRDMACapable != 0) return CUDA_ERROR_UNKNOWN;
+      }
+    }
     // A device other than the owner needs a peer path (cuDeviceCanAccessPeer; sim_peer_access).
     // The real code for a device without one is undocumented; cuda-api-wrappers#512 reports
     // "invalid argument" from this call on a multi-GPU box without P2P.

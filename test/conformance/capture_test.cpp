@@ -257,7 +257,9 @@ TEST_P(Conformance, CaptureVmmCallsAreUnsafeUnlessRelaxed) {
 }
 
 // Querying an unrelated event or stream is potentially unsafe too (PyTorch switches to RELAXED
-// around its cudaEventQuery during capture, pytorch#158352).
+// around its cudaEventQuery during capture, pytorch#158352; a watchdog thread's cudaEventQuery
+// of a pre-capture event broke GLOBAL captures, pytorch#104555 / #105182 / #148594, see
+// CaptureWatchdogQueryBreaksOnlyGlobalCapture).
 TEST_P(Conformance, CaptureQueryOfOtherWorkIsUnsafeUnlessRelaxed) {
   const CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
   const CUstream other = make_stream(CU_STREAM_NON_BLOCKING);
@@ -307,6 +309,95 @@ TEST_P(Conformance, CaptureOtherThreadsFollowTheirMode) {
   ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
   EXPECT_CU(CUDA_SUCCESS, create_in_thread(CU_STREAM_CAPTURE_MODE_GLOBAL));
   end_capture(t(), s, CUDA_SUCCESS);
+}
+
+// A watchdog thread (GLOBAL mode) querying an event recorded before the capture breaks a GLOBAL
+// capture (UNSUPPORTED, invalidated), and not a THREAD_LOCAL one: pytorch#104555, #105182 and
+// #148594 (NCCL's watchdog cudaEventQuery during torch.cuda.graph capture; PyTorch then captures
+// in THREAD_LOCAL mode), and #158352.
+TEST_P(Conformance, CaptureWatchdogQueryBreaksOnlyGlobalCapture) {
+  const CUcontext ctx = make_current();
+  const CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+  const CUstream other = make_stream(CU_STREAM_NON_BLOCKING);
+  const CUevent e = make_event(CU_EVENT_DISABLE_TIMING);
+  ASSERT_CU(CUDA_SUCCESS, t().event_record(e, other));
+  auto watchdog_query = [&] {
+    CUresult r = CUDA_ERROR_UNKNOWN;
+    std::thread th([&] {
+      t().ctx_set_current(ctx);
+      r = t().event_query(e);
+      t().ctx_set_current(nullptr);
+    });
+    th.join();
+    return r;
+  };
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, watchdog_query());
+  EXPECT_EQ(status_of(t(), s), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  end_capture(t(), s, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  EXPECT_CU(CUDA_SUCCESS, watchdog_query());
+  end_capture(t(), s, CUDA_SUCCESS);
+}
+
+// cuStreamEndCapture on the origin while a forked stream has captured work not joined back is
+// CUDA_ERROR_STREAM_CAPTURE_UNJOINED (cuda.h: cuStreamEndCapture; Programming Guide, "Cross-stream
+// Dependencies and Events": other streams "must also be joined back to the origin stream");
+// the capture ends, every stream leaves capture mode. The work: an external event wait node.
+// Joined back, directly or through another forked stream, the capture succeeds.
+TEST_P(Conformance, CaptureUnjoinedForkFailsEndCapture) {
+  const CUstream origin = make_stream(CU_STREAM_NON_BLOCKING);
+  const CUstream fork = make_stream(CU_STREAM_NON_BLOCKING);
+  const CUstream fork2 = make_stream(CU_STREAM_NON_BLOCKING);
+  const CUstream outside = make_stream(CU_STREAM_NON_BLOCKING);
+  const CUevent ext = make_event(CU_EVENT_DISABLE_TIMING);
+  const CUevent e = make_event(CU_EVENT_DISABLE_TIMING);
+  const CUevent back = make_event(CU_EVENT_DISABLE_TIMING);
+  ASSERT_CU(CUDA_SUCCESS, t().event_record(ext, outside));
+  auto fork_with_work = [&](CUstream f) {
+    ASSERT_CU(CUDA_SUCCESS, t().event_record(e, origin));
+    ASSERT_CU(CUDA_SUCCESS, t().stream_wait_event(f, e, 0));
+    ASSERT_CU(CUDA_SUCCESS, t().stream_wait_event(f, ext, CU_EVENT_WAIT_EXTERNAL));
+  };
+  // Never joined.
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(origin, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  fork_with_work(fork);
+  CUgraph g = reinterpret_cast<CUgraph>(0x1);
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_UNJOINED, t().stream_end_capture(origin, &g));
+  EXPECT_EQ(g, nullptr);
+  EXPECT_EQ(status_of(t(), origin), CU_STREAM_CAPTURE_STATUS_NONE);
+  EXPECT_EQ(status_of(t(), fork), CU_STREAM_CAPTURE_STATUS_NONE);
+  // Joined, then more work on the fork: unjoined again.
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(origin, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  fork_with_work(fork);
+  ASSERT_CU(CUDA_SUCCESS, t().event_record(back, fork));
+  ASSERT_CU(CUDA_SUCCESS, t().stream_wait_event(origin, back, 0));
+  ASSERT_CU(CUDA_SUCCESS, t().stream_wait_event(fork, ext, CU_EVENT_WAIT_EXTERNAL));
+  g = reinterpret_cast<CUgraph>(0x1);
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_UNJOINED, t().stream_end_capture(origin, &g));
+  EXPECT_EQ(g, nullptr);
+  // Joined after its last work: a graph.
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(origin, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  fork_with_work(fork);
+  ASSERT_CU(CUDA_SUCCESS, t().event_record(back, fork));
+  ASSERT_CU(CUDA_SUCCESS, t().stream_wait_event(origin, back, 0));
+  end_capture(t(), origin, CUDA_SUCCESS);
+  EXPECT_EQ(status_of(t(), fork), CU_STREAM_CAPTURE_STATUS_NONE);
+  // Joined transitively: fork2 joins fork, fork joins the origin.
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(origin, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  fork_with_work(fork);
+  fork_with_work(fork2);
+  ASSERT_CU(CUDA_SUCCESS, t().event_record(back, fork2));
+  ASSERT_CU(CUDA_SUCCESS, t().stream_wait_event(fork, back, 0));
+  ASSERT_CU(CUDA_SUCCESS, t().event_record(back, fork));
+  ASSERT_CU(CUDA_SUCCESS, t().stream_wait_event(origin, back, 0));
+  end_capture(t(), origin, CUDA_SUCCESS);
+  // An invalidated capture answers INVALIDATED before UNJOINED.
+  ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(origin, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  fork_with_work(fork);
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, t().stream_query(origin));
+  end_capture(t(), origin, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  EXPECT_EQ(status_of(t(), fork), CU_STREAM_CAPTURE_STATUS_NONE);
 }
 
 // A capture not begun RELAXED must end on the thread that began it (WRONG_THREAD otherwise).

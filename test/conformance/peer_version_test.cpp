@@ -213,3 +213,43 @@ TEST_P(Conformance, DriverOlderThanARequiredEntryPointIsRefused) {
 
 }  // namespace
 }  // namespace expanse::conformance
+
+namespace expanse::conformance {
+namespace {
+
+// Sim: sim_rdma:wsl is WSL2's driver (pytorch/pytorch#192330): attribute 110 says 1, cuMemCreate
+// and cuMemMap accept allocFlags.gpuDirectRDMACapable, and cuMemSetAccess on that memory returns
+// CUDA_ERROR_UNKNOWN (memory created without the flag still works).
+TEST_P(Conformance, WslRdmaFailsSetAccessOnRdmaCapableMemory) {
+  CONFORMANCE_REQUIRE_SIM("needs sim_rdma:wsl");
+  ASSERT_NO_FATAL_FAILURE(reconfigure("sim_rdma:wsl"));
+  EXPECT_EQ(attribute(t(), CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev(0)),
+            1);
+  make_current();
+  CUmemAllocationProp prop = device_prop(0);
+  prop.allocFlags.gpuDirectRDMACapable = 1;
+  CUmemGenericAllocationHandle h = 0;
+  ASSERT_CU(CUDA_SUCCESS, try_create(&h, gran(), prop));
+  const CUdeviceptr va = reserve(2 * gran());
+  ASSERT_CU(CUDA_SUCCESS, try_map(va, gran(), 0, h));
+  EXPECT_CU(CUDA_ERROR_UNKNOWN, set_access(va, gran()));
+  EXPECT_EQ(get_access(va), 0u) << "the failed call granted nothing";
+  // Plain memory next to it is unaffected; a range covering both fails as a whole.
+  const CUmemGenericAllocationHandle plain = create(gran());
+  map(va + gran(), gran(), plain);
+  EXPECT_CU(CUDA_ERROR_UNKNOWN, set_access(va, 2 * gran()));
+  EXPECT_EQ(get_access(va + gran()), 0u);
+  EXPECT_CU(CUDA_SUCCESS, set_access(va + gran(), gran()));
+  EXPECT_EQ(get_access(va + gran()),
+            static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+}
+
+// Sim: sim_rdma still takes only a boolean or wsl.
+TEST_P(Conformance, SimRdmaRejectsOtherValues) {
+  CONFORMANCE_REQUIRE_SIM("needs sim_rdma");
+  EXPECT_NE(hooks()->reset_with("sim_rdma:wsl2"), "");
+  EXPECT_EQ(hooks()->reset_with("sim_rdma:false"), "");
+}
+
+}  // namespace
+}  // namespace expanse::conformance

@@ -201,6 +201,62 @@ TEST_P(Conformance, LegacyStreamWaitsForBlockingStreamsOnly) {
   EXPECT_CU(CUDA_SUCCESS, t().event_query(on_legacy));
 }
 
+// Sim: per-thread stream work does not wait for a blocking created stream (only the legacy
+// stream synchronizes with blocking streams; the per-thread stream is an ordinary blocking
+// stream to the others).
+TEST_P(Conformance, PerThreadStreamDoesNotWaitForBlockingStreams) {
+  CONFORMANCE_REQUIRE_SIM("needs held streams");
+  const CUstream blocking = make_stream(0);
+  const CUevent e = make_event(CU_EVENT_DISABLE_TIMING);
+  const CUevent on_pt = make_event(CU_EVENT_DISABLE_TIMING);
+  hooks()->hold_stream(blocking);
+  ASSERT_CU(CUDA_SUCCESS, t().event_record(e, blocking));
+  ASSERT_CU(CUDA_SUCCESS, t().event_record(on_pt, CU_STREAM_PER_THREAD));
+  EXPECT_CU(CUDA_SUCCESS, t().event_query(on_pt)) << "the held blocking stream is not waited for";
+  EXPECT_CU(CUDA_ERROR_NOT_READY, t().event_query(e));
+  hooks()->release_stream(blocking);
+  EXPECT_CU(CUDA_SUCCESS, t().event_query(e));
+}
+
+// Sim: work on a blocking created stream waits for the legacy stream's earlier work; work on a
+// CU_STREAM_NON_BLOCKING stream does not.
+TEST_P(Conformance, BlockingStreamWaitsForLegacyStreamNonBlockingDoesNot) {
+  CONFORMANCE_REQUIRE_SIM("needs held streams");
+  const CUstream blocking = make_stream(0);
+  const CUstream non_blocking = make_stream(CU_STREAM_NON_BLOCKING);
+  const CUevent on_legacy = make_event(CU_EVENT_DISABLE_TIMING);
+  const CUevent on_blocking = make_event(CU_EVENT_DISABLE_TIMING);
+  const CUevent on_non_blocking = make_event(CU_EVENT_DISABLE_TIMING);
+  hooks()->hold_stream(CU_STREAM_LEGACY);
+  ASSERT_CU(CUDA_SUCCESS, t().event_record(on_legacy, nullptr));
+  EXPECT_CU(CUDA_ERROR_NOT_READY, t().event_query(on_legacy));
+  ASSERT_CU(CUDA_SUCCESS, t().event_record(on_blocking, blocking));
+  ASSERT_CU(CUDA_SUCCESS, t().event_record(on_non_blocking, non_blocking));
+  EXPECT_CU(CUDA_ERROR_NOT_READY, t().event_query(on_blocking))
+      << "a blocking stream waits for the held legacy stream";
+  EXPECT_CU(CUDA_SUCCESS, t().event_query(on_non_blocking))
+      << "a non-blocking stream does not";
+  hooks()->release_stream(CU_STREAM_LEGACY);
+  EXPECT_CU(CUDA_SUCCESS, t().event_query(on_legacy));
+  EXPECT_CU(CUDA_SUCCESS, t().event_query(on_blocking));
+}
+
+// Sim: cuStreamSynchronize(NULL) waits for the legacy stream's own work: with none queued it
+// does not wait for (or complete) held blocking streams' work.
+TEST_P(Conformance, LegacyStreamSynchronizeWithoutWorkDoesNotWaitForBlockingStreams) {
+  CONFORMANCE_REQUIRE_SIM("needs held streams");
+  const CUstream blocking = make_stream(0);
+  const CUevent e = make_event(CU_EVENT_DISABLE_TIMING);
+  hooks()->hold_stream(blocking);
+  ASSERT_CU(CUDA_SUCCESS, t().event_record(e, blocking));
+  EXPECT_CU(CUDA_SUCCESS, t().stream_synchronize(nullptr));
+  EXPECT_CU(CUDA_ERROR_NOT_READY, t().event_query(e))
+      << "synchronizing the idle legacy stream left the blocking stream's work pending";
+  EXPECT_CU(CUDA_ERROR_NOT_READY, t().stream_query(blocking));
+  hooks()->release_stream(blocking);
+  EXPECT_CU(CUDA_SUCCESS, t().event_query(e));
+}
+
 // Handle values are recycled (rapidsai/rmm#649 saw the same value for a new stream): the sim
 // hands the most recently destroyed value to the next stream or event created.
 TEST_P(Conformance, HandleValuesAreRecycled) {

@@ -31,7 +31,10 @@ extern "C" {
  *   sim_posix_fd        CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED; without
  *                       it cuMemCreate refuses that handle type (CUDA_ERROR_NOT_SUPPORTED)
  *   sim_rdma            CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED; without it
- *                       cuMemCreate refuses allocFlags.gpuDirectRDMACapable (NOT_SUPPORTED)
+ *                       cuMemCreate refuses allocFlags.gpuDirectRDMACapable (NOT_SUPPORTED);
+ *                       sim_rdma:wsl is WSL2's driver (pytorch/pytorch#192330): the attribute
+ *                       says 1, cuMemCreate and cuMemMap accept gpuDirectRDMACapable, and
+ *                       cuMemSetAccess on such memory returns CUDA_ERROR_UNKNOWN (999)
  * CUdevice values from cuDeviceGet are not the ordinals (0x100 + ordinal): functions taking a
  * CUdevice refuse an ordinal (CUDA_ERROR_INVALID_DEVICE), while CUmemLocation.id takes the
  * ordinal, as cuda.h documents. */
