@@ -174,3 +174,55 @@ std::string DeviceAllocator::check_invariants() const {
 }
 
 }  // namespace expanse::core
+
+// ---- memory history ---------------------------------------------------------------------------
+
+namespace expanse::core {
+
+void DeviceAllocator::set_events(AllocatorEvents* e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  events_ = e;
+}
+
+std::vector<SegmentView> DeviceAllocator::segments() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<SegmentView> out;
+  const auto& blocks = index_.blocks();
+  for (const auto& rp : reservations_) {
+    if (!rp || !rp->alive) continue;
+    const Reservation& r = *rp;
+    for (size_t p = 0; p < r.page_count();) {
+      if (!r.mapped(p)) {
+        ++p;
+        continue;
+      }
+      size_t q = p;
+      while (q < r.page_count() && r.mapped(q)) ++q;
+      SegmentView seg;
+      seg.address = r.page_addr(p);
+      seg.size = (q - p) * page_;
+      seg.small_arena = r.arena == Arena::small;
+      const CUdeviceptr end = seg.address + seg.size;
+      auto it = blocks.upper_bound(seg.address);
+      --it;  // every byte of a reservation belongs to a block, so one starts at or before
+      for (; it != blocks.end() && it->first < end; ++it) {
+        const Block& b = it->second;
+        BlockView v;
+        v.address = std::max(it->first, seg.address);
+        v.size = static_cast<size_t>(std::min(it->first + b.size, end) - v.address);
+        if (b.state == BlockState::live) {
+          v.state = BlockView::State::live;
+          v.requested = b.requested;
+        } else if (b.state == BlockState::pending) {
+          v.state = BlockView::State::awaiting_free;
+        }
+        seg.blocks.push_back(v);
+      }
+      out.push_back(std::move(seg));
+      p = q;
+    }
+  }
+  return out;
+}
+
+}  // namespace expanse::core

@@ -140,6 +140,7 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
     return reinterpret_cast<void*>(it->first);
   } catch (const out_of_memory&) {
     ++stats_.num_ooms;
+    if (events_ != nullptr) events_->on_oom(device(), bytes, stream, pages_left() * page_);
     throw;
   } catch (const driver::driver_error& e) {
     throw driver_failure("expanse: allocating " + std::to_string(bytes) + " bytes on device " +
@@ -247,6 +248,7 @@ void DeviceAllocator::make_live(BlockIt it, size_t requested, CUstream stream) {
   ++stats_.num_allocs;
   stats_.peak_requested_bytes = std::max(stats_.peak_requested_bytes, stats_.requested_bytes);
   stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+  if (events_ != nullptr) events_->on_alloc(device(), it->first, requested, stream);
 }
 
 // ---- free ------------------------------------------------------------------------------------
@@ -298,6 +300,7 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   stats_.allocated_bytes -= b.size;
   --stats_.live_blocks;
   ++stats_.num_frees;
+  if (events_ != nullptr) events_->on_free(device(), it->first, b.requested, stream);
 
   StreamState& ss = stream_state(stream);
   b.stream = stream;

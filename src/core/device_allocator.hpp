@@ -12,6 +12,7 @@
 // record_stream), allocator_introspection.cpp (stats, messages, invariant checks).
 #pragma once
 
+#include "core/allocator_events.hpp"
 #include "core/block_index.hpp"
 #include "core/device_driver.hpp"
 #include "core/options.hpp"
@@ -67,6 +68,12 @@ class DeviceAllocator {
   // Checks every internal invariant (block tiling, index, page counts); for tests. Returns "" or
   // a description of the first violation.
   std::string check_invariants() const;
+
+  // Memory history: `e` (or nullptr) is told of every alloc, free, map, unmap and OOM from now on.
+  // It must outlive this allocator or be replaced first.
+  void set_events(AllocatorEvents* e);
+  // The mapped ranges and the blocks in them, for snapshots.
+  std::vector<SegmentView> segments() const;
 
  private:
   struct Fence {
@@ -141,6 +148,7 @@ class DeviceAllocator {
   size_t touched_pages_ = 0;
   size_t va_reserved_ = 0;
   DeviceStats stats_;
+  AllocatorEvents* events_ = nullptr;  // guarded by mu_
 };
 
 }  // namespace expanse::core

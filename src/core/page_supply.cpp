@@ -91,6 +91,7 @@ void DeviceAllocator::ensure_pages(Reservation& r, size_t first, size_t last, Pa
   try {
     for (; mapped < k; ++mapped) {
       drv_.map(r.page_addr(need[mapped]), page_, hs[mapped]);
+      if (events_ != nullptr) events_->on_map(device(), r.page_addr(need[mapped]), page_);
       r.handles[need[mapped]] = hs[mapped];
       r.granted[need[mapped]] = 0;
       ++r.mapped_pages;
@@ -115,6 +116,7 @@ void DeviceAllocator::ensure_pages(Reservation& r, size_t first, size_t last, Pa
       } catch (...) {
         continue;
       }
+      if (events_ != nullptr) events_->on_unmap(device(), r.page_addr(need[i]), page_);
       r.handles[need[i]] = 0;
       --r.mapped_pages;
       --mapped_pages_;
@@ -151,6 +153,7 @@ size_t DeviceAllocator::reclaim(size_t want, std::vector<CUmemGenericAllocationH
         size_t q = p;
         while (q < hi && r.mapped(q) && (q - p) < want - got) ++q;
         drv_.unmap(r.page_addr(p), (q - p) * page_);
+        if (events_ != nullptr) events_->on_unmap(device(), r.page_addr(p), (q - p) * page_);
         for (size_t i = p; i < q; ++i) {
           out.push_back(r.handles[i]);
           r.handles[i] = 0;
