@@ -35,6 +35,7 @@ DeviceAllocator::DeviceAllocator(const driver::LoadedDriver& drv, int device,
   opts_.small_va_size = round_up(opts_.small_va_size, page_);
   va_budget_ = opts.va_budget != 0 ? opts.va_budget : 64 * cap;
   if (opts_.small_max > opts_.small_va_size) opts_.small_max = opts_.small_va_size;
+  max_order_ = max_handle_order(page_, opts_.max_handle_size);
 }
 
 DeviceAllocator::~DeviceAllocator() {
@@ -48,24 +49,29 @@ DeviceAllocator::~DeviceAllocator() {
   for (auto& rp : reservations_) {
     if (!rp || !rp->alive) continue;
     Reservation& r = *rp;
-    for (size_t p = 0; p < r.page_count(); ++p) {
-      if (!r.mapped(p)) continue;
+    for (size_t p = 0; p < r.page_count();) {
+      if (!r.mapped(p)) {
+        ++p;
+        continue;
+      }
+      const size_t n = r.handle_pages(p);
       try {
-        drv_.unmap(r.page_addr(p), page_);
-        pool_.push_back(r.handles[p]);
+        unmap_handles(r, p, p + n);
       } catch (...) {
       }
-      r.handles[p] = 0;
+      p += n;
     }
     try {
       drv_.address_free(r.base, r.size);
     } catch (...) {
     }
   }
-  for (auto h : pool_) {
-    try {
-      drv_.release(h);
-    } catch (...) {
+  for (unsigned o = 0; o < kHandleOrders; ++o) {
+    for (auto h : pool_[o]) {
+      try {
+        drv_.release(h, page_ << o);
+      } catch (...) {
+      }
     }
   }
   for (auto e : all_events_) {
@@ -131,7 +137,7 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
         req.needed = fresh;
         throw_oom(req);
       }
-      ensure_pages(r, r.first_page(it->first), r.last_page(it->first, sz), req);
+      ensure_pages(r, it->first, sz, req);
     } catch (...) {
       index_.insert_free(it, a);
       throw;
@@ -182,15 +188,16 @@ BlockIt DeviceAllocator::find_block(size_t sz, Arena a, CUstream stream, PageReq
                                     size_t* offset) {
   auto mapped_and_tight = [&](BlockIt c) {
     size_t off = 0;
-    if (!tight_offset(c, sz, &off)) return false;
-    const Reservation& r = res(c->second.res);
-    if (!r.all_ready(r.first_page(c->first + off), r.last_page(c->first + off, sz))) {
-      return false;
-    }
+    if (!tight_offset(c, sz, &off) || !handles_fit(c, off, sz, true)) return false;
     *offset = off;
     return true;
   };
-  auto tight = [&](BlockIt c) { return tight_offset(c, sz, offset); };
+  auto tight = [&](BlockIt c) {
+    size_t off = 0;
+    if (!tight_offset(c, sz, &off) || !handles_fit(c, off, sz, false)) return false;
+    *offset = off;
+    return true;
+  };
 
   BlockIt it = index_.first_fit_where(a, sz, stream, kMappedSearchBudget, mapped_and_tight);
   if (it != index_.end()) return it;
@@ -215,6 +222,30 @@ BlockIt DeviceAllocator::find_block(size_t sz, Arena a, CUstream stream, PageReq
   if (it != index_.end()) return it;
   req.va_exhausted = true;
   throw_oom(req);
+}
+
+bool DeviceAllocator::handles_fit(BlockIt c, size_t off, size_t sz, bool need_ready) const {
+  const Reservation& r = res(c->second.res);
+  const CUdeviceptr addr = c->first + off;
+  const size_t first = r.first_page(addr), last = r.last_page(addr, sz);
+  size_t lo = 0, hi = 0, clo = 0, chi = 0;
+  r.inner_pages(addr, sz, &lo, &hi);
+  r.inner_pages(c->first, c->second.size, &clo, &chi);
+  for (size_t p = first; p <= last;) {
+    if (!r.mapped(p)) {
+      if (need_ready) return false;
+      ++p;
+      continue;
+    }
+    if (need_ready && r.granted[p] == 0) return false;
+    const size_t head = r.handle_head(p), n = r.handle_pages(p);
+    if (n > 1 && (head < lo || head + n > hi)) {
+      // A multi-page handle the block would cover in part, or on an edge page it shares.
+      if (need_ready || !c->second.safe || head < clo || head + n > chi) return false;
+    }
+    p = head + n;
+  }
+  return true;
 }
 
 Reservation* DeviceAllocator::add_reservation(Arena a, size_t min_bytes) {
@@ -319,7 +350,7 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   }
 
   if (opts_.release_threshold != kNoLimit) {
-    size_t cached_pages = mapped_pages_ - touched_pages_ + pool_.size();
+    size_t cached_pages = mapped_pages_ - touched_pages_ + pool_pages_;
     if (cached_pages * page_ > opts_.release_threshold) {
       try {
         trim_to(touched_pages_ + opts_.release_threshold / page_, false);

@@ -89,8 +89,8 @@ CUresult DeviceDriver::create(size_t size, CUmemGenericAllocationHandle* out) {
   return r;
 }
 
-void DeviceDriver::release(CUmemGenericAllocationHandle h) {
-  count(EntryPoint::mem_release, 0);
+void DeviceDriver::release(CUmemGenericAllocationHandle h, size_t size) {
+  count(EntryPoint::mem_release, size);
   check(t_.mem_release(h), EntryPoint::mem_release);
 }
 
@@ -99,13 +99,13 @@ void DeviceDriver::map(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle
   check(t_.mem_map(va, size, 0, h, 0), EntryPoint::mem_map);
 }
 
-void DeviceDriver::unmap(CUdeviceptr va, size_t size) {
-  count(EntryPoint::mem_unmap, size, size / granularity_);  // one handle per page today
+void DeviceDriver::unmap(CUdeviceptr va, size_t size, size_t mappings) {
+  count(EntryPoint::mem_unmap, size, mappings);
   check(t_.mem_unmap(va, size), EntryPoint::mem_unmap);
 }
 
-void DeviceDriver::set_access(CUdeviceptr va, size_t size) {
-  count(EntryPoint::mem_set_access, size, size / granularity_);  // one handle per page today
+void DeviceDriver::set_access(CUdeviceptr va, size_t size, size_t mappings) {
+  count(EntryPoint::mem_set_access, size, mappings);
   check(t_.mem_set_access(va, size, &access_, 1), EntryPoint::mem_set_access);
 }
 

@@ -42,10 +42,12 @@ class DeviceDriver {
   void address_free(CUdeviceptr va, size_t size);
   // Returns CUDA_ERROR_OUT_OF_MEMORY instead of throwing it (an expected outcome); throws others.
   CUresult create(size_t size, CUmemGenericAllocationHandle* out);
-  void release(CUmemGenericAllocationHandle h);
+  // size: the handle's bytes (for the cost model).
+  void release(CUmemGenericAllocationHandle h, size_t size);
   void map(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h);
-  void unmap(CUdeviceptr va, size_t size);
-  void set_access(CUdeviceptr va, size_t size);
+  // mappings: how many handles [va, va+size) covers (for the cost model).
+  void unmap(CUdeviceptr va, size_t size, size_t mappings);
+  void set_access(CUdeviceptr va, size_t size, size_t mappings);
 
   // Streams and events (stream-ordered reuse).
   CUevent event_create();

@@ -23,6 +23,9 @@ struct AllocatorOptions {
   // repeated workload settles into zero driver calls. true: reclaim first, so physical memory
   // stays as close as possible to live memory, at the cost of remapping in steady state.
   bool reclaim_before_create = false;
+  // Largest handle (one cuMemCreate) backing a block's inner pages, rounded down to a power-of-two
+  // number of pages; anything up to the page size gives one handle per page.
+  size_t max_handle_size = size_t{1} << 30;
 };
 
 }  // namespace expanse::core

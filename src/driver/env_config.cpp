@@ -36,6 +36,7 @@ const std::vector<std::string>& known_keys() {
       "va_size",          // bytes of VA reserved per reservation
       "va_budget",        // most VA the allocator may reserve per device
       "driver_library",   // path of the libcuda-compatible library for driver:cuda
+      "max_handle_size",  // largest physical handle backing a block (page_size: one per page)
   };
   return keys;
 }
