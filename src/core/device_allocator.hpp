@@ -105,10 +105,11 @@ class DeviceAllocator {
   size_t untouched_pages(const Reservation& r, CUdeviceptr addr, size_t bytes) const;
   bool tight_offset(BlockIt c, size_t sz, size_t* off) const;
   // Whether [c+off, c+off+sz) inside free block c can be used with the handles mapped there:
-  // every multi-page handle over its pages lies inside its inner pages, or (unless need_ready)
-  // can be unmapped first (it lies inside c's inner pages and c is safe). With need_ready, also
-  // every page is mapped and accessible.
-  bool handles_fit(BlockIt c, size_t off, size_t sz, bool need_ready) const;
+  // every multi-page handle over its pages lies inside its inner pages, or (splittable) can be
+  // split first (it lies inside c's inner pages and c is safe). ready: also every page is mapped
+  // and accessible.
+  enum class HandleFit { ready, splittable };
+  bool handles_fit(BlockIt c, size_t off, size_t sz, HandleFit fit) const;
   Reservation* add_reservation(Arena a, size_t min_bytes);
   // Maps and grants whatever [addr, addr+bytes) of r lacks (the block is carved, not yet live).
   void ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes, PageRequest& req);
@@ -162,6 +163,7 @@ class DeviceAllocator {
   // Physical memory held unmapped, by handle order (2^order pages each).
   std::array<std::vector<CUmemGenericAllocationHandle>, kHandleOrders> pool_;
   size_t pool_pages_ = 0;
+  size_t high_water_ = 0;   // most pages touched by live blocks plus a request's, so far
   unsigned max_order_ = 0;  // largest handle order created (AllocatorOptions::max_handle_size)
   std::unordered_map<CUstream, StreamState> streams_;
   std::vector<BlockIt> pending_;

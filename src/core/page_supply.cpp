@@ -184,6 +184,7 @@ void DeviceAllocator::gather_handles(
     std::vector<HandleSlot>& open,
     std::vector<std::pair<HandleSlot, CUmemGenericAllocationHandle>>& filled, PageRequest& req) {
   size_t in_hand = 0;
+  size_t credit = 0;  // pages released below to be created again: allowed even over the limit
   auto take = [&](const HandleSlot& s, CUmemGenericAllocationHandle h) {
     filled.emplace_back(s, h);
     in_hand += s.pages();
@@ -217,7 +218,8 @@ void DeviceAllocator::gather_handles(
     while (!open.empty() && !req.create_oom) {
       HandleSlot s = open.back();
       open.pop_back();
-      if (held_pages() + in_hand + s.pages() > limit_pages_) {
+      const bool exchange = s.pages() <= credit;
+      if (!exchange && held_pages() + in_hand + s.pages() > limit_pages_) {
         req.limit_hit = true;
         if (s.order == 0) {
           rest.push_back(s);
@@ -238,6 +240,7 @@ void DeviceAllocator::gather_handles(
         open.push_back({s.page, s.order - 1});
         continue;
       }
+      if (exchange) credit -= s.pages();
       take(s, h);
       req.created += s.pages();
       stats_.num_created_pages += s.pages();
@@ -268,6 +271,7 @@ void DeviceAllocator::gather_handles(
         drv_.release(pool_[o].back(), page_ << o);
         pool_take(o);
         stats_.num_released_pages += size_t{1} << o;
+        credit += size_t{1} << o;
         released = true;
       }
       if (!released) return;
@@ -278,7 +282,15 @@ void DeviceAllocator::gather_handles(
   };
 
   from_pool(false);
-  if (opts_.reclaim_before_create) {
+  // High water: physical memory grows past the most pages live blocks have touched (with this
+  // request) plus a little slack only when nothing can be reclaimed, so while memory is plentiful
+  // the footprint still follows the live set; a repeat of the workload stays under the mark.
+  const size_t slack = opts_.high_water_slack == kNoLimit
+                           ? SIZE_MAX
+                           : touched_pages_ / 256 + opts_.high_water_slack / page_;
+  high_water_ = std::max(high_water_, touched_pages_ + open_pages());
+  const bool over = slack != SIZE_MAX && held_pages() + open_pages() > high_water_ + slack;
+  if (opts_.reclaim_before_create || over) {
     reclaim_more();
     create_more();
   } else {

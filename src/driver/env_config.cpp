@@ -37,6 +37,7 @@ const std::vector<std::string>& known_keys() {
       "va_budget",        // most VA the allocator may reserve per device
       "driver_library",   // path of the libcuda-compatible library for driver:cuda
       "max_handle_size",  // largest physical handle backing a block (page_size: one per page)
+      "high_water_slack",  // physical above peak touched before reclaiming first (none: off)
   };
   return keys;
 }

@@ -19,13 +19,19 @@ size_t ops_from_env(size_t dflt) {
   return s != nullptr ? static_cast<size_t>(std::strtoull(s, nullptr, 10)) : dflt;
 }
 
-// Parameter: AllocatorOptions::reclaim_before_create (the order in which missing pages are found).
-class PropertyTest : public CoreTest, public ::testing::WithParamInterface<bool> {};
+// Parameter: 0 create first, 1 reclaim first (AllocatorOptions::reclaim_before_create: the order
+// in which missing pages are found), 2 a high-water mark and handles of at most 8 MiB (many more
+// handle splits). Handles of mixed sizes (1 page .. 1 GiB) in all three.
+class PropertyTest : public CoreTest, public ::testing::WithParamInterface<int> {};
 
 TEST_P(PropertyTest, RandomOperationsMatchReferenceModel) {
   const size_t capacity = 80 * GiB;
   core::AllocatorOptions opts;
-  opts.reclaim_before_create = GetParam();
+  opts.reclaim_before_create = GetParam() == 1;
+  if (GetParam() == 2) {
+    opts.high_water_slack = 16 * MiB;
+    opts.max_handle_size = 8 * MiB;
+  }
   make(sim_config(capacity), opts);
   const size_t P = alloc_->page_size();
   ReferenceModel model(P, capacity);
@@ -39,7 +45,7 @@ TEST_P(PropertyTest, RandomOperationsMatchReferenceModel) {
   };
 
   // The reclaim-first policy remaps far more per operation; it gets a quarter of the steps.
-  const size_t ops = ops_from_env(1000000) / (GetParam() ? 4 : 1);
+  const size_t ops = ops_from_env(1000000) / (GetParam() != 0 ? 4 : 1);
   size_t n_alloc = 0, n_oom = 0, n_free = 0, n_hold = 0, n_limit = 0, n_bad = 0;
   for (size_t step = 0; step < ops; ++step) {
     const size_t dice = pick(1000);
@@ -162,9 +168,11 @@ TEST_P(PropertyTest, RandomOperationsMatchReferenceModel) {
   EXPECT_GT(n_alloc, ops / 5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, PropertyTest, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& p) {
-                           return p.param ? std::string("ReclaimFirst") : std::string("CreateFirst");
+INSTANTIATE_TEST_SUITE_P(Policies, PropertyTest, ::testing::Values(0, 1, 2),
+                         [](const ::testing::TestParamInfo<int>& p) {
+                           return std::string(p.param == 0   ? "CreateFirst"
+                                              : p.param == 1 ? "ReclaimFirst"
+                                                             : "HighWaterSmallHandles");
                          });
 
 }  // namespace

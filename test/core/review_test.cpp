@@ -419,9 +419,9 @@ TEST_F(ReviewTest, UnmapFailingMidReclaimKeepsBooksExact) {
 // cuMemRelease fails in trim_to (release_cached): the handle stays pooled, books exact.
 TEST_F(ReviewTest, ReleaseFailingInTrimKeepsBooksExact) {
   make(sim_config(1 * GiB));
-  void* a = alloc_->allocate(64 * MiB, nullptr);
+  void* a = alloc_->allocate(64 * MiB, nullptr);  // one 32-page handle
   alloc_->deallocate(a, nullptr);
-  sim::inject_failure(EntryPoint::mem_release, 3, CUDA_ERROR_UNKNOWN);
+  sim::inject_failure(EntryPoint::mem_release, 1, CUDA_ERROR_UNKNOWN);
   EXPECT_THROW(alloc_->release_cached(), driver_failure);
   sim::clear_injections();
   expect_books_match_driver();
