@@ -258,6 +258,22 @@ void DeviceAllocator::gather_handles(
     if (open.empty()) return;
     if (has_unfinished_frees()) poll(false);
     req.reclaimed += reclaim(open_pages());
+    from_pool(false);
+    // By the cost model, remapping many small reclaimed handles into a large slot (a map and
+    // a mapping's share of cuMemSetAccess each) costs more than releasing them and creating the
+    // slot's handle: exchange them.
+    unsigned largest_open = 0;
+    for (const HandleSlot& s : open) largest_open = std::max(largest_open, s.order);
+    for (unsigned o = 0; o < largest_open; ++o) {
+      while (!pool_[o].empty() && (size_t{1} << largest_open) >= 2 * (size_t{1} << o)) {
+        drv_.release(pool_[o].back(), page_ << o);
+        pool_take(o);
+        stats_.num_released_pages += size_t{1} << o;
+        credit += size_t{1} << o;
+      }
+    }
+    req.create_oom = false;
+    create_more();
     from_pool(true);
   };
   // Pooled handles no open slot can take are released, and new ones created in their place.
