@@ -126,6 +126,9 @@ class DeviceAllocator {
   void map_handle(Reservation& r, const HandleSlot& s, CUmemGenericAllocationHandle h);
   void pool_put(unsigned order, CUmemGenericAllocationHandle h);
   CUmemGenericAllocationHandle pool_take(unsigned order);
+  // Whether a pooled handle of 2^o pages is cheaper (by the cost model) to release and create
+  // again inside a larger handle than to map on its own.
+  bool exchange_pays(unsigned o) const;
   // Releases one pooled handle of the largest order (its pages; 0 when the pool is empty).
   size_t release_largest_pooled();
   void flush_lifos();

@@ -1,6 +1,7 @@
 // Where physical pages come from and where they go: the pool, new handles, pages reclaimed from
 // under free memory (compaction in VA space), and giving memory back to the driver.
 #include "core/allocator_internal.hpp"
+#include "driver/cost_model.hpp"
 #include "driver/env_config.hpp"
 #include "expanse/errors.hpp"
 
@@ -31,6 +32,20 @@ size_t DeviceAllocator::release_largest_pooled() {
     return size_t{1} << o;
   }
   return 0;
+}
+
+// Whether releasing a pooled handle of 2^o pages and creating its pages as part of a larger
+// handle costs less by the cost model than mapping it as a handle of its own (its cuMemMap and
+// its mapping's share of cuMemSetAccess). Per-byte parts paid either way cancel.
+bool DeviceAllocator::exchange_pays(unsigned o) const {
+  const driver::CostModel& m = driver::CostModel::get_default();
+  using driver::EntryPoint;
+  const size_t b = page_ << o;
+  auto per_byte = [&](EntryPoint e) { return m.cost_ns(e, b) - m.cost_ns(e, 0); };
+  const double remap = m.cost_ns(EntryPoint::mem_map, b) + m.cost_ns(EntryPoint::mem_set_access, b);
+  const double swap = m.cost_ns(EntryPoint::mem_release, b) + per_byte(EntryPoint::mem_create) +
+                      per_byte(EntryPoint::mem_map) + per_byte(EntryPoint::mem_set_access);
+  return swap < remap;
 }
 
 void DeviceAllocator::map_handle(Reservation& r, const HandleSlot& s,
@@ -259,13 +274,13 @@ void DeviceAllocator::gather_handles(
     if (has_unfinished_frees()) poll(false);
     req.reclaimed += reclaim(open_pages());
     from_pool(false);
-    // By the cost model, remapping many small reclaimed handles into a large slot (a map and
-    // a mapping's share of cuMemSetAccess each) costs more than releasing them and creating the
-    // slot's handle: exchange them.
+    // Remapping a small reclaimed handle into a larger slot costs a cuMemMap and a mapping's
+    // share of cuMemSetAccess; releasing it and creating its pages as part of the slot's handle
+    // can cost less by the cost model (2 MiB: ~24 us against ~62 us): exchange those.
     unsigned largest_open = 0;
     for (const HandleSlot& s : open) largest_open = std::max(largest_open, s.order);
-    for (unsigned o = 0; o < largest_open; ++o) {
-      while (!pool_[o].empty() && (size_t{1} << largest_open) >= 2 * (size_t{1} << o)) {
+    for (unsigned o = 0; o < largest_open && exchange_pays(o); ++o) {
+      while (!pool_[o].empty()) {
         drv_.release(pool_[o].back(), page_ << o);
         pool_take(o);
         stats_.num_released_pages += size_t{1} << o;
@@ -333,36 +348,65 @@ void DeviceAllocator::note_peaks(size_t in_hand) {
       std::max<uint64_t>(stats_.peak_physical_bytes, (held_pages() + in_hand) * page_);
 }
 
-// Unmaps up to about `want` pages (whole handles) lying wholly inside safe free blocks (large
-// arena first, largest blocks first) into the pool. Adjacent handles go in one cuMemUnmap.
+// Unmaps about `want` pages (whole handles) lying wholly inside safe free blocks into the pool.
+// cuMemUnmap is priced per mapping (reference/driver_costs.md: ~41 us each), so the largest
+// handles go first: `want` is made of as few handles as the free memory allows (greedy by size,
+// none larger than what is still wanted, then the smallest that covers the rest). Adjacent
+// handles go in one cuMemUnmap.
 size_t DeviceAllocator::reclaim(size_t want) {
-  size_t got = 0;
+  if (want == 0) return 0;
+  struct Candidate {
+    unsigned order;
+    uint32_t res;
+    size_t head;
+  };
+  std::vector<Candidate> all;
   for (Arena a : {Arena::large, Arena::small}) {
-    if (got >= want) break;
     index_.for_each_safe_largest_first(a, [&](BlockIt it) {
-      Reservation& r = res(it->second.res);
+      const Reservation& r = res(it->second.res);
       size_t lo = 0, hi = 0;
       r.inner_pages(it->first, it->second.size, &lo, &hi);
-      for (size_t p = lo; p < hi && got < want;) {
+      for (size_t p = lo; p < hi;) {
         if (!r.mapped(p)) {
           ++p;
           continue;
         }
-        if (r.handle_head(p) < lo) {  // reaches out of this block: not ours to unmap
-          p = r.handle_head(p) + r.handle_pages(p);
-          continue;
-        }
-        size_t q = p;
-        while (q < hi && r.mapped(q) && q + r.handle_pages(q) <= hi && (q - p) < want - got) {
-          q += r.handle_pages(q);
-        }
-        if (q == p) break;  // the handle at p reaches past the block
-        unmap_handles(r, p, q);
-        got += q - p;
-        p = q;
+        const size_t head = r.handle_head(p), n = r.handle_pages(p);
+        if (head >= lo && head + n <= hi) all.push_back({r.order[head], r.id, head});
+        p = head + n;
       }
-      return got < want;
+      return true;
     });
+  }
+  std::stable_sort(all.begin(), all.end(),
+                   [](const Candidate& x, const Candidate& y) { return x.order > y.order; });
+  std::vector<Candidate> take;
+  std::vector<uint8_t> taken(all.size(), 0);
+  size_t got = 0;
+  for (size_t i = 0; i < all.size() && got < want; ++i) {
+    if ((size_t{1} << all[i].order) <= want - got) {
+      take.push_back(all[i]);
+      taken[i] = 1;
+      got += size_t{1} << all[i].order;
+    }
+  }
+  for (size_t i = all.size(); i-- > 0 && got < want;) {  // smallest first: the rest
+    if (taken[i] != 0) continue;
+    take.push_back(all[i]);
+    got += size_t{1} << all[i].order;
+  }
+  std::sort(take.begin(), take.end(), [](const Candidate& x, const Candidate& y) {
+    return x.res != y.res ? x.res < y.res : x.head < y.head;
+  });
+  for (size_t i = 0; i < take.size();) {
+    size_t j = i + 1;
+    size_t end = take[i].head + (size_t{1} << take[i].order);
+    while (j < take.size() && take[j].res == take[i].res && take[j].head == end) {
+      end += size_t{1} << take[j].order;
+      ++j;
+    }
+    unmap_handles(res(take[i].res), take[i].head, end);
+    i = j;
   }
   stats_.num_reclaimed_pages += got;
   return got;
