@@ -44,6 +44,11 @@ Config parse_config(const std::string& text) {
         c.allocator.release_threshold = conf::parse_size_for(key, value);
       } else if (key == "reclaim_first") {
         c.allocator.reclaim_before_create = conf::parse_bool_for(key, value);
+      } else if (key == "max_handle_size") {
+        c.allocator.max_handle_size = conf::parse_size_for(key, value);
+      } else if (key == "high_water_slack") {
+        c.allocator.high_water_slack =
+            value == "none" ? core::kNoLimit : conf::parse_size_for(key, value);
       } else if (key == "va_size") {
         c.allocator.va_size = conf::parse_size_for(key, value);
       } else if (key == "va_budget") {

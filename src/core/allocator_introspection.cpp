@@ -44,7 +44,10 @@ std::string DeviceAllocator::describe_pointer_locked(const void* ptr) const {
       const Reservation& r = res(it->second.res);
       size_t lo = 0, hi = 0;
       r.inner_pages(it->first, it->second.size, &lo, &hi);
-      for (size_t p = lo; p < hi; ++p) reclaimable += r.mapped(p) ? 1 : 0;
+      for (size_t p = lo; p < hi; ++p) {
+        reclaimable += r.mapped(p) && r.handle_head(p) >= lo &&
+                       r.handle_head(p) + r.handle_pages(p) <= hi;
+      }
       return true;
     });
   }
@@ -61,7 +64,7 @@ std::string DeviceAllocator::describe_pointer_locked(const void* ptr) const {
     << conf::format_size(touched_pages_ * page_) << "), cached "
     << conf::format_size((mapped_pages_ - touched_pages_) * page_) << ", reclaimable now "
     << conf::format_size(reclaimable * page_) << ", pooled "
-    << conf::format_size(pool_.size() * page_) << ", limit "
+    << conf::format_size(pool_pages_ * page_) << ", limit "
     << (limit_pages_ == SIZE_MAX ? std::string("none") : conf::format_size(limit_pages_ * page_))
     << "; " << (req.hopeless ? "nothing tried: the pages do not exist (" +
                                     std::to_string(pages_left()) + " pages of " +
@@ -81,7 +84,7 @@ DeviceStats DeviceAllocator::stats() const {
   s.touched_bytes = touched_pages_ * page_;
   s.mapped_bytes = mapped_pages_ * page_;
   s.cached_bytes = (mapped_pages_ - touched_pages_) * page_;
-  s.pooled_bytes = pool_.size() * page_;
+  s.pooled_bytes = pool_pages_ * page_;
   s.physical_bytes = held_pages() * page_;
   s.va_reserved_bytes = va_reserved_;
   s.driver_calls = drv_.calls();
@@ -135,9 +138,17 @@ std::string DeviceAllocator::check_invariants() const {
         ++edges[a];
         if (z != a) ++edges[z];
         for (size_t p = a + 1; p < z; ++p) interior[p] = 1;
+        size_t lo = 0, hi = 0;
+        r.inner_pages(it->first, b.size, &lo, &hi);
         for (size_t p = a; p <= z; ++p) {
           if (!r.ready(p)) {
             err << "live block " << hex(it->first) << " has an unmapped or inaccessible page " << p;
+            return err.str();
+          }
+          const size_t head = r.handle_head(p), n = r.handle_pages(p);
+          if (n > 1 && (head < lo || head + n > hi)) {
+            err << "live block " << hex(it->first) << " covers part of the " << n
+                << "-page handle at page " << head << " (or shares it on an edge page)";
             return err.str();
           }
         }
@@ -153,7 +164,16 @@ std::string DeviceAllocator::check_invariants() const {
         return err.str();
       }
       if (edges[p] != 0 || interior[p] != 0) ++touched;
-      if (r.mapped(p)) ++mapped;
+      if (r.mapped(p)) {
+        ++mapped;
+        const size_t head = r.handle_head(p);
+        if (head + r.handle_pages(p) > r.page_count() || r.handles[head] != r.handles[p] ||
+            r.order[head] != r.order[p] || r.granted[head] != r.granted[p]) {
+          err << "reservation " << hex(r.base) << " page " << p << ": not part of one whole "
+              << r.handle_pages(p) << "-page handle";
+          return err.str();
+        }
+      }
     }
   }
   if (touched != touched_pages_) {

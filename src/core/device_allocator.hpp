@@ -15,6 +15,7 @@
 #include "core/allocator_events.hpp"
 #include "core/block_index.hpp"
 #include "core/device_driver.hpp"
+#include "core/handle_plan.hpp"
 #include "core/options.hpp"
 #include "core/reservation.hpp"
 #include "core/stats.hpp"
@@ -22,6 +23,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <array>
 #include <deque>
 #include <map>
 #include <memory>
@@ -128,10 +130,33 @@ class DeviceAllocator {
   BlockIt find_block(size_t bytes, Arena a, StreamKey stream, PageRequest& req, size_t* offset);
   size_t untouched_pages(const Reservation& r, CUdeviceptr addr, size_t bytes) const;
   bool tight_offset(BlockIt c, size_t sz, size_t* off) const;
+  // Whether [c+off, c+off+sz) inside free block c can be used with the handles mapped there:
+  // every multi-page handle over its pages lies inside its inner pages, or (splittable) can be
+  // split first (it lies inside c's inner pages and c is safe). ready: also every page is mapped
+  // and accessible.
+  enum class HandleFit { ready, splittable };
+  bool handles_fit(BlockIt c, size_t off, size_t sz, HandleFit fit) const;
   Reservation* add_reservation(Arena a, size_t min_bytes);
-  void ensure_pages(Reservation& r, size_t first, size_t last, PageRequest& req);
-  size_t reclaim(size_t want, std::vector<CUmemGenericAllocationHandle>& out);
-  CUmemGenericAllocationHandle take_pool();
+  // Maps and grants whatever [addr, addr+bytes) of r lacks (the block is carved, not yet live).
+  void ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes, PageRequest& req);
+  // Fills `open` slots with handles into `filled`: pool, creation, reclaim, release-and-create.
+  void gather_handles(std::vector<HandleSlot>& open,
+                      std::vector<std::pair<HandleSlot, CUmemGenericAllocationHandle>>& filled,
+                      PageRequest& req);
+  // Unmaps up to `want` pages of whole handles lying under safe free blocks into the pool.
+  size_t reclaim(size_t want);
+  // The one place pages get unmapped: the whole handles over pages [p, q) of r (one cuMemUnmap),
+  // into the pool.
+  void unmap_handles(Reservation& r, size_t p, size_t q);
+  // The one place a handle gets mapped: h (2^order pages) at page `page` of r, not yet accessible.
+  void map_handle(Reservation& r, const HandleSlot& s, CUmemGenericAllocationHandle h);
+  void pool_put(unsigned order, CUmemGenericAllocationHandle h);
+  CUmemGenericAllocationHandle pool_take(unsigned order);
+  // Whether a pooled handle of 2^o pages is cheaper (by the cost model) to release and create
+  // again inside a larger handle than to map on its own.
+  bool exchange_pays(unsigned o) const;
+  // Releases one pooled handle of the largest order (its pages; 0 when the pool is empty).
+  size_t release_largest_pooled();
   void flush_lifos();
   void flush_lifo_entry(StreamState& ss, size_t i);
   void poll(bool wait);
@@ -150,7 +175,7 @@ class DeviceAllocator {
   [[noreturn]] void throw_oom(const PageRequest& req);
   // Raises the mapped/physical peaks to now (plus pages created but not yet mapped or pooled).
   void note_peaks(size_t in_hand);
-  size_t held_pages() const noexcept { return mapped_pages_ + pool_.size(); }
+  size_t held_pages() const noexcept { return mapped_pages_ + pool_pages_; }
   // Pages that may still become touched by live blocks: min(capacity, limit) - touched.
   size_t pages_left() const noexcept {
     const size_t cap = std::min(capacity_pages_, limit_pages_);
@@ -169,7 +194,11 @@ class DeviceAllocator {
 
   std::vector<std::unique_ptr<Reservation>> reservations_;
   BlockIndex index_;
-  std::vector<CUmemGenericAllocationHandle> pool_;
+  // Physical memory held unmapped, by handle order (2^order pages each).
+  std::array<std::vector<CUmemGenericAllocationHandle>, kHandleOrders> pool_;
+  size_t pool_pages_ = 0;
+  size_t high_water_ = 0;   // most pages touched by live blocks plus a request's, so far
+  unsigned max_order_ = 0;  // largest handle order created (AllocatorOptions::max_handle_size)
   std::unordered_map<StreamKey, StreamState> streams_;
   std::map<std::pair<uint64_t, uint64_t>, StreamKey> legacy_keys_;  // (legacy id, thread) -> key
   StreamKey next_key_ = StreamKey{1} << 63;  // made-up keys; driver ids stay below

@@ -60,9 +60,10 @@ DeviceDriver::~DeviceDriver() {
 
 // Start-up queries (device count, attributes, granularity) are not counted: stats describe the
 // allocator's work, and those calls happen once per device whatever it does.
-void DeviceDriver::count(EntryPoint e, size_t bytes, size_t mappings) {
+void DeviceDriver::count(EntryPoint e, size_t bytes, size_t mappings, size_t times) {
   ++calls_[static_cast<int>(e)];
-  modeled_ns_ += driver::CostModel::get_default().cost_ns(e, bytes, mappings);
+  modeled_ns_ += driver::CostModel::get_default().cost_ns(e, bytes, mappings) *
+                 static_cast<double>(times);
 }
 
 DeviceDriver::ScopedContext::ScopedContext(DeviceDriver& d, CUcontext ctx) : d_(d) {
@@ -117,9 +118,9 @@ CUresult DeviceDriver::create(size_t size, CUmemGenericAllocationHandle* out) {
   return r;
 }
 
-void DeviceDriver::release(CUmemGenericAllocationHandle h) {
+void DeviceDriver::release(CUmemGenericAllocationHandle h, size_t size) {
   RelaxedCapture relaxed(*this);
-  count(EntryPoint::mem_release, 0);
+  count(EntryPoint::mem_release, size);
   check(t_.mem_release(h), EntryPoint::mem_release);
 }
 
@@ -129,16 +130,16 @@ void DeviceDriver::map(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle
   check(t_.mem_map(va, size, 0, h, 0), EntryPoint::mem_map);
 }
 
-void DeviceDriver::unmap(CUdeviceptr va, size_t size) {
+void DeviceDriver::unmap(CUdeviceptr va, size_t size, size_t mappings) {
   RelaxedCapture relaxed(*this);
-  count(EntryPoint::mem_unmap, size, size / granularity_);  // one handle per page today
+  count(EntryPoint::mem_unmap, size, mappings);
   check(t_.mem_unmap(va, size), EntryPoint::mem_unmap);
 }
 
-void DeviceDriver::set_access(CUdeviceptr va, size_t size) {
+void DeviceDriver::set_access(CUdeviceptr va, size_t size, size_t mappings) {
   RelaxedCapture relaxed(*this);
-  const size_t pages = size / granularity_;  // one handle per page today
-  count(EntryPoint::mem_set_access, size, pages * access_.size());
+  // One descriptor per device with access: each is priced as one pass over the mappings.
+  count(EntryPoint::mem_set_access, size, mappings, access_.size());
   check(t_.mem_set_access(va, size, access_.data(), access_.size()), EntryPoint::mem_set_access);
 }
 

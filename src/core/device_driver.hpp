@@ -86,11 +86,13 @@ class DeviceDriver {
   void address_free(CUdeviceptr va, size_t size);
   // Returns CUDA_ERROR_OUT_OF_MEMORY instead of throwing it (an expected outcome); throws others.
   CUresult create(size_t size, CUmemGenericAllocationHandle* out);
-  void release(CUmemGenericAllocationHandle h);
+  // size: the handle's bytes (for the cost model).
+  void release(CUmemGenericAllocationHandle h, size_t size);
   void map(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h);
-  void unmap(CUdeviceptr va, size_t size);
+  // mappings: how many handles [va, va+size) covers (for the cost model).
+  void unmap(CUdeviceptr va, size_t size, size_t mappings);
   // Grants READWRITE on [va, va+size) to this device and every peer enabled so far.
-  void set_access(CUdeviceptr va, size_t size);
+  void set_access(CUdeviceptr va, size_t size, size_t mappings);
 
   // Peer access. Whether device `peer` (an ordinal) may be given access to this device's memory
   // (cuDeviceCanAccessPeer); adds it to the devices set_access() grants. False when it may not.
@@ -129,7 +131,7 @@ class DeviceDriver {
 
  private:
   // mappings: how many handles a range call (unmap, set_access) covers.
-  void count(driver::EntryPoint e, size_t bytes, size_t mappings = 1);
+  void count(driver::EntryPoint e, size_t bytes, size_t mappings = 1, size_t times = 1);
   void check(CUresult r, driver::EntryPoint e) const { drv_.check(r, e); }
 
   const driver::LoadedDriver& drv_;

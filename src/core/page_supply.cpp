@@ -1,6 +1,7 @@
 // Where physical pages come from and where they go: the pool, new handles, pages reclaimed from
 // under free memory (compaction in VA space), and giving memory back to the driver.
 #include "core/allocator_internal.hpp"
+#include "driver/cost_model.hpp"
 #include "driver/env_config.hpp"
 #include "expanse/errors.hpp"
 
@@ -10,123 +11,335 @@
 
 namespace expanse::core {
 
-CUmemGenericAllocationHandle DeviceAllocator::take_pool() {
-  CUmemGenericAllocationHandle h = pool_.back();
-  pool_.pop_back();
+void DeviceAllocator::pool_put(unsigned order, CUmemGenericAllocationHandle h) {
+  pool_[order].push_back(h);
+  pool_pages_ += size_t{1} << order;
+}
+
+CUmemGenericAllocationHandle DeviceAllocator::pool_take(unsigned order) {
+  CUmemGenericAllocationHandle h = pool_[order].back();
+  pool_[order].pop_back();
+  pool_pages_ -= size_t{1} << order;
   return h;
 }
 
-void DeviceAllocator::ensure_pages(Reservation& r, size_t first, size_t last, PageRequest& req) {
-  std::vector<size_t> need;     // pages to map
-  std::vector<size_t> regrant;  // mapped pages still without access (a failed undo left them)
-  for (size_t p = first; p <= last; ++p) {
+size_t DeviceAllocator::release_largest_pooled() {
+  for (unsigned o = kHandleOrders; o-- > 0;) {
+    if (pool_[o].empty()) continue;
+    drv_.release(pool_[o].back(), page_ << o);
+    pool_take(o);
+    stats_.num_released_pages += size_t{1} << o;
+    return size_t{1} << o;
+  }
+  return 0;
+}
+
+// Whether releasing a pooled handle of 2^o pages and creating its pages as part of a larger
+// handle costs less by the cost model than mapping it as a handle of its own (its cuMemMap and
+// its mapping's share of cuMemSetAccess). Per-byte parts paid either way cancel.
+bool DeviceAllocator::exchange_pays(unsigned o) const {
+  const driver::CostModel& m = driver::CostModel::get_default();
+  using driver::EntryPoint;
+  const size_t b = page_ << o;
+  auto per_byte = [&](EntryPoint e) { return m.cost_ns(e, b) - m.cost_ns(e, 0); };
+  const double remap = m.cost_ns(EntryPoint::mem_map, b) + m.cost_ns(EntryPoint::mem_set_access, b);
+  const double swap = m.cost_ns(EntryPoint::mem_release, b) + per_byte(EntryPoint::mem_create) +
+                      per_byte(EntryPoint::mem_map) + per_byte(EntryPoint::mem_set_access);
+  return swap < remap;
+}
+
+void DeviceAllocator::map_handle(Reservation& r, const HandleSlot& s,
+                                 CUmemGenericAllocationHandle h) {
+  drv_.map(r.page_addr(s.page), s.pages() * page_, h);
+  if (events_ != nullptr) events_->on_map(device(), r.page_addr(s.page), s.pages() * page_);
+  for (size_t p = s.page; p < s.page + s.pages(); ++p) {
+    r.handles[p] = h;
+    r.order[p] = static_cast<uint8_t>(s.order);
+    r.granted[p] = 0;
+  }
+  r.mapped_pages += s.pages();
+  mapped_pages_ += s.pages();
+}
+
+void DeviceAllocator::unmap_handles(Reservation& r, size_t p, size_t q) {
+  size_t n = 0;
+  for (size_t i = p; i < q; i += r.handle_pages(i)) ++n;
+  drv_.unmap(r.page_addr(p), (q - p) * page_, n);
+  if (events_ != nullptr) events_->on_unmap(device(), r.page_addr(p), (q - p) * page_);
+  for (size_t i = p; i < q;) {
+    const unsigned o = r.order[i];
+    pool_put(o, r.handles[i]);
+    for (size_t j = i; j < i + (size_t{1} << o); ++j) {
+      r.handles[j] = 0;
+      r.order[j] = 0;
+      r.granted[j] = 0;
+    }
+    i += size_t{1} << o;
+  }
+  r.mapped_pages -= q - p;
+  mapped_pages_ -= q - p;
+}
+
+void DeviceAllocator::ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes,
+                                   PageRequest& req) {
+  const size_t first = r.first_page(addr), last = r.last_page(addr, bytes);
+  size_t lo = 0, hi = 0;
+  r.inner_pages(addr, bytes, &lo, &hi);
+  // What the block lacks: unmapped runs get handles planned for it; mapped handles without access
+  // get it. A multi-page handle reaching outside the block's inner pages (free and safe:
+  // find_block checked) is split: unmapped, released, and replaced by handles that each lie
+  // inside it, so handles only ever get finer where blocks' boundaries fall and a repeated
+  // workload settles into finding everything mapped. Its pages outside the block are covered
+  // again only if memory is at hand (`extra`).
+  std::vector<HandleSlot> slots, extra;
+  std::vector<std::pair<size_t, size_t>> grant;  // (first page, pages) of mapped handles to grant
+  std::vector<size_t> split;                     // heads of handles to split
+  for (size_t p = first; p <= last;) {
     if (!r.mapped(p)) {
-      need.push_back(p);
+      size_t q = p;
+      while (q <= last && !r.mapped(q)) ++q;
+      plan_handles(p, q, lo, hi, max_order_, slots);
+      p = q;
+      continue;
+    }
+    const size_t head = r.handle_head(p), n = r.handle_pages(p);
+    if (n > 1 && (head < lo || head + n > hi)) {
+      split.push_back(head);
     } else if (!r.ready(p)) {
-      regrant.push_back(p);
+      grant.emplace_back(head, n);
     }
+    p = head + n;
   }
-  if (need.empty() && regrant.empty()) return;
-  const size_t k = need.size();
-  req.needed = k;
+  for (size_t head : split) {
+    const unsigned o = r.order[head];
+    const size_t n = size_t{1} << o;
+    unmap_handles(r, head, head + n);
+    drv_.release(pool_[o].back(), n * page_);
+    pool_take(o);
+    stats_.num_released_pages += n;
+    const size_t a = std::max(head, first), z = std::min(head + n, last + 1);
+    if (head < a) plan_handles(head, a, head, a, max_order_, extra);
+    plan_handles(a, z, std::max(lo, a), std::min(hi, z), max_order_, slots);
+    if (z < head + n) plan_handles(z, head + n, z, head + n, max_order_, extra);
+  }
+  if (slots.empty() && grant.empty() && extra.empty()) return;
+  for (const HandleSlot& s : slots) req.needed += s.pages();
 
-  // Gather k physical pages: the pool first; then new pages and pages reclaimed from under free
-  // memory anywhere, in the order the policy asks (AllocatorOptions::reclaim_before_create).
-  std::vector<CUmemGenericAllocationHandle> hs;
-  hs.reserve(k);
+  std::vector<std::pair<HandleSlot, CUmemGenericAllocationHandle>> filled;
+  std::vector<HandleSlot> open = slots;
   try {
-    while (hs.size() < k && !pool_.empty()) {
-      hs.push_back(take_pool());
-      ++req.from_pool;
-    }
-    auto create_more = [&] {
-      while (hs.size() < k && !req.create_oom) {
-        if (mapped_pages_ + pool_.size() + hs.size() >= limit_pages_) {
-          req.limit_hit = true;
-          return;
-        }
-        CUmemGenericAllocationHandle h = 0;
-        if (drv_.create(page_, &h) == CUDA_ERROR_OUT_OF_MEMORY) {
-          req.create_oom = true;
-          return;
-        }
-        hs.push_back(h);
-        ++req.created;
-        ++stats_.num_created_pages;
-        note_peaks(hs.size());
-      }
-    };
-    auto reclaim_more = [&] {
-      if (hs.size() >= k) return;
-      if (has_unfinished_frees()) poll(false);
-      req.reclaimed += reclaim(k - hs.size(), hs);
-    };
-    if (opts_.reclaim_before_create) {
-      reclaim_more();
-      create_more();
-    } else {
-      create_more();
-      reclaim_more();
-    }
-    if (hs.size() < k) {
-      // Last resort: wait for every stream's work on freed memory, then reclaim under it.
-      flush_lifos();
-      poll(true);
-      req.waited = true;
-      req.reclaimed += reclaim(k - hs.size(), hs);
-    }
-    if (hs.size() < k) {
-      pool_.insert(pool_.end(), hs.begin(), hs.end());
-      throw_oom(req);
-    }
-  } catch (const out_of_memory&) {
-    throw;
+    gather_handles(open, filled, req);
   } catch (...) {
-    pool_.insert(pool_.end(), hs.begin(), hs.end());
+    for (const auto& [s, h] : filled) pool_put(s.order, h);
+    throw;
+  }
+  if (!open.empty()) {
+    for (const auto& [s, h] : filled) pool_put(s.order, h);
+    throw_oom(req);
+  }
+  try {
+    size_t in_hand = 0;
+    for (const auto& f : filled) in_hand += f.first.pages();
+    for (const HandleSlot& s : extra) {
+      CUmemGenericAllocationHandle h = 0;
+      if (!pool_[s.order].empty()) {
+        h = pool_take(s.order);
+      } else if (held_pages() + in_hand + s.pages() > std::min(limit_pages_, capacity_pages_) ||
+                 drv_.create(s.pages() * page_, &h) != CUDA_SUCCESS) {
+        continue;
+      } else {
+        stats_.num_created_pages += s.pages();
+      }
+      filled.emplace_back(s, h);
+      in_hand += s.pages();
+      note_peaks(in_hand);
+    }
+  } catch (...) {
+    for (const auto& [s, h] : filled) pool_put(s.order, h);
     throw;
   }
 
-  // Map one handle per page, then grant access run by run (one cuMemSetAccess per run).
+  // Map each handle, then grant access run by run (one cuMemSetAccess per contiguous run).
   size_t mapped = 0;
   try {
-    for (; mapped < k; ++mapped) {
-      drv_.map(r.page_addr(need[mapped]), page_, hs[mapped]);
-      if (events_ != nullptr) events_->on_map(device(), r.page_addr(need[mapped]), page_);
-      r.handles[need[mapped]] = hs[mapped];
-      r.granted[need[mapped]] = 0;
-      ++r.mapped_pages;
-      ++mapped_pages_;
-    }
-    std::vector<size_t> grant = need;
-    grant.insert(grant.end(), regrant.begin(), regrant.end());
+    for (; mapped < filled.size(); ++mapped) map_handle(r, filled[mapped].first, filled[mapped].second);
+    for (const auto& [s, h] : filled) grant.emplace_back(s.page, s.pages());
     std::sort(grant.begin(), grant.end());
     for (size_t i = 0; i < grant.size();) {
       size_t j = i + 1;
-      while (j < grant.size() && grant[j] == grant[j - 1] + 1) ++j;
-      drv_.set_access(r.page_addr(grant[i]), (j - i) * page_);
-      for (size_t q = i; q < j; ++q) r.granted[grant[q]] = 1;
+      size_t end = grant[i].first + grant[i].second;
+      while (j < grant.size() && grant[j].first == end) end += grant[j++].second;
+      drv_.set_access(r.page_addr(grant[i].first), (end - grant[i].first) * page_, j - i);
+      for (size_t p = grant[i].first; p < end; ++p) r.granted[p] = 1;
       i = j;
     }
   } catch (...) {
-    // Undo this call's mappings; a page whose unmap fails stays mapped (and cached), so the
+    // Undo this call's mappings; a handle whose unmap fails stays mapped (and cached), so the
     // books still match the driver.
     for (size_t i = 0; i < mapped; ++i) {
+      const HandleSlot& s = filled[i].first;
       try {
-        drv_.unmap(r.page_addr(need[i]), page_);
+        unmap_handles(r, s.page, s.page + s.pages());
       } catch (...) {
-        continue;
       }
-      if (events_ != nullptr) events_->on_unmap(device(), r.page_addr(need[i]), page_);
-      r.handles[need[i]] = 0;
-      --r.mapped_pages;
-      --mapped_pages_;
-      pool_.push_back(hs[i]);
     }
-    pool_.insert(pool_.end(), hs.begin() + static_cast<std::ptrdiff_t>(mapped), hs.end());
+    for (size_t i = mapped; i < filled.size(); ++i) pool_put(filled[i].first.order, filled[i].second);
     note_peaks(0);
     throw;
   }
   note_peaks(0);
+}
+
+// Where a request's handles come from: pooled handles of the slot's size; new handles while the
+// device and the limit allow; handles reclaimed from under free memory (in the order
+// AllocatorOptions::reclaim_before_create says). Under pressure slots are split to use smaller
+// pooled handles, and pooled handles too large for any slot are released so smaller ones can be
+// created: a request fails only when the pages do not exist (invariant 1).
+void DeviceAllocator::gather_handles(
+    std::vector<HandleSlot>& open,
+    std::vector<std::pair<HandleSlot, CUmemGenericAllocationHandle>>& filled, PageRequest& req) {
+  size_t in_hand = 0;
+  size_t credit = 0;  // pages released below to be created again: allowed even over the limit
+  auto take = [&](const HandleSlot& s, CUmemGenericAllocationHandle h) {
+    filled.emplace_back(s, h);
+    in_hand += s.pages();
+  };
+  // Pooled handles of each open slot's size; with split, open slots are halved until pooled
+  // smaller handles fill them.
+  auto from_pool = [&](bool split) {
+    std::vector<HandleSlot> rest;
+    while (!open.empty()) {
+      HandleSlot s = open.back();
+      open.pop_back();
+      if (!pool_[s.order].empty()) {
+        req.from_pool += s.pages();
+        take(s, pool_take(s.order));
+        continue;
+      }
+      bool smaller = false;
+      for (unsigned o = 0; o < s.order && !smaller; ++o) smaller = !pool_[o].empty();
+      if (split && smaller) {
+        const unsigned o = s.order - 1;
+        open.push_back({s.page + (size_t{1} << o), o});
+        open.push_back({s.page, o});
+      } else {
+        rest.push_back(s);
+      }
+    }
+    open.swap(rest);
+  };
+  auto create_more = [&] {
+    std::vector<HandleSlot> rest;
+    while (!open.empty() && !req.create_oom) {
+      HandleSlot s = open.back();
+      open.pop_back();
+      const bool exchange = s.pages() <= credit;
+      if (!exchange && held_pages() + in_hand + s.pages() > limit_pages_) {
+        req.limit_hit = true;
+        if (s.order == 0) {
+          rest.push_back(s);
+          break;
+        }
+        open.push_back({s.page + (s.pages() >> 1), s.order - 1});
+        open.push_back({s.page, s.order - 1});
+        continue;
+      }
+      CUmemGenericAllocationHandle h = 0;
+      if (drv_.create(s.pages() * page_, &h) == CUDA_ERROR_OUT_OF_MEMORY) {
+        if (s.order == 0) {
+          req.create_oom = true;
+          rest.push_back(s);
+          break;
+        }
+        open.push_back({s.page + (s.pages() >> 1), s.order - 1});
+        open.push_back({s.page, s.order - 1});
+        continue;
+      }
+      if (exchange) credit -= s.pages();
+      take(s, h);
+      req.created += s.pages();
+      stats_.num_created_pages += s.pages();
+      note_peaks(in_hand);
+    }
+    rest.insert(rest.end(), open.begin(), open.end());
+    open.swap(rest);
+  };
+  auto open_pages = [&] {
+    size_t n = 0;
+    for (const HandleSlot& s : open) n += s.pages();
+    return n;
+  };
+  auto reclaim_more = [&] {
+    if (open.empty()) return;
+    if (has_unfinished_frees()) poll(false);
+    req.reclaimed += reclaim(open_pages());
+    from_pool(false);
+    // Remapping a small reclaimed handle into a larger slot costs a cuMemMap and a mapping's
+    // share of cuMemSetAccess; releasing it and creating its pages as part of the slot's handle
+    // can cost less by the cost model (2 MiB: ~24 us against ~62 us): exchange those.
+    unsigned largest_open = 0;
+    for (const HandleSlot& s : open) largest_open = std::max(largest_open, s.order);
+    for (unsigned o = 0; o < largest_open && exchange_pays(o); ++o) {
+      while (!pool_[o].empty()) {
+        drv_.release(pool_[o].back(), page_ << o);
+        pool_take(o);
+        stats_.num_released_pages += size_t{1} << o;
+        credit += size_t{1} << o;
+      }
+    }
+    req.create_oom = false;
+    create_more();
+    from_pool(true);
+  };
+  // Pooled handles no open slot can take are released, and new ones created in their place.
+  auto release_and_create = [&] {
+    while (!open.empty()) {
+      unsigned largest_open = 0;
+      for (const HandleSlot& s : open) largest_open = std::max(largest_open, s.order);
+      bool released = false;
+      for (unsigned o = kHandleOrders; o-- > largest_open + 1 && !released;) {
+        if (pool_[o].empty()) continue;
+        drv_.release(pool_[o].back(), page_ << o);
+        pool_take(o);
+        stats_.num_released_pages += size_t{1} << o;
+        credit += size_t{1} << o;
+        released = true;
+      }
+      if (!released) return;
+      req.create_oom = false;
+      create_more();
+      from_pool(true);
+    }
+  };
+
+  from_pool(false);
+  // High water: physical memory grows past the most pages live blocks have touched (with this
+  // request) plus a little slack only when nothing can be reclaimed, so while memory is plentiful
+  // the footprint still follows the live set; a repeat of the workload stays under the mark.
+  const size_t slack = opts_.high_water_slack == kNoLimit
+                           ? SIZE_MAX
+                           : touched_pages_ / 256 + opts_.high_water_slack / page_;
+  high_water_ = std::max(high_water_, touched_pages_ + open_pages());
+  const bool over = slack != SIZE_MAX && held_pages() + open_pages() > high_water_ + slack;
+  if (opts_.reclaim_before_create || over) {
+    reclaim_more();
+    create_more();
+  } else {
+    create_more();
+    reclaim_more();
+  }
+  from_pool(true);
+  release_and_create();
+  if (!open.empty()) {
+    // Last resort: wait for every stream's work on freed memory, then reclaim under it.
+    flush_lifos();
+    poll(true);
+    req.waited = true;
+    reclaim_more();
+    req.create_oom = false;
+    create_more();
+    release_and_create();
+  }
 }
 
 void DeviceAllocator::note_peaks(size_t in_hand) {
@@ -135,37 +348,65 @@ void DeviceAllocator::note_peaks(size_t in_hand) {
       std::max<uint64_t>(stats_.peak_physical_bytes, (held_pages() + in_hand) * page_);
 }
 
-// Unmaps up to `want` mapped pages lying wholly under safe free blocks (large arena first, largest
-// blocks first) and appends their handles to `out`. Contiguous pages go in one cuMemUnmap.
-size_t DeviceAllocator::reclaim(size_t want, std::vector<CUmemGenericAllocationHandle>& out) {
-  size_t got = 0;
+// Unmaps about `want` pages (whole handles) lying wholly inside safe free blocks into the pool.
+// cuMemUnmap is priced per mapping (reference/driver_costs.md: ~41 us each), so the largest
+// handles go first: `want` is made of as few handles as the free memory allows (greedy by size,
+// none larger than what is still wanted, then the smallest that covers the rest). Adjacent
+// handles go in one cuMemUnmap.
+size_t DeviceAllocator::reclaim(size_t want) {
+  if (want == 0) return 0;
+  struct Candidate {
+    unsigned order;
+    uint32_t res;
+    size_t head;
+  };
+  std::vector<Candidate> all;
   for (Arena a : {Arena::large, Arena::small}) {
-    if (got >= want) break;
     index_.for_each_safe_largest_first(a, [&](BlockIt it) {
-      Reservation& r = res(it->second.res);
+      const Reservation& r = res(it->second.res);
       size_t lo = 0, hi = 0;
       r.inner_pages(it->first, it->second.size, &lo, &hi);
-      for (size_t p = lo; p < hi && got < want;) {
+      for (size_t p = lo; p < hi;) {
         if (!r.mapped(p)) {
           ++p;
           continue;
         }
-        size_t q = p;
-        while (q < hi && r.mapped(q) && (q - p) < want - got) ++q;
-        drv_.unmap(r.page_addr(p), (q - p) * page_);
-        if (events_ != nullptr) events_->on_unmap(device(), r.page_addr(p), (q - p) * page_);
-        for (size_t i = p; i < q; ++i) {
-          out.push_back(r.handles[i]);
-          r.handles[i] = 0;
-          r.granted[i] = 0;
-        }
-        r.mapped_pages -= q - p;
-        mapped_pages_ -= q - p;
-        got += q - p;
-        p = q;
+        const size_t head = r.handle_head(p), n = r.handle_pages(p);
+        if (head >= lo && head + n <= hi) all.push_back({r.order[head], r.id, head});
+        p = head + n;
       }
-      return got < want;
+      return true;
     });
+  }
+  std::stable_sort(all.begin(), all.end(),
+                   [](const Candidate& x, const Candidate& y) { return x.order > y.order; });
+  std::vector<Candidate> take;
+  std::vector<uint8_t> taken(all.size(), 0);
+  size_t got = 0;
+  for (size_t i = 0; i < all.size() && got < want; ++i) {
+    if ((size_t{1} << all[i].order) <= want - got) {
+      take.push_back(all[i]);
+      taken[i] = 1;
+      got += size_t{1} << all[i].order;
+    }
+  }
+  for (size_t i = all.size(); i-- > 0 && got < want;) {  // smallest first: the rest
+    if (taken[i] != 0) continue;
+    take.push_back(all[i]);
+    got += size_t{1} << all[i].order;
+  }
+  std::sort(take.begin(), take.end(), [](const Candidate& x, const Candidate& y) {
+    return x.res != y.res ? x.res < y.res : x.head < y.head;
+  });
+  for (size_t i = 0; i < take.size();) {
+    size_t j = i + 1;
+    size_t end = take[i].head + (size_t{1} << take[i].order);
+    while (j < take.size() && take[j].res == take[i].res && take[j].head == end) {
+      end += size_t{1} << take[j].order;
+      ++j;
+    }
+    unmap_handles(res(take[i].res), take[i].head, end);
+    i = j;
   }
   stats_.num_reclaimed_pages += got;
   return got;
@@ -173,32 +414,15 @@ size_t DeviceAllocator::reclaim(size_t want, std::vector<CUmemGenericAllocationH
 
 // ---- giving memory back ---------------------------------------------------------------------
 
-// Releases pooled pages, then reclaims and releases cached pages, until at most max_held pages are
-// held. Only safe free memory is touched.
+// Releases pooled handles, then reclaims and releases cached ones, until at most max_held pages are
+// held (or nothing more can go). Only safe free memory is touched.
 void DeviceAllocator::trim_to(size_t max_held, bool release_reservations) {
-  while (held_pages() > max_held && !pool_.empty()) {
-    drv_.release(pool_.back());
-    pool_.pop_back();
-    ++stats_.num_released_pages;
+  while (held_pages() > max_held && release_largest_pooled() != 0) {
   }
   if (held_pages() > max_held) {
-    std::vector<CUmemGenericAllocationHandle> hs;
-    try {
-      reclaim(held_pages() - max_held, hs);
-    } catch (...) {
-      pool_.insert(pool_.end(), hs.begin(), hs.end());
-      throw;
-    }
-    stats_.num_reclaimed_pages -= hs.size();  // released, not reused elsewhere
-    while (!hs.empty()) {
-      try {
-        drv_.release(hs.back());
-      } catch (...) {
-        pool_.insert(pool_.end(), hs.begin(), hs.end());
-        throw;
-      }
-      hs.pop_back();
-      ++stats_.num_released_pages;
+    const size_t reclaimed = reclaim(held_pages() - max_held);
+    stats_.num_reclaimed_pages -= reclaimed;  // released, not reused elsewhere
+    while (held_pages() > max_held && release_largest_pooled() != 0) {
     }
   }
   if (release_reservations) release_empty_reservations();

@@ -1,8 +1,15 @@
 // One VA reservation and the physical pages mapped under it.
 //
-// Pages are the unit of physical memory (one handle each). A page is "touched" while a live block
-// overlaps it; only a block's first and last page can be shared with other blocks, so touched
-// pages are counted exactly from per-page edge counts plus the interior pages of each block.
+// Pages (the device granularity, or page_size) are the unit of accounting. A page is "touched"
+// while a live block overlaps it; only a block's first and last page can be shared with other
+// blocks, so touched pages are counted exactly from per-page edge counts plus the interior pages
+// of each block.
+//
+// A handle (one cuMemCreate) covers 2^order pages, aligned to its size in page index from the
+// reservation's base (see handle_plan.hpp). cuMemMap maps a whole handle and cuMemUnmap never
+// splits one, so a multi-page handle is mapped only where one live block covers it wholly (its
+// inner pages): every page of a touched handle is touched, and the untouched pages invariant 1
+// counts on can always be unmapped.
 #pragma once
 
 #include <cuda.h>
@@ -20,14 +27,16 @@ inline constexpr int kArenaCount = 2;
 struct Reservation {
   Reservation(uint32_t id_, Arena arena_, CUdeviceptr base_, size_t size_, size_t page_)
       : id(id_), arena(arena_), base(base_), size(size_), page(page_),
-        handles(size_ / page_, 0), granted(size_ / page_, 0), edge_refs(size_ / page_, 0) {}
+        handles(size_ / page_, 0), order(size_ / page_, 0), granted(size_ / page_, 0),
+        edge_refs(size_ / page_, 0) {}
 
   uint32_t id;
   Arena arena;
   CUdeviceptr base;
   size_t size;
   size_t page;
-  std::vector<CUmemGenericAllocationHandle> handles;  // per page; 0 = not mapped
+  std::vector<CUmemGenericAllocationHandle> handles;  // per page: the handle over it; 0 = none
+  std::vector<uint8_t> order;  // per mapped page: its handle covers 2^order pages
   // Per page: cuMemSetAccess succeeded since it was mapped. A mapped page without access (left by
   // a failed undo) is not ready: the next block placed over it grants access first.
   std::vector<uint8_t> granted;
@@ -40,6 +49,9 @@ struct Reservation {
   size_t page_of(CUdeviceptr a) const noexcept { return static_cast<size_t>((a - base) / page); }
   CUdeviceptr page_addr(size_t i) const noexcept { return base + i * page; }
   bool mapped(size_t i) const noexcept { return handles[i] != 0; }
+  // The handle over mapped page i: its first page and its page count.
+  size_t handle_pages(size_t i) const noexcept { return size_t{1} << order[i]; }
+  size_t handle_head(size_t i) const noexcept { return i & ~(handle_pages(i) - 1); }
   bool ready(size_t i) const noexcept { return handles[i] != 0 && granted[i] != 0; }
   bool contains(CUdeviceptr a) const noexcept { return a >= base && a - base < size; }
 

@@ -42,6 +42,8 @@ const std::vector<std::string>& known_keys() {
       "sim_rdma",            // sim devices support GPUDirect RDMA with VMM
       "peer_access",      // auto | none: grant peers that can access a device its memory
       "rdma",             // auto | off: ask cuMemCreate for GPUDirect RDMA where supported
+      "max_handle_size",  // largest physical handle backing a block (page_size: one per page)
+      "high_water_slack",  // physical above peak touched before reclaiming first (none: off)
   };
   return keys;
 }

@@ -147,7 +147,7 @@ TEST_F(CAbiTest, StatsNameDriverCallsPerEntryPoint) {
   for (uint32_t i = 0; i < s.num_entry_points; ++i) {
     total += s.driver_calls[i];
     if (std::string(expanse_entry_point_name(static_cast<int>(i))) == "cuMemMap") {
-      EXPECT_EQ(s.driver_calls[i], 4u);  // four 2 MiB pages
+      EXPECT_EQ(s.driver_calls[i], 1u);  // one 8 MiB handle (four 2 MiB pages)
       saw_map = true;
     }
   }

@@ -21,13 +21,19 @@ size_t ops_from_env(size_t dflt) {
   return s != nullptr ? static_cast<size_t>(std::strtoull(s, nullptr, 10)) : dflt;
 }
 
-// Parameter: AllocatorOptions::reclaim_before_create (the order in which missing pages are found).
-class PropertyTest : public CoreTest, public ::testing::WithParamInterface<bool> {};
+// Parameter: 0 create first, 1 reclaim first (AllocatorOptions::reclaim_before_create: the order
+// in which missing pages are found), 2 a high-water mark and handles of at most 8 MiB (many more
+// handle splits). Handles of mixed sizes (1 page .. 1 GiB) in all three.
+class PropertyTest : public CoreTest, public ::testing::WithParamInterface<int> {};
 
 TEST_P(PropertyTest, RandomOperationsMatchReferenceModel) {
   const size_t capacity = 80 * GiB;
   core::AllocatorOptions opts;
-  opts.reclaim_before_create = GetParam();
+  opts.reclaim_before_create = GetParam() == 1;
+  if (GetParam() == 2) {
+    opts.high_water_slack = 16 * MiB;
+    opts.max_handle_size = 8 * MiB;
+  }
   make(sim_config(capacity), opts);
   const size_t P = alloc_->page_size();
   ReferenceModel model(P, capacity);
@@ -40,11 +46,12 @@ TEST_P(PropertyTest, RandomOperationsMatchReferenceModel) {
     return it;
   };
 
-  // The reclaim-first policy remaps far more per operation; it gets a quarter of the steps, but
-  // no fewer than it takes the workload to fill the device (about 10^4), or up to all of them.
+  // The reclaim-first and high-water policies remap far more per operation; they get a quarter of
+  // the steps, but no fewer than it takes the workload to fill the device (about 10^4), or up to
+  // all of them.
   const size_t requested = ops_from_env(25000);
-  const size_t ops = GetParam() ? std::max(requested / 4, std::min<size_t>(requested, 16000))
-                                : requested;
+  const size_t ops = GetParam() != 0 ? std::max(requested / 4, std::min<size_t>(requested, 16000))
+                                     : requested;
   size_t n_alloc = 0, n_oom = 0, n_free = 0, n_hold = 0, n_limit = 0, n_bad = 0;
   for (size_t step = 0; step < ops; ++step) {
     const size_t dice = pick(1000);
@@ -167,9 +174,11 @@ TEST_P(PropertyTest, RandomOperationsMatchReferenceModel) {
   EXPECT_GT(n_alloc, ops / 5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, PropertyTest, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& p) {
-                           return p.param ? std::string("ReclaimFirst") : std::string("CreateFirst");
+INSTANTIATE_TEST_SUITE_P(Policies, PropertyTest, ::testing::Values(0, 1, 2),
+                         [](const ::testing::TestParamInfo<int>& p) {
+                           return std::string(p.param == 0   ? "CreateFirst"
+                                              : p.param == 1 ? "ReclaimFirst"
+                                                             : "HighWaterSmallHandles");
                          });
 
 }  // namespace

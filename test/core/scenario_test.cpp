@@ -195,3 +195,53 @@ TEST_F(ScenarioTest, MappedMemoryFollowsLiveMemory) {
 
 }  // namespace
 }  // namespace expanse::test
+
+namespace expanse::test {
+namespace {
+
+// Mixed handle sizes under pressure (invariant 1): the whole device was one block's large
+// handles; blocks of other shapes placed over them split the free handles into finer ones, and a
+// request still succeeds whenever its pages exist, with no more physical memory than the device.
+class MixedHandleTest : public CoreTest {};
+
+TEST_F(MixedHandleTest, LargeFreeHandlesAreSplitWhereRequestsNeedThem) {
+  make(sim_config(256 * MiB));
+  const size_t P = alloc_->page_size();
+  void* a = alloc_->allocate(128 * MiB, nullptr);  // a 64-page handle
+  void* b = alloc_->allocate(126 * MiB, nullptr);  // the rest of the device, but one page
+  fill_pattern(b, 126 * MiB, 1);
+  const core::DeviceStats full = alloc_->stats();
+  EXPECT_LT(full.driver_calls[static_cast<size_t>(driver::EntryPoint::mem_create)], 20u)
+      << "254 MiB in 2 MiB handles";
+  alloc_->deallocate(a, nullptr);
+  // Three blocks of 40 MiB + 512 B (21 pages each) fit in the 65 pages left only by splitting
+  // the free 64-page handle: no new memory exists beside it.
+  std::vector<void*> v;
+  for (int i = 0; i < 3; ++i) {
+    void* p = alloc_->allocate(40 * MiB + 512, nullptr);
+    ASSERT_NE(p, nullptr);
+    fill_pattern(p, 40 * MiB + 512, 10 + static_cast<uint64_t>(i));
+    v.push_back(p);
+    ASSERT_EQ(alloc_->check_invariants(), "");
+  }
+  core::DeviceStats st = alloc_->stats();
+  EXPECT_GT(st.num_released_pages, 0u) << "the large handle was never split";
+  EXPECT_LE(st.physical_bytes, 256 * MiB);
+  EXPECT_EQ(st.num_ooms, 0u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(check_pattern(v[static_cast<size_t>(i)], 40 * MiB + 512, 10 + static_cast<uint64_t>(i)),
+              SIZE_MAX);
+  }
+  EXPECT_EQ(check_pattern(b, 126 * MiB, 1), SIZE_MAX);
+  // What is left (2 pages) is exactly what invariant 1 promises.
+  const size_t left = 128 - st.touched_bytes / P;
+  void* c = alloc_->allocate(left * P, nullptr);
+  EXPECT_NE(c, nullptr);
+  EXPECT_THROW(alloc_->allocate(P, nullptr), out_of_memory);
+  alloc_->deallocate(c, nullptr);
+  for (void* p : v) alloc_->deallocate(p, nullptr);
+  alloc_->deallocate(b, nullptr);
+}
+
+}  // namespace
+}  // namespace expanse::test
