@@ -1,6 +1,6 @@
 #include "compare_report.hpp"
 
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 
 #include <cstdio>
 #include <sstream>

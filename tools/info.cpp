@@ -2,7 +2,7 @@
 
 #include "api/config.hpp"
 #include "driver/driver.hpp"
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 #include "sim/sim.hpp"
 

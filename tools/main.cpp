@@ -11,10 +11,10 @@
 #include "progress.hpp"
 #include "report.hpp"
 #include "selftest.hpp"
-#include "stress.hpp"
+#include "replay/stress.hpp"
 
 #include "api/config.hpp"
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 #include "replay/memory_plot.hpp"
 #include "replay/report.hpp"

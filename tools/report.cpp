@@ -1,7 +1,7 @@
 #include "report.hpp"
 
 #include "driver/entry_points.hpp"
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 
 #include <algorithm>
 #include <cstdio>

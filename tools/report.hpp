@@ -2,13 +2,18 @@
 #pragma once
 
 #include "replay/report.hpp"
-#include "stress.hpp"
+#include "replay/stress.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <string>
 
 namespace expanse::tools {
+
+using replay::run_stress;
+using replay::StressOptions;
+using replay::StressResult;
+
 
 // One count per driver entry point, by its CUDA name ("cuMemMap": 12, ...).
 nlohmann::ordered_json driver_calls_json(const core::DeviceStats& s);

@@ -4,7 +4,7 @@
 #include "selftest_checks.hpp"
 #include "selftest_env.hpp"
 
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 
 #include <chrono>

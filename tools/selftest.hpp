@@ -8,7 +8,7 @@
 #pragma once
 
 #include "cost_table_json.hpp"
-#include "stress.hpp"
+#include "replay/stress.hpp"
 
 #include "driver/driver.hpp"
 
@@ -19,6 +19,11 @@
 #include <vector>
 
 namespace expanse::tools {
+
+using replay::run_stress;
+using replay::StressOptions;
+using replay::StressResult;
+
 
 struct SelftestOptions {
   std::string conf;       // EXPANSE_CONF

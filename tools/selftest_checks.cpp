@@ -4,7 +4,7 @@
 // a failed check never poisons the ones after it.
 #include "selftest_checks.hpp"
 
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 
 #include <cstring>
 #include <memory>

@@ -1,6 +1,6 @@
 #include "selftest_env.hpp"
 
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 
 namespace expanse::tools::selftest {
 

@@ -1,6 +1,6 @@
 #include "api/config.hpp"
 
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 #include "sim/sim.hpp"
 

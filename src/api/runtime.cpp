@@ -2,7 +2,7 @@
 
 #include "api/history.hpp"
 
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 
 namespace expanse::api {

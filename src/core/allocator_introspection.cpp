@@ -1,6 +1,6 @@
 // Looking inside: ownership queries, error descriptions, stats, and the invariant checker.
 #include "core/allocator_internal.hpp"
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 #include "core/device_allocator.hpp"
 
 #include "core/allocator_internal.hpp"
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 
 #include <algorithm>

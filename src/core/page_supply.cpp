@@ -2,7 +2,7 @@
 // under free memory (compaction in VA space), and giving memory back to the driver.
 #include "core/allocator_internal.hpp"
 #include "driver/cost_model.hpp"
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 
 #include <algorithm>

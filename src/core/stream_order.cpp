@@ -20,7 +20,7 @@
 // During stream capture nothing is recorded on, queried on or synchronized with a capturing
 // stream (cuStreamIsCapturing is legal and asked first); its frees wait for the capture to end.
 #include "core/allocator_internal.hpp"
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 
 #include <algorithm>

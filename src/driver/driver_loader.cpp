@@ -1,5 +1,5 @@
 #include "driver/driver.hpp"
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 
 #include <dlfcn.h>
 

@@ -1,6 +1,6 @@
 #include "replay/compare.hpp"
 
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 
 #include <algorithm>
 #include <chrono>

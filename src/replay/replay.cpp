@@ -4,7 +4,7 @@
 
 #include "core/device_allocator.hpp"
 #include "driver/driver.hpp"
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 #include "sim/sim.hpp"
 

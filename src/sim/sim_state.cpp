@@ -4,7 +4,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 #include "sim/sim_internal.hpp"
 
 namespace expanse::sim {

@@ -1,6 +1,6 @@
 // EXPANSE_CONF parsing: sizes, keys, values; every error names what is wrong.
 #include "api/config.hpp"
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 
 #include <gtest/gtest.h>

@@ -2,7 +2,7 @@
 #include "replay/replay.hpp"
 #include "tools_test_util.hpp"
 
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 
 #include <gtest/gtest.h>

@@ -8,7 +8,7 @@
 #include "replay/trace.hpp"
 #include "tools_test_util.hpp"
 
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 
 #include <gtest/gtest.h>
 

@@ -15,7 +15,7 @@
 #include <mutex>
 #include <string>
 
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 #include "sim/export/simcuda_internal.hpp"
 #include "sim/sim.hpp"
 #include "sim/sim_entry.hpp"

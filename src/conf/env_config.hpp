@@ -1,7 +1,8 @@
 // EXPANSE_CONF: comma-separated key:value pairs (the PYTORCH_ALLOC_CONF convention).
 //
-// Parsing lives at the bottom layer because both the library (api/) and the standalone sim
-// driver (libexpanse_simcuda.so, loaded in place of libcuda.so.1) read it. A bad key or value is
+// Parsing has a home of its own below every layer because the library (api/, core/), the
+// standalone sim driver (libexpanse_simcuda.so, loaded in place of libcuda.so.1) and the tools
+// all read it. A bad key or value is
 // an error naming it, never ignored.
 #pragma once
 

@@ -1,10 +1,10 @@
-#include "stress.hpp"
+#include "replay/stress.hpp"
 
-#include "device_streams.hpp"
+#include "replay/device_streams.hpp"
 
 #include "core/device_allocator.hpp"
 #include "driver/driver.hpp"
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 #include "sim/sim.hpp"
 
@@ -16,7 +16,7 @@
 #include <queue>
 #include <vector>
 
-namespace expanse::tools {
+namespace expanse::replay {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -444,4 +444,4 @@ StressResult run_stress(const StressOptions& o) {
   return r;
 }
 
-}  // namespace expanse::tools
+}  // namespace expanse::replay

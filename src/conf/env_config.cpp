@@ -1,4 +1,4 @@
-#include "driver/env_config.hpp"
+#include "conf/env_config.hpp"
 
 #include <algorithm>
 #include <cctype>

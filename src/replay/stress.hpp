@@ -9,7 +9,7 @@
 #include <functional>
 #include <string>
 
-namespace expanse::tools {
+namespace expanse::replay {
 
 struct StressOptions {
   size_t capacity = 0;  // sim: device capacity (0: EXPANSE_CONF sim_capacity, default 80 GiB);
@@ -62,4 +62,4 @@ struct StressResult {
 // Throws expanse::usage_error for a bad option (size larger than the device), driver errors.
 StressResult run_stress(const StressOptions& o);
 
-}  // namespace expanse::tools
+}  // namespace expanse::replay
