@@ -33,12 +33,15 @@ struct Fixture {
     alloc = std::make_unique<expanse::core::DeviceAllocator>(*drv, 0,
                                                              expanse::core::AllocatorOptions{});
     const auto& t = drv->table();
+    using expanse::driver::EntryPoint;
+    CUdevice dev = 0;  // the driver's handle for ordinal 0 (not the ordinal itself)
+    drv->check(t.device_get(&dev, 0), EntryPoint::device_get);
     CUcontext ctx = nullptr;
-    t.device_primary_ctx_retain(&ctx, 0);
-    t.ctx_set_current(ctx);
+    drv->check(t.device_primary_ctx_retain(&ctx, dev), EntryPoint::device_primary_ctx_retain);
+    drv->check(t.ctx_set_current(ctx), EntryPoint::ctx_set_current);
     for (int i = 0; i < 64; ++i) {
       CUstream s = nullptr;
-      t.stream_create(&s, CU_STREAM_NON_BLOCKING);
+      drv->check(t.stream_create(&s, CU_STREAM_NON_BLOCKING), EntryPoint::stream_create);
       streams.push_back(s);
     }
   }

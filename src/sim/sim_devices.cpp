@@ -279,7 +279,7 @@ CUresult sim_ctx_push_current(CUcontext ctx) {
   return run(EntryPoint::ctx_push_current, true, [&](State& s, CallSize&) {
     Context* c = detail::find_context(s, ctx);
     if (c == nullptr || device(s, c->device).primary_refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    detail::context_stack(s).push_back(c);
+    if (!detail::context_stack(s).push_back(c)) return CUDA_ERROR_OUT_OF_MEMORY;
     return CUDA_SUCCESS;
   });
 }

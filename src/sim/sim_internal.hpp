@@ -2,6 +2,8 @@
 // Every access happens with state_mutex() held.
 #pragma once
 
+#include <type_traits>
+
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -200,8 +202,31 @@ State& state_locked();
 // Call counters, readable without the lock.
 std::atomic<uint64_t>* call_counters() noexcept;
 
+// A thread's context stack. Trivially destructible, so that it is never destroyed: a static
+// object's destructor that calls the driver at exit runs after the thread's thread_local
+// destructors (a std::vector here was used after free by ~DeviceAllocator at exit).
+class ContextStack {
+ public:
+  static constexpr size_t kCapacity = 1024;
+  bool empty() const noexcept { return size_ == 0; }
+  Context*& back() noexcept { return items_[size_ - 1]; }
+  // False when full (cuCtxPushCurrent then fails with CUDA_ERROR_OUT_OF_MEMORY).
+  bool push_back(Context* c) noexcept {
+    if (size_ == kCapacity) return false;
+    items_[size_++] = c;
+    return true;
+  }
+  void pop_back() noexcept { --size_; }
+  void clear() noexcept { size_ = 0; }
+
+ private:
+  Context* items_[kCapacity];
+  size_t size_;
+};
+static_assert(std::is_trivially_destructible_v<ContextStack>);
+
 // The calling thread's context stack (emptied when the state it belonged to was replaced).
-std::vector<Context*>& context_stack(State& s);
+ContextStack& context_stack(State& s);
 // Resolves a context handle against the live state; nullptr if it is not one of ours.
 Context* find_context(State& s, CUcontext ctx) noexcept;
 // The device of the calling thread's current context, or -1 if there is none (or it was released).

@@ -18,9 +18,10 @@ std::atomic<uint64_t> g_next_generation{1};
 SimConfig g_config;
 
 struct ThreadContexts {
-  uint64_t generation = 0;
-  std::vector<Context*> stack;
+  uint64_t generation;
+  ContextStack stack;
 };
+// Zero-initialized and never destroyed (see ContextStack).
 thread_local ThreadContexts t_contexts;
 
 bool is_power_of_two(size_t v) noexcept { return v != 0 && (v & (v - 1)) == 0; }
@@ -91,7 +92,7 @@ State& state_locked() {
 
 std::atomic<uint64_t>* call_counters() noexcept { return g_counts; }
 
-std::vector<Context*>& context_stack(State& s) {
+ContextStack& context_stack(State& s) {
   if (t_contexts.generation != s.generation) {
     t_contexts.stack.clear();
     t_contexts.generation = s.generation;

@@ -12,6 +12,40 @@ using driver::EntryPoint;
 
 class SimThreads : public SimTest {};
 
+// A thread_local object constructed before the thread's first sim call is destroyed after the
+// sim's own thread-local state (destructors run in reverse order of construction), as a static
+// allocator destroyed at exit is after the main thread's thread_locals. Its driver calls must
+// still work (the context stack was a std::vector, used after free here; ASan caught it through
+// ~DeviceAllocator in the hot-path bench).
+TEST_F(SimThreads, ContextCallsFromLateThreadLocalDestructorsWork) {
+  struct LateUser {
+    CUcontext ctx = nullptr;
+    CUresult* results = nullptr;
+    ~LateUser() {
+      if (results == nullptr) return;
+      const driver::DriverTable& d = table();
+      results[0] = d.ctx_push_current(ctx);
+      CUcontext popped = nullptr;
+      results[1] = d.ctx_pop_current(&popped);
+      results[2] = popped == ctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    }
+  };
+  CUresult results[3] = {CUDA_ERROR_UNKNOWN, CUDA_ERROR_UNKNOWN, CUDA_ERROR_UNKNOWN};
+  const CUcontext ctx = make_current(0);
+  std::thread t([&] {
+    thread_local LateUser late;  // constructed first: destroyed last
+    late.ctx = ctx;
+    late.results = results;
+    const driver::DriverTable& d = table();
+    ASSERT_EQ(CUDA_SUCCESS, d.ctx_push_current(ctx));  // the sim's thread-local state now exists
+    ASSERT_EQ(CUDA_SUCCESS, d.ctx_pop_current(nullptr));
+  });
+  t.join();
+  EXPECT_EQ(CUDA_SUCCESS, results[0]);
+  EXPECT_EQ(CUDA_SUCCESS, results[1]);
+  EXPECT_EQ(CUDA_SUCCESS, results[2]);
+}
+
 TEST_F(SimThreads, ConcurrentLifecycles) {
   constexpr int kThreads = 8;
   constexpr int kRounds = 200;
