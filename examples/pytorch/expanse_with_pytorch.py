@@ -1,16 +1,22 @@
-"""PyTorch with expanse as its CUDA allocator: a small training loop with varying batch sizes.
+"""PyTorch with expanse as its CUDA allocator: a small training loop with varying batch sizes,
+an OOM caught as PyTorch reports it, and a memory snapshot.
 
-    EXPANSE_CONF=driver:cuda python3 expanse_with_pytorch.py [path/to/libexpanse.so]
+    EXPANSE_CONF=driver:cuda PYTHONPATH=python python3 expanse_with_pytorch.py [libexpanse.so]
 
 Needs PyTorch with CUDA and a GPU; without them it exits with 77 (skipped). The allocator must be
 switched before PyTorch allocates any CUDA memory.
 """
 import os
+import pathlib
 import sys
+import tempfile
 
 SKIP = 77
-path = sys.argv[1] if len(sys.argv) > 1 else "libexpanse.so"
+if len(sys.argv) > 1:
+    os.environ.setdefault("EXPANSE_LIBRARY", sys.argv[1])
 os.environ.setdefault("EXPANSE_CONF", "driver:cuda")  # a GPU, never the sim's host memory
+# The package from this checkout when it is not installed.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
 
 try:
     import torch
@@ -21,15 +27,14 @@ if not torch.cuda.is_available():
     print("SKIP: no CUDA GPU for PyTorch")
     sys.exit(SKIP)
 
+import expanse  # noqa: E402
+import expanse.torch  # noqa: E402
+
 # ---- the switch: before the first CUDA tensor -------------------------------------------------
-expanse_alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "expanse_malloc", "expanse_free")
-torch.cuda.memory.change_current_allocator(expanse_alloc)
+expanse.torch.use()
+expanse.record_history(True)
 # ------------------------------------------------------------------------------------------------
-
-from expanse_ctypes import Expanse  # noqa: E402  (stats and release_cached through ctypes)
-
-ex = Expanse(path)
-print("expanse driver:", ex.driver())
+print("expanse driver:", expanse.driver_description())
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(
@@ -45,12 +50,28 @@ for step in range(20):
     opt.step()
 torch.cuda.synchronize()
 
-s = ex.stats(0)
-print(f"loss {loss.item():.4f}; expanse: {s.live_blocks} live blocks, "
-      f"{s.requested_bytes / 2**20:.1f} MiB requested, peak {s.peak_mapped_bytes / 2**20:.1f} MiB "
-      f"mapped, {s.num_allocs} allocations")
-assert s.num_allocs > 0 and s.live_blocks > 0, "PyTorch did not allocate through expanse"
+s = expanse.memory_stats()
+print(f"loss {loss.item():.4f}; expanse: {s['allocation.all.current']} live blocks, "
+      f"{s['allocated_bytes.all.current'] / 2**20:.1f} MiB allocated, "
+      f"peak {s['reserved_bytes.all.peak'] / 2**20:.1f} MiB reserved")
+assert s["allocation.all.allocated"] > 0, "PyTorch did not allocate through expanse"
 
-del model, opt, x, y, loss
-ex.release_cached(0)  # torch.cuda.empty_cache() does not reach a pluggable allocator
+# An allocation larger than the GPU: PyTorch's own message, as a RuntimeError; later ones work.
+total = torch.cuda.get_device_properties(0).total_memory
+try:
+    torch.empty(2 * total, dtype=torch.uint8, device="cuda")
+    raise AssertionError("an allocation of twice the GPU's memory succeeded")
+except RuntimeError as e:
+    assert str(e).startswith("CUDA out of memory. Tried to allocate"), str(e)
+    print("OOM caught as RuntimeError:", str(e).splitlines()[0])
+z = torch.ones(1024, device="cuda")
+assert z.sum().item() == 1024
+
+with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, "expanse_snapshot.pickle")
+    expanse.dump_snapshot(path)
+    print("snapshot:", os.path.getsize(path), "bytes (expanse replay / pytorch.org/memory_viz)")
+
+del model, opt, x, y, loss, z
+expanse.empty_cache()  # torch.cuda.empty_cache() does not reach a pluggable allocator
 print("ok")
