@@ -191,22 +191,28 @@ StreamIdentity DeviceDriver::identify(CUstream s) {
     return out;
   }
   unsigned long long v = 0;
-  ++out.queries;
-  CUresult r = t_.stream_get_id(s, &v);
-  if (r != CUDA_SUCCESS && special) {
-    // NULL / CU_STREAM_PER_THREAD with no current context: they mean this device's primary
-    // context's streams (the runtime API would make it current).
-    CUcontext cur = nullptr;
+  CUresult r = CUDA_SUCCESS;
+  CUcontext cur = nullptr;
+  if (special) {
+    // NULL / CU_STREAM_PER_THREAD name a stream of the calling thread's current context. With
+    // none current they mean this device's primary context's streams (the runtime API would
+    // make it current), and must be asked about with it current: a real driver (580, H100)
+    // crashes in cuStreamGetId(CU_STREAM_PER_THREAD) on a thread with no current context.
     ++out.queries;
-    if (t_.ctx_get_current(&cur) == CUDA_SUCCESS && cur == nullptr) {
-      out.queries += 3;
-      if (t_.ctx_push_current(ctx_) == CUDA_SUCCESS) {
-        r = t_.stream_get_id(s, &v);
-        CUcontext popped = nullptr;
-        t_.ctx_pop_current(&popped);
-        out.in_primary = true;
-      }
+    r = t_.ctx_get_current(&cur);
+  }
+  if (r == CUDA_SUCCESS && special && cur == nullptr) {
+    out.queries += 3;
+    r = t_.ctx_push_current(ctx_);
+    if (r == CUDA_SUCCESS) {
+      r = t_.stream_get_id(s, &v);
+      CUcontext popped = nullptr;
+      t_.ctx_pop_current(&popped);
+      out.in_primary = true;
     }
+  } else if (r == CUDA_SUCCESS) {
+    ++out.queries;
+    r = t_.stream_get_id(s, &v);
   }
   if (r != CUDA_SUCCESS) {
     throw driver::driver_error(

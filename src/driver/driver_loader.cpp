@@ -1,5 +1,6 @@
 #include "driver/driver.hpp"
 #include "conf/env_config.hpp"
+#include "driver/driver_trace.hpp"
 
 #include <dlfcn.h>
 
@@ -26,6 +27,7 @@ std::vector<EntryPoint> LoadedDriver::missing() const {
 }
 
 std::unique_ptr<LoadedDriver> load_cuda(const std::string& library) {
+  const TraceMode trace = trace_mode_from_env();
   dlerror();
   void* dl = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (dl == nullptr) {
@@ -93,12 +95,13 @@ std::unique_ptr<LoadedDriver> load_cuda(const std::string& library) {
   }
   closer.dl = nullptr;
   return std::make_unique<LoadedDriver>(
-      table, DriverKind::cuda, "cuda: " + library + ", driver " + version_text(driver_version),
+      traced_table(table, trace), DriverKind::cuda, "cuda: " + library + ", driver " + version_text(driver_version),
       dl, driver_version);
 }
 
 std::unique_ptr<LoadedDriver> load_sim(const sim::SimConfig& cfg, const std::string& why) {
   // The sim's table has everything; a driver of cfg.driver_version would lack what is newer.
+  const TraceMode trace = trace_mode_from_env();
   DriverTable table = sim::table();
   for (int i = 0; i < kEntryPointCount; ++i) {
     const auto e = static_cast<EntryPoint>(i);
@@ -126,7 +129,7 @@ std::unique_ptr<LoadedDriver> load_sim(const sim::SimConfig& cfg, const std::str
   if (!cfg.backing) desc += ", no host memory behind pages";
   if (cfg.driver_version != sim::SimConfig{}.driver_version)
     desc += ", driver " + version_text(cfg.driver_version);
-  return std::make_unique<LoadedDriver>(table, DriverKind::sim, desc, nullptr,
+  return std::make_unique<LoadedDriver>(traced_table(table, trace), DriverKind::sim, desc, nullptr,
                                         cfg.driver_version);
 }
 

@@ -94,6 +94,9 @@ def test_real_torch_training_loop_oom_and_snapshot(tmp_path):
     script = tmp_path / "run.py"
     script.write_text(TORCH_SCRIPT)
     env = dict(os.environ, EXPANSE_CONF=os.environ.get("EXPANSE_TORCH_CONF", "driver:cuda"))
+    # The package from this checkout, as the test process imports it (installed or not).
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(expanse.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg, env.get("PYTHONPATH", "")) if p)
     out = subprocess.run([sys.executable, str(script), str(tmp_path / "snap.pickle")],
                          capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
