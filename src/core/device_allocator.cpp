@@ -144,6 +144,7 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
   const StreamIdentity id = identify(stream, "allocate", nullptr);
 
   std::lock_guard<std::mutex> lock(mu_);
+  CallStream call{current_};
   StreamState& ss = stream_state(stream, id);
   // Hot path: an exact-size block this stream freed recently. Its pages are still mapped.
   for (size_t i = ss.lifo.size(); i-- > 0;) {
@@ -381,6 +382,7 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
                       ", but it was allocated with size " + std::to_string(b.requested) +
                       "; nothing was changed");
   }
+  CallStream call{current_};
   StreamState& ss = stream_state(stream, id);
   // The free is ordered on `stream`; the allocation stream and streams recorded with
   // record_stream may still use the block: it waits until each has passed this point (a fence

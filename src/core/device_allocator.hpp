@@ -99,6 +99,7 @@ class DeviceAllocator {
     CUcontext ctx = nullptr;    // the stream's context: its events live there
     uint64_t owner_thread = 0;  // per-thread (and unknown) streams: only this thread may record
     bool gone = false;          // `handle` no longer names it: only a context sync covers it
+    bool capture_over = false;  // capturing kind: a later call saw its handle not capturing
     uint32_t live_refs = 0;     // live blocks allocated on it or recorded with it
     uint64_t free_seq = 0;      // incremented at every free (and use ended by a free) on it
     uint64_t safe_seq = 0;      // frees with seq <= this are known complete
@@ -203,6 +204,16 @@ class DeviceAllocator {
   std::map<std::pair<uint64_t, uint64_t>, StreamKey> legacy_keys_;  // (legacy id, thread) -> key
   StreamKey next_key_ = StreamKey{1} << 63;  // made-up keys; driver ids stay below
   StreamKey in_use_ = 0;  // the state allocate() holds a reference to (never dropped meanwhile)
+  // The stream of the call under way (allocate / deallocate / record_stream), 0 outside one.
+  // Its handle is the only one expanse may pass to the driver: the caller vouches for it now;
+  // any other may name a destroyed stream (undefined: a 580 driver crashed in
+  // cuStreamIsCapturing on one), so other streams are covered by their own calls' fences or
+  // a context synchronize.
+  StreamKey current_ = 0;
+  struct CallStream {  // resets current_ when the call ends
+    StreamKey& k;
+    ~CallStream() { k = 0; }
+  };
   std::vector<Pending> pending_;
   std::unordered_map<CUcontext, std::vector<CUevent>> event_pool_;
   std::vector<std::pair<CUcontext, CUevent>> all_events_;

@@ -201,18 +201,44 @@ StreamIdentity DeviceDriver::identify(CUstream s) {
     ++out.queries;
     r = t_.ctx_get_current(&cur);
   }
-  if (r == CUDA_SUCCESS && special && cur == nullptr) {
-    out.queries += 3;
+  const bool push = r == CUDA_SUCCESS && special && cur == nullptr;
+  if (push) {
+    out.queries += 2;
     r = t_.ctx_push_current(ctx_);
-    if (r == CUDA_SUCCESS) {
-      r = t_.stream_get_id(s, &v);
-      CUcontext popped = nullptr;
-      t_.ctx_pop_current(&popped);
-      out.in_primary = true;
-    }
-  } else if (r == CUDA_SUCCESS) {
+    out.in_primary = r == CUDA_SUCCESS;
+  }
+  if (r == CUDA_SUCCESS) {
+    // Capture first: cuStreamGetId of a capturing stream is refused (STREAM_CAPTURE_UNSUPPORTED)
+    // and invalidates the capture, whatever the capture mode (measured: H100, driver 580, with
+    // torch.cuda.graph); cuStreamIsCapturing is legal there.
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
     ++out.queries;
-    r = t_.stream_get_id(s, &v);
+    r = t_.stream_is_capturing(s, &st);
+    if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
+      // The legacy stream while a blocking stream of its context captures: asking anything
+      // more of it may invalidate that capture. Treated as capturing (no id, nothing reused).
+      out.kind = StreamIdentity::capturing;
+      r = CUDA_SUCCESS;
+    } else if (r == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE) {
+      out.kind = StreamIdentity::capturing;
+      if (t_.stream_get_capture_info != nullptr) {
+        CUstreamCaptureStatus st2 = CU_STREAM_CAPTURE_STATUS_NONE;
+        cuuint64_t capture_id = 0;
+        ++out.queries;
+        if (t_.stream_get_capture_info(s, &st2, &capture_id, nullptr, nullptr, nullptr,
+                                       nullptr) == CUDA_SUCCESS &&
+            st2 != CU_STREAM_CAPTURE_STATUS_NONE) {
+          v = capture_id;
+        }
+      }
+    } else if (r == CUDA_SUCCESS) {
+      ++out.queries;
+      r = t_.stream_get_id(s, &v);
+    }
+  }
+  if (out.in_primary) {
+    CUcontext popped = nullptr;
+    t_.ctx_pop_current(&popped);
   }
   if (r != CUDA_SUCCESS) {
     throw driver::driver_error(

@@ -21,9 +21,10 @@ struct StreamIdentity {
     legacy,      // NULL or CU_STREAM_LEGACY in the calling thread's current context
     per_thread,  // CU_STREAM_PER_THREAD: the calling thread's stream of its current context
     unknown,     // the driver cannot give stream ids (older than CUDA 12.0)
+    capturing,   // capturing now: cuStreamGetId would invalidate the capture, so no id
   };
   Kind kind = unknown;
-  uint64_t id = 0;  // cuStreamGetId; 0 for unknown
+  uint64_t id = 0;  // cuStreamGetId; 0 for unknown; for capturing, the capture's id (0: none)
   // The primary context was pushed to resolve NULL / CU_STREAM_PER_THREAD: no context was current.
   bool in_primary = false;
   uint8_t queries = 0;  // driver calls made to find out (the caller counts them under its lock)
@@ -113,6 +114,8 @@ class DeviceDriver {
   // True only when the driver says s is not capturing (cuStreamIsCapturing is legal during
   // capture); false when it captures, its capture was invalidated, or the query failed.
   bool surely_not_capturing(CUstream s);
+  // The calling thread's current context (nullptr: none).
+  CUresult current_ctx(CUcontext* ctx) { return t_.ctx_get_current(ctx); }
 
   // Events live in a context; e must be recorded on a stream of the same context. Each call
   // makes ctx current around it. Return codes are the driver's.

@@ -67,11 +67,28 @@ DeviceAllocator::StreamState& DeviceAllocator::stream_state(CUstream s, const St
     case StreamIdentity::unknown:
       key = next_key_++;
       break;
+    case StreamIdentity::capturing:
+      // One state per capture sequence (its id; stream ids and made-up keys stay below 2^62).
+      key = id.id != 0 ? (StreamKey{1} << 62) | id.id : next_key_++;
+      break;
+  }
+  current_ = key;
+  if (id.kind == StreamIdentity::created) {
+    // The handle now names this stream: a state that knew it under another id names a
+    // destroyed stream (its value was recycled), and a capture begun on it is over.
+    for (auto& [k, st] : streams_) {
+      if (st.handle != s || k == key) continue;
+      if (st.kind == StreamIdentity::created) st.gone = true;
+      if (st.kind == StreamIdentity::capturing) st.capture_over = true;
+    }
   }
   auto [it, added] = streams_.try_emplace(key);
   StreamState& ss = it->second;
   if (!added) {
     ss.gone = false;  // the driver just named it again: its handle is valid
+    ss.handle = ss.kind == StreamIdentity::legacy       ? CU_STREAM_LEGACY
+                : ss.kind == StreamIdentity::per_thread ? CU_STREAM_PER_THREAD
+                                                        : s;
     return ss;
   }
   ss.key = key;
@@ -80,11 +97,19 @@ DeviceAllocator::StreamState& DeviceAllocator::stream_state(CUstream s, const St
   ss.handle = id.kind == StreamIdentity::legacy       ? CU_STREAM_LEGACY
               : id.kind == StreamIdentity::per_thread ? CU_STREAM_PER_THREAD
                                                       : s;
-  if (id.kind == StreamIdentity::per_thread || id.kind == StreamIdentity::unknown) {
+  if (id.kind == StreamIdentity::per_thread || id.kind == StreamIdentity::unknown ||
+      (id.kind == StreamIdentity::capturing && s == CU_STREAM_PER_THREAD)) {
     ss.owner_thread = this_thread_serial();
   }
   CUcontext ctx = nullptr;
-  if (id.in_primary || drv_.stream_ctx(s, &ctx) != CUDA_SUCCESS || ctx == nullptr) {
+  // A capturing stream is asked nothing more (cuStreamGetCtx during capture is not known to be
+  // legal): its context is the current one, or the primary.
+  if (id.kind == StreamIdentity::capturing) {
+    if (drv_.current_ctx(&ctx) != CUDA_SUCCESS) ctx = nullptr;
+  } else if (id.in_primary || drv_.stream_ctx(s, &ctx) != CUDA_SUCCESS) {
+    ctx = nullptr;
+  }
+  if (ctx == nullptr) {
     ctx = drv_.primary();
   }
   ss.ctx = ctx;
@@ -118,6 +143,7 @@ void DeviceAllocator::record_stream(void* ptr, CUstream stream) {
                       "; nothing was changed");
   }
   Block& b = it->second;
+  CallStream call{current_};
   StreamState& ss = stream_state(stream, id);
   if (ss.key == b.stream) return;
   if (std::find(b.users.begin(), b.users.end(), ss.key) == b.users.end()) {
@@ -147,12 +173,22 @@ void DeviceAllocator::put_event(CUcontext ctx, CUevent e) { event_pool_[ctx].pus
 
 // No stream of ctx that expanse knows is capturing (a legacy-stream record or a context sync
 // would implicitly synchronize with it, which invalidates the capture).
+// Asks only what is safe to ask: the current call's stream and ctx's legacy stream (which
+// answers IMPLICIT while a blocking stream of ctx captures); a capture seen by an earlier call
+// counts as under way until a later call finds its stream not capturing. A capture on a
+// non-blocking stream expanse never saw cannot be detected (no legal question finds it).
 bool DeviceAllocator::context_quiet(CUcontext ctx) {
   for (auto& [k, st] : streams_) {
-    if (st.ctx != ctx || st.gone || st.kind == StreamIdentity::legacy) continue;
-    if (st.owner_thread != 0 && st.owner_thread != this_thread_serial()) continue;
-    DeviceDriver::ScopedContext scope(drv_, ctx);
-    if (!scope.ok() || !drv_.surely_not_capturing(st.handle)) return false;
+    if (st.ctx == ctx && st.kind == StreamIdentity::capturing && !st.capture_over) return false;
+  }
+  DeviceDriver::ScopedContext scope(drv_, ctx);
+  if (!scope.ok() || !drv_.surely_not_capturing(CU_STREAM_LEGACY)) return false;
+  auto cur = streams_.find(current_);
+  if (cur != streams_.end() && cur->second.ctx == ctx &&
+      cur->second.kind != StreamIdentity::legacy &&
+      (cur->second.owner_thread == 0 || cur->second.owner_thread == this_thread_serial()) &&
+      !drv_.surely_not_capturing(cur->second.handle)) {
+    return false;
   }
   return true;
 }
@@ -165,17 +201,16 @@ bool DeviceAllocator::context_quiet(CUcontext ctx) {
 DeviceAllocator::Recorded DeviceAllocator::record_fence(StreamState& ss, bool at_free) {
   if (ss.gone) return Recorded::gone;
   if (ss.kind == StreamIdentity::unknown && !at_free) return Recorded::gone;  // cannot be checked
+  // Only handles that cannot name a destroyed stream: the current call's (the caller vouches
+  // for it, see current_), the legacy stream, and the calling thread's per-thread stream.
+  if (ss.key != current_ && ss.kind != StreamIdentity::legacy &&
+      ss.kind != StreamIdentity::per_thread) {
+    return Recorded::not_now;
+  }
+  if (ss.kind == StreamIdentity::capturing) return Recorded::not_now;  // would be captured
   if (ss.owner_thread != 0 && ss.owner_thread != this_thread_serial()) return Recorded::not_now;
   DeviceDriver::ScopedContext scope(drv_, ss.ctx);
   if (!scope.ok()) return Recorded::not_now;
-  if (ss.kind == StreamIdentity::created || ss.kind == StreamIdentity::per_thread) {
-    uint64_t now = 0;
-    drv_.add_stream_queries(1);
-    if (!drv_.stream_id(ss.handle, &now) || now != ss.id) {
-      ss.gone = ss.kind == StreamIdentity::created;
-      return ss.gone ? Recorded::gone : Recorded::not_now;
-    }
-  }
   if (!drv_.surely_not_capturing(ss.handle)) return Recorded::not_now;
   if (ss.kind == StreamIdentity::legacy && !context_quiet(ss.ctx)) return Recorded::not_now;
   CUevent e = get_event(ss.ctx);
@@ -292,7 +327,8 @@ void DeviceAllocator::poll(bool wait) {
 void DeviceAllocator::drop_finished_states() {
   for (auto it = streams_.begin(); it != streams_.end();) {
     StreamState& ss = it->second;
-    const bool unnamed = ss.gone || ss.kind == StreamIdentity::unknown;
+    const bool unnamed = ss.gone || ss.kind == StreamIdentity::unknown ||
+                         (ss.kind == StreamIdentity::capturing && ss.capture_over);
     if (unnamed && it->first != in_use_ && ss.live_refs == 0 && ss.safe_seq == ss.free_seq &&
         ss.fences.empty() && ss.lifo.empty()) {
       it = streams_.erase(it);

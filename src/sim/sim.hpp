@@ -92,6 +92,10 @@ void release_stream(CUstream stream);
 void release_all();
 // Number of events recorded but not complete, over all streams.
 size_t pending_events();
+// Calls so far that named a destroyed stream whose handle value no new stream took: undefined
+// behaviour on a real driver (seen: 709, then a crash inside libcuda). Code that keeps stream
+// handles (an allocator) must never cause one.
+uint64_t dead_handle_uses();
 
 // --- what is outstanding ---------------------------------------------------------------------
 struct Outstanding {

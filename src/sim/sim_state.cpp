@@ -142,9 +142,11 @@ Stream* resolve_stream(State& s, CUstream h, int default_device) {
   return it == s.streams.end() ? nullptr : it->second.get();
 }
 
-CUresult dead_stream_code(const State& s, CUstream h) noexcept {
+CUresult dead_stream_code(State& s, CUstream h) noexcept {
   auto it = s.dead_streams.find(reinterpret_cast<uintptr_t>(h));
-  return it != s.dead_streams.end() ? it->second : CUDA_ERROR_INVALID_HANDLE;
+  if (it == s.dead_streams.end()) return CUDA_ERROR_INVALID_HANDLE;
+  ++s.dead_handle_uses;
+  return it->second;
 }
 
 void progress(State& s) {
@@ -399,6 +401,11 @@ void release_all() {
   for (auto& [key, st] : s.per_thread_streams) st->held = false;
   for (auto& d : s.devices) d->default_stream->held = false;
   detail::progress(s);
+}
+
+uint64_t dead_handle_uses() {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  return state_locked().dead_handle_uses;
 }
 
 size_t pending_events() {

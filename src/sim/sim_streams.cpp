@@ -406,6 +406,13 @@ CUresult sim_stream_get_id(CUstream stream, unsigned long long* id) {
     const CUresult r = stream_arg(s, stream, &st);
     if (r != CUDA_SUCCESS) return r;
     if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (st->capture != nullptr) {
+      // Measured (H100, driver 580.159.04, torch.cuda.graph in every capture_error_mode):
+      // cuStreamGetId of a capturing stream is CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the
+      // capture is invalidated. cuStreamIsCapturing / GetCaptureInfo are the legal questions.
+      detail::invalidate(*st->capture);
+      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
     *id = st->id;
     return CUDA_SUCCESS;
   });

@@ -72,18 +72,23 @@ TEST(Replay, RepeatedPassesReachSteadyState) {
   ASSERT_EQ(r.passes.size(), 3u);
   EXPECT_EQ(r.ops_done, 3 * t.ops.size());
   EXPECT_EQ(r.ooms, 0u);
-  // The first pass is the single replay; later ones find every page they need cached.
+  // The first pass is the single replay; later ones find the pages they need cached. A stream's
+  // frees are fenced only from its own calls (another stream's handle may be dead: never
+  // touched), so pass 2 may map a little more while the other stream's frees are unproven.
   EXPECT_EQ(r.passes[0].driver_calls_total, one.stats.total_driver_calls());
   EXPECT_EQ(r.passes[0].peak_physical_bytes, one.stats.peak_physical_bytes);
   uint64_t calls = 0;
   for (size_t i = 0; i < r.passes.size(); ++i) {
     calls += r.passes[i].driver_calls_total;
-    EXPECT_EQ(r.passes[i].peak_physical_bytes, one.stats.peak_physical_bytes) << i;
+    EXPECT_LE(r.passes[i].peak_physical_bytes, one.stats.peak_physical_bytes * 11 / 10) << i;
+    if (i > 0) {
+      EXPECT_LE(r.passes[i].peak_physical_bytes, r.passes[i - 1].peak_physical_bytes * 11 / 10);
+    }
     EXPECT_GE(r.passes[i].peak_mapped_bytes, t.peak_live_bytes) << i;
     // Pass 2 may still record and query a few events (pages cached on one stream reused on
     // the other); by pass 3 nothing is left to do.
     if (i == 1) {
-      EXPECT_LT(r.passes[i].driver_calls_total * 10, r.passes[0].driver_calls_total) << i;
+      EXPECT_LT(r.passes[i].driver_calls_total * 4, r.passes[0].driver_calls_total) << i;
     }
     if (i == 2) {
       EXPECT_EQ(r.passes[i].driver_calls_total, 0u) << i;
@@ -91,7 +96,7 @@ TEST(Replay, RepeatedPassesReachSteadyState) {
     }
   }
   EXPECT_EQ(calls, r.stats.total_driver_calls());
-  EXPECT_EQ(r.stats.peak_physical_bytes, one.stats.peak_physical_bytes);
+  EXPECT_LE(r.stats.peak_physical_bytes, one.stats.peak_physical_bytes * 11 / 10);
   EXPECT_EQ(r.stats.num_allocs, 3 * one.stats.num_allocs);
 }
 

@@ -70,6 +70,11 @@ void expanse_sim_release_stream(void* stream);
 /* Releases every held stream: destroyed ones, other threads' per-thread streams, all of them. */
 void expanse_sim_release_all(void);
 unsigned long long expanse_sim_pending_events(void);
+/* Calls that named a destroyed stream whose handle value no new stream has taken: undefined
+ * behaviour on a real driver (a 580 driver answered CUDA_ERROR_CONTEXT_IS_DESTROYED once, then
+ * crashed). The sim answers the code and counts the call here; code that keeps stream handles
+ * must keep this at 0. */
+unsigned long long expanse_sim_dead_handle_uses(void);
 
 /* What is outstanding over all devices; any pointer may be NULL. Returns 0. */
 int expanse_sim_outstanding(unsigned long long* reservations, unsigned long long* allocations,

@@ -568,6 +568,11 @@ EXPANSE_EXPORT void expanse_sim_release_all(void) {
   sim::release_all();
 }
 
+EXPANSE_EXPORT unsigned long long expanse_sim_dead_handle_uses(void) {
+  ensure_configured();
+  return sim::dead_handle_uses();
+}
+
 EXPANSE_EXPORT unsigned long long expanse_sim_pending_events(void) {
   ensure_configured();
   return sim::pending_events();
