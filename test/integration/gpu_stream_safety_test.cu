@@ -245,17 +245,17 @@ void case_reclaim_under_limit() {
   expanse_stats st{};
   st.struct_size = sizeof(st);
   expanse_get_stats(0, &st);
-  // Room for one more block of twice the size: the new block needs A's pages remapped.
-  check(expanse_set_limit(0, st.physical_bytes + 2 * kBytes) == EXPANSE_OK, "set_limit");
+  // Room for A, the guard and one more block: B (1.5 blocks) needs half of A's pages remapped.
+  check(expanse_set_limit(0, st.physical_bytes + 3 * kBytes) == EXPANSE_OK, "set_limit");
   void* a = expanse_malloc(kBytes, 0, s1);
   void* guard = expanse_malloc(kBytes, 0, s1);  // keeps A's pages from growing in place
   late_write(a, kBytes, s1);
   expanse_free(a, kBytes, 0, s1);
   const auto t0 = std::chrono::steady_clock::now();
-  void* b = expanse_malloc(2 * kBytes - kBytes / 2, 0, s2);
+  void* b = expanse_malloc(kBytes + kBytes / 2, 0, s2);
   const double ms = ms_since(t0);
   if (b != nullptr) {
-    const size_t n = 2 * kBytes - kBytes / 2;
+    const size_t n = kBytes + kBytes / 2;
     delayed_fill<<<264, 256, 0, s2>>>(static_cast<uint32_t*>(b), n / 4, kP2, 0);
     const unsigned long long bad = words_not_p2(b, n);
     std::printf("      allocate (needs A's pages) took %.1f ms, %llu words overwritten late\n", ms,
