@@ -294,6 +294,15 @@ void DeviceAllocator::gather_handles(
       release_pooled(n);
       credit += n;
     }
+    // The rest fill the slots, cut to their sizes. A reclaimed handle larger than every open slot
+    // (reclaim() takes the smallest that covers what is left) is released and the slots' pages
+    // created in its place: kept in the pool, it would hold memory beside the new pages.
+    from_pool(true);
+    while (!open.empty() && !pool_.empty() && pool_.rbegin()->first > largest_open) {
+      const size_t n = pool_.rbegin()->first;
+      release_pooled(n);
+      credit += n;
+    }
     req.create_oom = false;
     create_more();
     from_pool(true);
