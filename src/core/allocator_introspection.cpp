@@ -168,7 +168,8 @@ std::string DeviceAllocator::check_invariants() const {
         ++mapped;
         const size_t head = r.handle_head(p);
         if (head + r.handle_pages(p) > r.page_count() || r.handles[head] != r.handles[p] ||
-            r.order[head] != r.order[p] || r.granted[head] != r.granted[p]) {
+            r.span[head] != r.span[p] || r.head[head] != head ||
+            r.granted[head] != r.granted[p]) {
           err << "reservation " << hex(r.base) << " page " << p << ": not part of one whole "
               << r.handle_pages(p) << "-page handle";
           return err.str();

@@ -42,7 +42,7 @@ DeviceAllocator::DeviceAllocator(const driver::LoadedDriver& drv, int device,
       if (drv_.can_access_peer(p)) drv_.add_peer(p);
     }
   }
-  max_order_ = max_handle_order(page_, opts_.max_handle_size);
+  max_pages_ = max_handle_pages(page_, opts_.max_handle_size);
 }
 
 DeviceAllocator::~DeviceAllocator() {
@@ -73,10 +73,10 @@ DeviceAllocator::~DeviceAllocator() {
     } catch (...) {
     }
   }
-  for (unsigned o = 0; o < kHandleOrders; ++o) {
-    for (auto h : pool_[o]) {
+  for (const auto& [n, hs] : pool_) {
+    for (auto h : hs) {
       try {
-        drv_.release(h, page_ << o);
+        drv_.release(h, n * page_);
       } catch (...) {
       }
     }

@@ -149,14 +149,20 @@ class DeviceAllocator {
   // The one place pages get unmapped: the whole handles over pages [p, q) of r (one cuMemUnmap),
   // into the pool.
   void unmap_handles(Reservation& r, size_t p, size_t q);
-  // The one place a handle gets mapped: h (2^order pages) at page `page` of r, not yet accessible.
+  // The one place a handle gets mapped: h (s.count pages) at page s.page of r, not yet accessible.
   void map_handle(Reservation& r, const HandleSlot& s, CUmemGenericAllocationHandle h);
-  void pool_put(unsigned order, CUmemGenericAllocationHandle h);
-  CUmemGenericAllocationHandle pool_take(unsigned order);
-  // Whether a pooled handle of 2^o pages is cheaper (by the cost model) to release and create
+  void pool_put(size_t pages, CUmemGenericAllocationHandle h);
+  CUmemGenericAllocationHandle pool_take(size_t pages);  // the pool holds one of that size
+  bool pool_has(size_t pages) const {
+    auto it = pool_.find(pages);
+    return it != pool_.end() && !it->second.empty();
+  }
+  // Whether a pooled handle of n pages is cheaper (by the cost model) to release and create
   // again inside a larger handle than to map on its own.
-  bool exchange_pays(unsigned o) const;
-  // Releases one pooled handle of the largest order (its pages; 0 when the pool is empty).
+  bool exchange_pays(size_t n) const;
+  // Releases one pooled handle of `pages` pages (one must be pooled).
+  void release_pooled(size_t pages);
+  // Releases one pooled handle of the largest size (its pages; 0 when the pool is empty).
   size_t release_largest_pooled();
   void flush_lifos();
   void flush_lifo_entry(StreamState& ss, size_t i);
@@ -195,11 +201,11 @@ class DeviceAllocator {
 
   std::vector<std::unique_ptr<Reservation>> reservations_;
   BlockIndex index_;
-  // Physical memory held unmapped, by handle order (2^order pages each).
-  std::array<std::vector<CUmemGenericAllocationHandle>, kHandleOrders> pool_;
+  // Physical memory held unmapped, by handle size in pages (no empty entries).
+  std::map<size_t, std::vector<CUmemGenericAllocationHandle>> pool_;
   size_t pool_pages_ = 0;
   size_t high_water_ = 0;   // most pages touched by live blocks plus a request's, so far
-  unsigned max_order_ = 0;  // largest handle order created (AllocatorOptions::max_handle_size)
+  size_t max_pages_ = 1;  // most pages per handle created (AllocatorOptions::max_handle_size)
   std::unordered_map<StreamKey, StreamState> streams_;
   std::map<std::pair<uint64_t, uint64_t>, StreamKey> legacy_keys_;  // (legacy id, thread) -> key
   StreamKey next_key_ = StreamKey{1} << 63;  // made-up keys; driver ids stay below

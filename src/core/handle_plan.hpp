@@ -1,11 +1,16 @@
 // Which handles back a run of pages: the handle sizes expanse creates and maps.
 //
 // Driver calls cost mostly per call (reference/driver_costs.md: on an H100 a 112 MiB handle costs
-// about 2x a 2 MiB one to create, set access on, unmap and release), so a block's inner pages (the
-// pages wholly inside it) are backed by few large handles: power-of-two page counts, aligned to
-// their size in page index, up to a maximum (1 GiB by default). A block's first and last page may
-// be shared with its neighbours and get one-page handles, so a multi-page handle is only ever
+// about 2x a 2 MiB one to create, set access on, unmap and release), and cuMemSetAccess over a
+// range is priced per mapping, so a block's inner pages (the pages wholly inside it) are backed by
+// as few handles as possible: one handle per unmapped run of them, of exactly the run's size, cut
+// into pieces of at most max_handle_size (1 GiB by default). A block's first and last page may be
+// shared with its neighbours and get one-page handles, so a multi-page handle is only ever
 // touched by the one block it lies in (reservation.hpp).
+//
+// Measured on cs336b_ctx128_fullstep (first pass, default 80 GiB device): power-of-two handles
+// aligned to their size made 5,372 cuMemCreate (0.52 s modeled); one handle per run makes less
+// than half as many (README, issue 12's table).
 #pragma once
 
 #include <cstddef>
@@ -14,37 +19,35 @@
 
 namespace expanse::core {
 
-// Orders (log2 pages) of handles expanse may hold: at most 2^31 pages per handle.
-inline constexpr unsigned kHandleOrders = 32;
-
 struct HandleSlot {
-  size_t page = 0;    // first page, aligned to 2^order
-  unsigned order = 0;  // 2^order pages
-  size_t pages() const noexcept { return size_t{1} << order; }
+  size_t page = 0;   // first page
+  size_t count = 0;  // pages
+  size_t pages() const noexcept { return count; }
 };
 
-// Largest order whose handle is at most max_bytes (at least 0).
-inline unsigned max_handle_order(size_t page, size_t max_bytes) noexcept {
-  unsigned o = 0;
-  while (o + 1 < kHandleOrders && (page << (o + 1)) <= max_bytes && (page << (o + 1)) > page) ++o;
-  return o;
+// Most pages in one handle: max_bytes / page, at least 1, at most 2^31 (the per-page books are
+// 32-bit).
+inline size_t max_handle_pages(size_t page, size_t max_bytes) noexcept {
+  size_t n = page == 0 ? 1 : max_bytes / page;
+  if (n == 0) n = 1;
+  if (n > (size_t{1} << 31)) n = size_t{1} << 31;
+  return n;
 }
 
-// Appends slots tiling the pages [s, e): pages inside [lo, hi) in the largest aligned
-// power-of-two pieces of at most 2^max_order pages, every other page alone.
-inline void plan_handles(size_t s, size_t e, size_t lo, size_t hi, unsigned max_order,
+// Appends slots tiling the pages [s, e): pages inside [lo, hi) in runs of at most max_pages pages
+// (the last piece takes the remainder), every other page alone.
+inline void plan_handles(size_t s, size_t e, size_t lo, size_t hi, size_t max_pages,
                          std::vector<HandleSlot>& out) {
   while (s < e) {
     if (s < lo || s >= hi) {
-      out.push_back({s, 0});
+      out.push_back({s, 1});
       ++s;
       continue;
     }
     const size_t end = e < hi ? e : hi;
-    unsigned o = 0;
-    while (o < max_order && (s & ((size_t{2} << o) - 1)) == 0 && s + (size_t{2} << o) <= end) ++o;
-    out.push_back({s, o});
-    s += size_t{1} << o;
+    const size_t n = end - s < max_pages ? end - s : max_pages;
+    out.push_back({s, n});
+    s += n;
   }
 }
 

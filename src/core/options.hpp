@@ -28,8 +28,8 @@ struct AllocatorOptions {
   bool peer_access_auto = true;
   // cuMemCreate asks for GPUDirect RDMA capability where the device supports it (rdma:auto|off).
   bool rdma = true;
-  // Largest handle (one cuMemCreate) backing a block's inner pages, rounded down to a power-of-two
-  // number of pages; anything up to the page size gives one handle per page.
+  // Largest handle (one cuMemCreate) backing a block's inner pages, rounded down to a whole number
+  // of pages; anything up to the page size gives one handle per page.
   size_t max_handle_size = size_t{1} << 30;
   // Physical memory may exceed the most pages ever touched by live blocks by touched/256 plus
   // this much before pages are reclaimed from under free memory rather than created. kNoLimit

@@ -11,36 +11,42 @@
 
 namespace expanse::core {
 
-void DeviceAllocator::pool_put(unsigned order, CUmemGenericAllocationHandle h) {
-  pool_[order].push_back(h);
-  pool_pages_ += size_t{1} << order;
+void DeviceAllocator::pool_put(size_t pages, CUmemGenericAllocationHandle h) {
+  pool_[pages].push_back(h);
+  pool_pages_ += pages;
 }
 
-CUmemGenericAllocationHandle DeviceAllocator::pool_take(unsigned order) {
-  CUmemGenericAllocationHandle h = pool_[order].back();
-  pool_[order].pop_back();
-  pool_pages_ -= size_t{1} << order;
+CUmemGenericAllocationHandle DeviceAllocator::pool_take(size_t pages) {
+  auto it = pool_.find(pages);
+  assert(it != pool_.end() && !it->second.empty());
+  CUmemGenericAllocationHandle h = it->second.back();
+  it->second.pop_back();
+  if (it->second.empty()) pool_.erase(it);
+  pool_pages_ -= pages;
   return h;
 }
 
-size_t DeviceAllocator::release_largest_pooled() {
-  for (unsigned o = kHandleOrders; o-- > 0;) {
-    if (pool_[o].empty()) continue;
-    drv_.release(pool_[o].back(), page_ << o);
-    pool_take(o);
-    stats_.num_released_pages += size_t{1} << o;
-    return size_t{1} << o;
-  }
-  return 0;
+void DeviceAllocator::release_pooled(size_t pages) {
+  // Out of the pool only once the driver took it: a failed release leaves the books as they were.
+  drv_.release(pool_.at(pages).back(), pages * page_);
+  pool_take(pages);
+  stats_.num_released_pages += pages;
 }
 
-// Whether releasing a pooled handle of 2^o pages and creating its pages as part of a larger
+size_t DeviceAllocator::release_largest_pooled() {
+  if (pool_.empty()) return 0;
+  const size_t n = pool_.rbegin()->first;
+  release_pooled(n);
+  return n;
+}
+
+// Whether releasing a pooled handle of n pages and creating its pages as part of a larger
 // handle costs less by the cost model than mapping it as a handle of its own (its cuMemMap and
 // its mapping's share of cuMemSetAccess). Per-byte parts paid either way cancel.
-bool DeviceAllocator::exchange_pays(unsigned o) const {
+bool DeviceAllocator::exchange_pays(size_t n) const {
   const driver::CostModel& m = driver::CostModel::get_default();
   using driver::EntryPoint;
-  const size_t b = page_ << o;
+  const size_t b = page_ * n;
   auto per_byte = [&](EntryPoint e) { return m.cost_ns(e, b) - m.cost_ns(e, 0); };
   const double remap = m.cost_ns(EntryPoint::mem_map, b) + m.cost_ns(EntryPoint::mem_set_access, b);
   const double swap = m.cost_ns(EntryPoint::mem_release, b) + per_byte(EntryPoint::mem_create) +
@@ -54,7 +60,8 @@ void DeviceAllocator::map_handle(Reservation& r, const HandleSlot& s,
   if (events_ != nullptr) events_->on_map(device(), r.page_addr(s.page), s.pages() * page_);
   for (size_t p = s.page; p < s.page + s.pages(); ++p) {
     r.handles[p] = h;
-    r.order[p] = static_cast<uint8_t>(s.order);
+    r.head[p] = static_cast<uint32_t>(s.page);
+    r.span[p] = static_cast<uint32_t>(s.count);
     r.granted[p] = 0;
   }
   r.mapped_pages += s.pages();
@@ -67,14 +74,15 @@ void DeviceAllocator::unmap_handles(Reservation& r, size_t p, size_t q) {
   drv_.unmap(r.page_addr(p), (q - p) * page_, n);
   if (events_ != nullptr) events_->on_unmap(device(), r.page_addr(p), (q - p) * page_);
   for (size_t i = p; i < q;) {
-    const unsigned o = r.order[i];
-    pool_put(o, r.handles[i]);
-    for (size_t j = i; j < i + (size_t{1} << o); ++j) {
+    const size_t k = r.span[i];
+    pool_put(k, r.handles[i]);
+    for (size_t j = i; j < i + k; ++j) {
       r.handles[j] = 0;
-      r.order[j] = 0;
+      r.head[j] = 0;
+      r.span[j] = 0;
       r.granted[j] = 0;
     }
-    i += size_t{1} << o;
+    i += k;
   }
   r.mapped_pages -= q - p;
   mapped_pages_ -= q - p;
@@ -98,7 +106,7 @@ void DeviceAllocator::ensure_pages(Reservation& r, CUdeviceptr addr, size_t byte
     if (!r.mapped(p)) {
       size_t q = p;
       while (q <= last && !r.mapped(q)) ++q;
-      plan_handles(p, q, lo, hi, max_order_, slots);
+      plan_handles(p, q, lo, hi, max_pages_, slots);
       p = q;
       continue;
     }
@@ -111,16 +119,13 @@ void DeviceAllocator::ensure_pages(Reservation& r, CUdeviceptr addr, size_t byte
     p = head + n;
   }
   for (size_t head : split) {
-    const unsigned o = r.order[head];
-    const size_t n = size_t{1} << o;
+    const size_t n = r.span[head];
     unmap_handles(r, head, head + n);
-    drv_.release(pool_[o].back(), n * page_);
-    pool_take(o);
-    stats_.num_released_pages += n;
+    release_pooled(n);
     const size_t a = std::max(head, first), z = std::min(head + n, last + 1);
-    if (head < a) plan_handles(head, a, head, a, max_order_, extra);
-    plan_handles(a, z, std::max(lo, a), std::min(hi, z), max_order_, slots);
-    if (z < head + n) plan_handles(z, head + n, z, head + n, max_order_, extra);
+    if (head < a) plan_handles(head, a, head, a, max_pages_, extra);
+    plan_handles(a, z, std::max(lo, a), std::min(hi, z), max_pages_, slots);
+    if (z < head + n) plan_handles(z, head + n, z, head + n, max_pages_, extra);
   }
   if (slots.empty() && grant.empty() && extra.empty()) return;
   for (const HandleSlot& s : slots) req.needed += s.pages();
@@ -130,11 +135,11 @@ void DeviceAllocator::ensure_pages(Reservation& r, CUdeviceptr addr, size_t byte
   try {
     gather_handles(open, filled, req);
   } catch (...) {
-    for (const auto& [s, h] : filled) pool_put(s.order, h);
+    for (const auto& [s, h] : filled) pool_put(s.count, h);
     throw;
   }
   if (!open.empty()) {
-    for (const auto& [s, h] : filled) pool_put(s.order, h);
+    for (const auto& [s, h] : filled) pool_put(s.count, h);
     throw_oom(req);
   }
   try {
@@ -142,8 +147,8 @@ void DeviceAllocator::ensure_pages(Reservation& r, CUdeviceptr addr, size_t byte
     for (const auto& f : filled) in_hand += f.first.pages();
     for (const HandleSlot& s : extra) {
       CUmemGenericAllocationHandle h = 0;
-      if (!pool_[s.order].empty()) {
-        h = pool_take(s.order);
+      if (pool_has(s.count)) {
+        h = pool_take(s.count);
       } else if (held_pages() + in_hand + s.pages() > std::min(limit_pages_, capacity_pages_) ||
                  drv_.create(s.pages() * page_, &h) != CUDA_SUCCESS) {
         continue;
@@ -155,7 +160,7 @@ void DeviceAllocator::ensure_pages(Reservation& r, CUdeviceptr addr, size_t byte
       note_peaks(in_hand);
     }
   } catch (...) {
-    for (const auto& [s, h] : filled) pool_put(s.order, h);
+    for (const auto& [s, h] : filled) pool_put(s.count, h);
     throw;
   }
 
@@ -183,7 +188,7 @@ void DeviceAllocator::ensure_pages(Reservation& r, CUdeviceptr addr, size_t byte
       } catch (...) {
       }
     }
-    for (size_t i = mapped; i < filled.size(); ++i) pool_put(filled[i].first.order, filled[i].second);
+    for (size_t i = mapped; i < filled.size(); ++i) pool_put(filled[i].first.count, filled[i].second);
     note_peaks(0);
     throw;
   }
@@ -204,29 +209,35 @@ void DeviceAllocator::gather_handles(
     filled.emplace_back(s, h);
     in_hand += s.pages();
   };
-  // Pooled handles of each open slot's size; with split, open slots are halved until pooled
-  // smaller handles fill them.
+  // Pooled handles of each open slot's size; with split, the largest smaller pooled handle fills
+  // the slot's first pages and the rest stays open.
   auto from_pool = [&](bool split) {
     std::vector<HandleSlot> rest;
     while (!open.empty()) {
       HandleSlot s = open.back();
       open.pop_back();
-      if (!pool_[s.order].empty()) {
+      if (pool_has(s.count)) {
         req.from_pool += s.pages();
-        take(s, pool_take(s.order));
+        take(s, pool_take(s.count));
         continue;
       }
-      bool smaller = false;
-      for (unsigned o = 0; o < s.order && !smaller; ++o) smaller = !pool_[o].empty();
-      if (split && smaller) {
-        const unsigned o = s.order - 1;
-        open.push_back({s.page + (size_t{1} << o), o});
-        open.push_back({s.page, o});
+      auto smaller = pool_.lower_bound(s.count);
+      if (split && smaller != pool_.begin()) {
+        const size_t n = std::prev(smaller)->first;
+        req.from_pool += n;
+        take({s.page, n}, pool_take(n));
+        open.push_back({s.page + n, s.count - n});
       } else {
         rest.push_back(s);
       }
     }
     open.swap(rest);
+  };
+  // A slot cut in two halves (the driver or the limit refused it whole).
+  auto halve = [&](const HandleSlot& s) {
+    const size_t h = s.count / 2;
+    open.push_back({s.page + h, s.count - h});
+    open.push_back({s.page, h});
   };
   auto create_more = [&] {
     std::vector<HandleSlot> rest;
@@ -236,23 +247,21 @@ void DeviceAllocator::gather_handles(
       const bool exchange = s.pages() <= credit;
       if (!exchange && held_pages() + in_hand + s.pages() > limit_pages_) {
         req.limit_hit = true;
-        if (s.order == 0) {
+        if (s.count == 1) {
           rest.push_back(s);
           break;
         }
-        open.push_back({s.page + (s.pages() >> 1), s.order - 1});
-        open.push_back({s.page, s.order - 1});
+        halve(s);
         continue;
       }
       CUmemGenericAllocationHandle h = 0;
       if (drv_.create(s.pages() * page_, &h) == CUDA_ERROR_OUT_OF_MEMORY) {
-        if (s.order == 0) {
+        if (s.count == 1) {
           req.create_oom = true;
           rest.push_back(s);
           break;
         }
-        open.push_back({s.page + (s.pages() >> 1), s.order - 1});
-        open.push_back({s.page, s.order - 1});
+        halve(s);
         continue;
       }
       if (exchange) credit -= s.pages();
@@ -277,15 +286,22 @@ void DeviceAllocator::gather_handles(
     // Remapping a small reclaimed handle into a larger slot costs a cuMemMap and a mapping's
     // share of cuMemSetAccess; releasing it and creating its pages as part of the slot's handle
     // can cost less by the cost model (2 MiB: ~24 us against ~62 us): exchange those.
-    unsigned largest_open = 0;
-    for (const HandleSlot& s : open) largest_open = std::max(largest_open, s.order);
-    for (unsigned o = 0; o < largest_open && exchange_pays(o); ++o) {
-      while (!pool_[o].empty()) {
-        drv_.release(pool_[o].back(), page_ << o);
-        pool_take(o);
-        stats_.num_released_pages += size_t{1} << o;
-        credit += size_t{1} << o;
-      }
+    size_t largest_open = 0;
+    for (const HandleSlot& s : open) largest_open = std::max(largest_open, s.count);
+    while (!pool_.empty() && pool_.begin()->first < largest_open &&
+           exchange_pays(pool_.begin()->first)) {
+      const size_t n = pool_.begin()->first;
+      release_pooled(n);
+      credit += n;
+    }
+    // The rest fill the slots, cut to their sizes. A reclaimed handle larger than every open slot
+    // (reclaim() takes the smallest that covers what is left) is released and the slots' pages
+    // created in its place: kept in the pool, it would hold memory beside the new pages.
+    from_pool(true);
+    while (!open.empty() && !pool_.empty() && pool_.rbegin()->first > largest_open) {
+      const size_t n = pool_.rbegin()->first;
+      release_pooled(n);
+      credit += n;
     }
     req.create_oom = false;
     create_more();
@@ -294,18 +310,12 @@ void DeviceAllocator::gather_handles(
   // Pooled handles no open slot can take are released, and new ones created in their place.
   auto release_and_create = [&] {
     while (!open.empty()) {
-      unsigned largest_open = 0;
-      for (const HandleSlot& s : open) largest_open = std::max(largest_open, s.order);
-      bool released = false;
-      for (unsigned o = kHandleOrders; o-- > largest_open + 1 && !released;) {
-        if (pool_[o].empty()) continue;
-        drv_.release(pool_[o].back(), page_ << o);
-        pool_take(o);
-        stats_.num_released_pages += size_t{1} << o;
-        credit += size_t{1} << o;
-        released = true;
-      }
-      if (!released) return;
+      size_t largest_open = 0;
+      for (const HandleSlot& s : open) largest_open = std::max(largest_open, s.count);
+      if (pool_.empty() || pool_.rbegin()->first <= largest_open) return;
+      const size_t n = pool_.rbegin()->first;
+      release_pooled(n);
+      credit += n;
       req.create_oom = false;
       create_more();
       from_pool(true);
@@ -356,7 +366,7 @@ void DeviceAllocator::note_peaks(size_t in_hand) {
 size_t DeviceAllocator::reclaim(size_t want) {
   if (want == 0) return 0;
   struct Candidate {
-    unsigned order;
+    size_t pages;
     uint32_t res;
     size_t head;
   };
@@ -372,37 +382,37 @@ size_t DeviceAllocator::reclaim(size_t want) {
           continue;
         }
         const size_t head = r.handle_head(p), n = r.handle_pages(p);
-        if (head >= lo && head + n <= hi) all.push_back({r.order[head], r.id, head});
+        if (head >= lo && head + n <= hi) all.push_back({n, r.id, head});
         p = head + n;
       }
       return true;
     });
   }
   std::stable_sort(all.begin(), all.end(),
-                   [](const Candidate& x, const Candidate& y) { return x.order > y.order; });
+                   [](const Candidate& x, const Candidate& y) { return x.pages > y.pages; });
   std::vector<Candidate> take;
   std::vector<uint8_t> taken(all.size(), 0);
   size_t got = 0;
   for (size_t i = 0; i < all.size() && got < want; ++i) {
-    if ((size_t{1} << all[i].order) <= want - got) {
+    if (all[i].pages <= want - got) {
       take.push_back(all[i]);
       taken[i] = 1;
-      got += size_t{1} << all[i].order;
+      got += all[i].pages;
     }
   }
   for (size_t i = all.size(); i-- > 0 && got < want;) {  // smallest first: the rest
     if (taken[i] != 0) continue;
     take.push_back(all[i]);
-    got += size_t{1} << all[i].order;
+    got += all[i].pages;
   }
   std::sort(take.begin(), take.end(), [](const Candidate& x, const Candidate& y) {
     return x.res != y.res ? x.res < y.res : x.head < y.head;
   });
   for (size_t i = 0; i < take.size();) {
     size_t j = i + 1;
-    size_t end = take[i].head + (size_t{1} << take[i].order);
+    size_t end = take[i].head + take[i].pages;
     while (j < take.size() && take[j].res == take[i].res && take[j].head == end) {
-      end += size_t{1} << take[j].order;
+      end += take[j].pages;
       ++j;
     }
     unmap_handles(res(take[i].res), take[i].head, end);

@@ -5,8 +5,8 @@
 // blocks, so touched pages are counted exactly from per-page edge counts plus the interior pages
 // of each block.
 //
-// A handle (one cuMemCreate) covers 2^order pages, aligned to its size in page index from the
-// reservation's base (see handle_plan.hpp). cuMemMap maps a whole handle and cuMemUnmap never
+// A handle (one cuMemCreate) covers a run of pages of any length (see handle_plan.hpp); every page
+// under it records the run's first page and length. cuMemMap maps a whole handle and cuMemUnmap never
 // splits one, so a multi-page handle is mapped only where one live block covers it wholly (its
 // inner pages): every page of a touched handle is touched, and the untouched pages invariant 1
 // counts on can always be unmapped.
@@ -27,7 +27,8 @@ inline constexpr int kArenaCount = 2;
 struct Reservation {
   Reservation(uint32_t id_, Arena arena_, CUdeviceptr base_, size_t size_, size_t page_)
       : id(id_), arena(arena_), base(base_), size(size_), page(page_),
-        handles(size_ / page_, 0), order(size_ / page_, 0), granted(size_ / page_, 0),
+        handles(size_ / page_, 0), head(size_ / page_, 0), span(size_ / page_, 0),
+        granted(size_ / page_, 0),
         edge_refs(size_ / page_, 0) {}
 
   uint32_t id;
@@ -36,7 +37,8 @@ struct Reservation {
   size_t size;
   size_t page;
   std::vector<CUmemGenericAllocationHandle> handles;  // per page: the handle over it; 0 = none
-  std::vector<uint8_t> order;  // per mapped page: its handle covers 2^order pages
+  std::vector<uint32_t> head;  // per mapped page: the first page of its handle
+  std::vector<uint32_t> span;  // per mapped page: its handle's page count
   // Per page: cuMemSetAccess succeeded since it was mapped. A mapped page without access (left by
   // a failed undo) is not ready: the next block placed over it grants access first.
   std::vector<uint8_t> granted;
@@ -50,8 +52,8 @@ struct Reservation {
   CUdeviceptr page_addr(size_t i) const noexcept { return base + i * page; }
   bool mapped(size_t i) const noexcept { return handles[i] != 0; }
   // The handle over mapped page i: its first page and its page count.
-  size_t handle_pages(size_t i) const noexcept { return size_t{1} << order[i]; }
-  size_t handle_head(size_t i) const noexcept { return i & ~(handle_pages(i) - 1); }
+  size_t handle_pages(size_t i) const noexcept { return span[i]; }
+  size_t handle_head(size_t i) const noexcept { return head[i]; }
   bool ready(size_t i) const noexcept { return handles[i] != 0 && granted[i] != 0; }
   bool contains(CUdeviceptr a) const noexcept { return a >= base && a - base < size; }
 

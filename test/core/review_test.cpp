@@ -274,12 +274,14 @@ INSTANTIATE_TEST_SUITE_P(
 
 // ---- bugs ------------------------------------------------------------------------------------
 
-// Was a bug (invariant 5, peaks): ensure_pages() creates pages, then fails (here: the 5th
-// cuMemCreate) and parks them in the pool; physical_bytes grows, so the peak must too.
+// Was a bug (invariant 5, peaks): ensure_pages() creates pages, then fails (here: the 2nd
+// cuMemCreate; the second request starts mid-page, so it needs three handles: its first page,
+// its inner pages, its last page) and parks them in the pool; physical_bytes grows, so the peak
+// must too.
 TEST_F(ReviewTest, PeakPhysicalCoversPagesCreatedForAFailedRequest) {
   make(sim_config(1 * GiB));
-  void* a = alloc_->allocate(600 * MiB, nullptr);
-  sim::inject_failure(EntryPoint::mem_create, 5, CUDA_ERROR_UNKNOWN);
+  void* a = alloc_->allocate(601 * MiB, nullptr);
+  sim::inject_failure(EntryPoint::mem_create, 2, CUDA_ERROR_UNKNOWN);
   EXPECT_THROW(alloc_->allocate(100 * MiB, nullptr), driver_failure);
   core::DeviceStats st = alloc_->stats();
   EXPECT_GT(st.pooled_bytes, 0u) << "the failed request created pages and kept them";

@@ -243,5 +243,29 @@ TEST_F(MixedHandleTest, LargeFreeHandlesAreSplitWhereRequestsNeedThem) {
   alloc_->deallocate(b, nullptr);
 }
 
+// Reclaim first keeps physical memory at the live set: a reclaimed handle that matches no slot
+// of the request exactly still serves it (the slot is cut to the handle), and pages are created
+// only for the rest. Was a bug: the reclaimed 32-page handle stayed pooled beside 40 new pages.
+TEST_F(MixedHandleTest, ReclaimFirstUsesReclaimedHandlesOfOtherSizes) {
+  core::AllocatorOptions opts;
+  opts.reclaim_before_create = true;
+  opts.lifo_depth = 0;  // the freed block goes straight to the free index, where reclaim looks
+  make(sim_config(1 * GiB), opts);
+  const size_t P = alloc_->page_size();
+  void* a = alloc_->allocate(32 * P, nullptr);  // one 32-page handle
+  void* b = alloc_->allocate(P, nullptr);       // keeps a's free block from growing
+  alloc_->deallocate(a, nullptr);
+  void* c = alloc_->allocate(40 * P, nullptr);  // does not fit a's 32 pages: goes past b
+  ASSERT_NE(c, nullptr);
+  fill_pattern(c, 40 * P, 3);
+  const core::DeviceStats st = alloc_->stats();
+  EXPECT_GT(st.num_reclaimed_pages, 0u);
+  EXPECT_EQ(st.pooled_bytes, 0u) << "a reclaimed handle was left in the pool";
+  EXPECT_EQ(st.physical_bytes, st.touched_bytes) << "physical memory beyond the live set";
+  EXPECT_EQ(check_pattern(c, 40 * P, 3), SIZE_MAX);
+  alloc_->deallocate(c, nullptr);
+  alloc_->deallocate(b, nullptr);
+}
+
 }  // namespace
 }  // namespace expanse::test
