@@ -72,27 +72,30 @@ bool overlaps_mapping(const State& s, uintptr_t lo, uintptr_t hi) {
   return false;
 }
 
-// The mappings that tile [lo, hi) exactly (whole mappings, no gaps), or an empty vector.
-std::vector<std::map<uintptr_t, Mapping>::iterator> whole_mappings(State& s, uintptr_t lo,
-                                                                   uintptr_t hi) {
-  std::vector<std::map<uintptr_t, Mapping>::iterator> out;
-  auto it = s.mappings.find(lo);
-  uintptr_t cur = lo;
-  while (cur < hi) {
-    if (it == s.mappings.end() || it->first != cur) return {};
-    cur += it->second.size;
-    if (cur > hi) return {};
-    out.push_back(it);
-    ++it;
+// The mappings wholly inside [lo, hi) into *out (ascending; holes between them allowed); false if
+// a mapping lies only partly inside.
+bool mappings_inside(State& s, uintptr_t lo, uintptr_t hi,
+                     std::vector<std::map<uintptr_t, Mapping>::iterator>* out) {
+  auto it = s.mappings.lower_bound(lo);
+  if (it != s.mappings.begin() && std::prev(it)->first + std::prev(it)->second.size > lo) {
+    return false;  // one starts before lo and reaches into the range
   }
-  return out;
+  for (; it != s.mappings.end() && it->first < hi; ++it) {
+    if (it->first + it->second.size > hi) return false;
+    out->push_back(it);
+  }
+  return true;
 }
 
-// Removes whole mappings [lo, hi) (already validated): host VA back to reserved, references
-// dropped.
-CUresult unmap_range(State& s, uintptr_t lo, uintptr_t hi,
-                     const std::vector<std::map<uintptr_t, Mapping>::iterator>& ms) {
-  if (s.cfg.backing && !detail::va_unmap_to_reserved(lo, hi - lo)) return CUDA_ERROR_OUT_OF_MEMORY;
+// Removes whole mappings ms (ascending, already validated): host VA back to reserved, one call per
+// run of adjacent mappings (the range asked for may hold holes), references dropped.
+CUresult unmap_range(State& s, const std::vector<std::map<uintptr_t, Mapping>::iterator>& ms) {
+  for (size_t i = 0; s.cfg.backing && i < ms.size();) {
+    const uintptr_t run_lo = ms[i]->first;
+    uintptr_t run_hi = run_lo + ms[i]->second.size;
+    for (++i; i < ms.size() && ms[i]->first == run_hi; ++i) run_hi += ms[i]->second.size;
+    if (!detail::va_unmap_to_reserved(run_lo, run_hi - run_lo)) return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   for (auto it : ms) {
     Allocation* a = it->second.alloc;
     s.mapped_bytes -= it->second.size;
@@ -238,9 +241,7 @@ CUresult sim_mem_address_free(CUdeviceptr ptr, size_t size) {
       if (first == s.mappings.end()) first = s.mappings.lower_bound(base);
       for (auto m = first; m != s.mappings.end() && m->first < end;) {
         auto next = std::next(m);
-        const uintptr_t lo = m->first;
-        const uintptr_t hi = lo + m->second.size;
-        const CUresult r = unmap_range(s, lo, hi, {m});
+        const CUresult r = unmap_range(s, {m});
         if (r != CUDA_SUCCESS) return r;
         m = next;
       }
@@ -264,8 +265,10 @@ CUresult sim_mem_create(CUmemGenericAllocationHandle* handle, size_t size,
     constexpr unsigned kKnownHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR |
                                            CU_MEM_HANDLE_TYPE_WIN32 | CU_MEM_HANDLE_TYPE_WIN32_KMT |
                                            CU_MEM_HANDLE_TYPE_FABRIC;
-    const auto handle_types = static_cast<unsigned>(detail::bits(prop->requestedHandleTypes));
-    if ((handle_types & ~kKnownHandleTypes) != 0) return CUDA_ERROR_INVALID_VALUE;
+    // Bits outside the known handle types are ignored, and dropped from the properties the handle
+    // reports (0x100 -> SUCCESS, reported as 0; measured on H100, driver 580.159.04, 2026-11-23).
+    const auto handle_types =
+        static_cast<unsigned>(detail::bits(prop->requestedHandleTypes)) & kKnownHandleTypes;
     if (prop->win32HandleMetaData != nullptr) return CUDA_ERROR_INVALID_VALUE;
     const auto& af = prop->allocFlags;
     if (af.compressionType > CU_MEM_ALLOCATION_COMP_GENERIC) return CUDA_ERROR_INVALID_VALUE;
@@ -314,6 +317,7 @@ CUresult sim_mem_create(CUmemGenericAllocationHandle* handle, size_t size,
     a->device = dev;
     a->size = size;
     a->prop = *prop;
+    a->prop.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(handle_types);
     a->prop.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_NONE;  // attr 107 is 0
     a->user_refs = 1;
     a->offset = offset;
@@ -346,11 +350,8 @@ CUresult sim_mem_get_allocation_granularity(size_t* granularity, const CUmemAllo
     if (opt != CU_MEM_ALLOC_GRANULARITY_MINIMUM && opt != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) {
       return CUDA_ERROR_INVALID_VALUE;
     }
-    if (detail::bits(prop->type) != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
-    if (detail::bits(prop->location.type) != CU_MEM_LOCATION_TYPE_DEVICE ||
-        !valid_device(s, prop->location.id)) {
-      return CUDA_ERROR_INVALID_VALUE;
-    }
+    // The properties themselves are not looked at: a bad type, location type or device ordinal
+    // still gets the granularity (measured on H100, driver 580.159.04, 2026-11-23).
     *granularity = s.cfg.granularity;
     return CUDA_SUCCESS;
   });
@@ -388,14 +389,17 @@ CUresult sim_mem_map(CUdeviceptr ptr, size_t size, size_t offset,
   return run(EntryPoint::mem_map, true, [&](State& s, CallSize& units) {
     if (const CUresult c = detail::check_unsafe_call(s); c != CUDA_SUCCESS) return c;
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
-    if (flags != 0 || offset != 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (flags != 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    Allocation* a = live_handle(s, handle);
+    if (a == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    // Only a whole handle maps: a non-zero offset or a size other than the handle's (unaligned,
+    // smaller, larger) is NOT_SUPPORTED, asked before the address is looked at (measured on H100,
+    // driver 580.159.04, 2026-11-23).
+    if (offset != 0 || size != a->size) return CUDA_ERROR_NOT_SUPPORTED;
     const auto lo = static_cast<uintptr_t>(ptr);
-    if (!aligned(lo, s.cfg.granularity) || !aligned(size, s.cfg.granularity))
-      return CUDA_ERROR_INVALID_VALUE;
+    if (!aligned(lo, s.cfg.granularity)) return CUDA_ERROR_INVALID_VALUE;
     const uintptr_t hi = lo + size;
     if (hi < lo) return CUDA_ERROR_INVALID_VALUE;
-    Allocation* a = live_handle(s, handle);
-    if (a == nullptr || size > a->size) return CUDA_ERROR_INVALID_VALUE;
     if (!inside_reservations(s, lo, hi, !s.policy.map_across_reservations_is_error)) {
       return CUDA_ERROR_INVALID_VALUE;
     }
@@ -422,9 +426,13 @@ CUresult sim_mem_unmap(CUdeviceptr ptr, size_t size) {
     const auto lo = static_cast<uintptr_t>(ptr);
     const uintptr_t hi = lo + size;
     if (size == 0 || hi < lo) return CUDA_ERROR_INVALID_VALUE;
-    const auto ms = whole_mappings(s, lo, hi);
-    if (ms.empty()) return CUDA_ERROR_INVALID_VALUE;
-    const CUresult r = unmap_range(s, lo, hi, ms);
+    // The start must lie in a reservation; then every mapping wholly inside the range is unmapped
+    // and holes (even the whole range) are skipped: SUCCESS. Only a mapping cut by either end
+    // fails the call, with nothing unmapped (measured on H100, driver 580.159.04, 2026-11-23).
+    if (!inside_reservations(s, lo, lo + 1, false)) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<std::map<uintptr_t, Mapping>::iterator> ms;
+    if (!mappings_inside(s, lo, hi, &ms)) return CUDA_ERROR_INVALID_VALUE;
+    const CUresult r = unmap_range(s, ms);
     if (r == CUDA_SUCCESS) units = {size, ms.size(), 1};
     return r;
   });
@@ -443,26 +451,37 @@ CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc*
           f != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
         return CUDA_ERROR_INVALID_VALUE;
       }
-      // All sim allocations are device memory: HOST/HOST_NUMA access descriptors are invalid.
-      if (detail::bits(d.location.type) != CU_MEM_LOCATION_TYPE_DEVICE)
-        return CUDA_ERROR_INVALID_VALUE;
-      if (!valid_device(s, d.location.id)) return CUDA_ERROR_INVALID_DEVICE;
+      // All sim allocations are device memory: HOST/HOST_NUMA access to it is NOT_SUPPORTED, other
+      // location types and a bad device ordinal INVALID_VALUE (measured on H100, driver
+      // 580.159.04, 2026-11-23).
+      const int lt = detail::bits(d.location.type);
+      if (lt == CU_MEM_LOCATION_TYPE_HOST || lt == CU_MEM_LOCATION_TYPE_HOST_NUMA)
+        return CUDA_ERROR_NOT_SUPPORTED;
+      if (lt != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+      if (!valid_device(s, d.location.id)) return CUDA_ERROR_INVALID_VALUE;
     }
     const auto lo = static_cast<uintptr_t>(ptr);
     const uintptr_t hi = lo + size;
     if (size == 0 || hi < lo) return CUDA_ERROR_INVALID_VALUE;
     if (!aligned(lo, s.cfg.granularity) || !aligned(size, s.cfg.granularity))
       return CUDA_ERROR_INVALID_VALUE;
-    // Fully mapped: adjacent mappings from lo to hi (a granularity-aligned part of one is fine).
-    auto first = mapping_at(s, lo);
-    if (first == s.mappings.end()) return CUDA_ERROR_INVALID_VALUE;
+    // The range must begin where a mapping begins and end where one ends (part of a mapping:
+    // INVALID_VALUE). Access is then given to the adjacent mappings from lo up to the first hole
+    // and the call succeeds; mappings past a hole keep theirs (measured on H100, driver
+    // 580.159.04, 2026-11-23).
+    const auto first = s.mappings.find(lo);
+    const auto last = mapping_at(s, hi - 1);
+    if (first == s.mappings.end() || last == s.mappings.end() ||
+        last->first + last->second.size != hi) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
     std::vector<std::map<uintptr_t, Mapping>::iterator> ms;
-    uintptr_t cur = first->first;
-    for (auto it = first; cur < hi; ++it) {
-      if (it == s.mappings.end() || it->first != cur) return CUDA_ERROR_INVALID_VALUE;
+    uintptr_t cur = lo;
+    for (auto it = first; cur < hi && it != s.mappings.end() && it->first == cur; ++it) {
       ms.push_back(it);
       cur += it->second.size;
     }
+    const uintptr_t run_hi = cur;  // end of the run that gets the access
     // sim_rdma:wsl: WSL2 accepts gpuDirectRDMACapable at cuMemCreate/cuMemMap and fails here,
     // with the generic code, for every mapping of such memory (pytorch/pytorch#192330).
     if (s.cfg.rdma_wsl) {
@@ -499,9 +518,9 @@ CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc*
       }
       merge_runs(m);
     }
-    if (!detail::sync_host_protection(s, lo, size)) {
+    if (!detail::sync_host_protection(s, lo, run_hi - lo)) {
       for (size_t i = 0; i < ms.size(); ++i) ms[i]->second.access = std::move(saved[i]);
-      detail::sync_host_protection(s, lo, size);
+      detail::sync_host_protection(s, lo, run_hi - lo);
       return CUDA_ERROR_OUT_OF_MEMORY;  // the host ran out of mappings (vm.max_map_count)
     }
     units = {size, ms.size(), static_cast<double>(count)};

@@ -67,7 +67,7 @@ TEST_P(Conformance, CallCountsCountEveryCall) {
   const unsigned long long info0 = hooks()->call_count("cuMemGetInfo");
   const CUdeviceptr p = reserve(2 * gran());
   const CUmemGenericAllocationHandle h = create(gran());
-  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_map(p, gran(), gran(), h));  // a failing call counts too
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_map(p, gran(), 0, h, 1));  // a failing call counts too
   map(p, gran(), h);
   EXPECT_EQ(hooks()->call_count("cuMemCreate"), create0 + 1);
   EXPECT_EQ(hooks()->call_count("cuMemMap"), map0 + 2);

@@ -6,30 +6,41 @@
 namespace expanse::conformance {
 namespace {
 
-// §6.6 / §7 #18: offset must be 0.
-TEST_P(Conformance, MapNonZeroOffsetIsInvalidValue) {
+// §6.6 / §7 #18: offset must be 0; another is NOT_SUPPORTED, asked before the address (an
+// unaligned one, or one over a mapping) but after the flags and the handle (measured on H100, driver 580.159.04, 2026-11-23).
+TEST_P(Conformance, MapNonZeroOffsetIsNotSupported) {
   const CUdeviceptr p = reserve(2 * gran());
   const CUmemGenericAllocationHandle h = create(2 * gran());
-  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_map(p, gran(), gran(), h));
+  EXPECT_CU(CUDA_ERROR_NOT_SUPPORTED, try_map(p, gran(), gran(), h));
+  EXPECT_CU(CUDA_ERROR_NOT_SUPPORTED, try_map(p, gran(), 4096, h));
+  EXPECT_CU(CUDA_ERROR_NOT_SUPPORTED, try_map(p + 4096, gran(), gran(), h));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_map(p, gran(), gran(), h, 1));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_map(p, gran(), gran(), 0));
   EXPECT_CU(CUDA_SUCCESS, try_map(p, 2 * gran(), 0, h));
+  EXPECT_CU(CUDA_ERROR_NOT_SUPPORTED, try_map(p, gran(), gran(), h));  // over the mapping too
 }
 
-// §6.6 / §7 #18: ptr and size must be multiples of the granularity.
-TEST_P(Conformance, MapUnalignedPtrOrSizeIsInvalidValue) {
+// §6.6 / §7 #18: ptr must be a multiple of the granularity, size not 0 → INVALID_VALUE (measured on H100, driver 580.159.04, 2026-11-23).
+TEST_P(Conformance, MapUnalignedPtrOrZeroSizeIsInvalidValue) {
   const CUdeviceptr p = reserve(4 * gran());
   const CUmemGenericAllocationHandle h = create(gran());
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_map(p + 4096, gran(), 0, h));
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_map(p + gran() / 2, gran(), 0, h));
-  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_map(p, gran() / 2, 0, h));
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_map(p, 0, 0, h));
   EXPECT_CU(CUDA_SUCCESS, try_map(p + gran(), gran(), 0, h));
 }
 
-// §6.6 / §7 #18: size larger than the allocation → INVALID_VALUE.
-TEST_P(Conformance, MapSizeLargerThanAllocationIsInvalidValue) {
+// §6.6 / §7 #18: only a whole handle maps: a size other than the allocation's (unaligned, smaller,
+// larger) → NOT_SUPPORTED, asked before the address (measured on H100, driver 580.159.04, 2026-11-23).
+TEST_P(Conformance, MapSizeOtherThanAllocationIsNotSupported) {
   const CUdeviceptr p = reserve(4 * gran());
-  const CUmemGenericAllocationHandle h = create(gran());
-  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_map(p, 2 * gran(), 0, h));
+  const CUmemGenericAllocationHandle h = create(2 * gran());
+  EXPECT_CU(CUDA_ERROR_NOT_SUPPORTED, try_map(p, gran() / 2, 0, h));
+  EXPECT_CU(CUDA_ERROR_NOT_SUPPORTED, try_map(p, 3 * gran() / 2, 0, h));
+  EXPECT_CU(CUDA_ERROR_NOT_SUPPORTED, try_map(p, gran(), 0, h));
+  EXPECT_CU(CUDA_ERROR_NOT_SUPPORTED, try_map(p, 3 * gran(), 0, h));
+  EXPECT_CU(CUDA_ERROR_NOT_SUPPORTED, try_map(p + 4096, 3 * gran(), 0, h));
+  EXPECT_CU(CUDA_SUCCESS, try_map(p, 2 * gran(), 0, h));
 }
 
 // §6.6 / §7 #18: flags must be 0.
@@ -39,16 +50,22 @@ TEST_P(Conformance, MapNonZeroFlagsIsInvalidValue) {
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_map(p, gran(), 0, h, 1));
 }
 
-// §6.6 / §7 #20: the range must lie inside a reservation — neither outside every reservation
-// (a freed one) nor running past the end of one.
-TEST_P(Conformance, MapOutsideReservationIsInvalidValue) {
+// §6.6 / §7 #20: the range must start inside a reservation: a freed one, or a range starting in
+// freed address space and running into a reservation → INVALID_VALUE. (The real driver looks at
+// the start only: a tail past the end of a reservation into freed address space was accepted
+// there; the sim, which needs host address space behind every mapping, refuses that tail with
+// INVALID_VALUE. measured on H100, driver 580.159.04, 2026-11-23; an earlier version of this rule assumed the tail was checked and failed on
+// the real driver, where the address space after its reservation was reserved.)
+TEST_P(Conformance, MapStartOutsideReservationIsInvalidValue) {
   const CUmemGenericAllocationHandle h = create(2 * gran());
-  const CUdeviceptr gone = reserve(2 * gran());
-  ASSERT_CU(CUDA_SUCCESS, address_free(gone, 2 * gran()));
+  const CUdeviceptr gone = reserve(4 * gran());
+  ASSERT_CU(CUDA_SUCCESS, address_free(gone, 4 * gran()));
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_map(gone, 2 * gran(), 0, h));
-  const CUdeviceptr p = reserve(3 * gran());
-  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_map(p + 2 * gran(), 2 * gran(), 0, h));  // tail overhangs
-  EXPECT_CU(CUDA_SUCCESS, try_map(p + gran(), 2 * gran(), 0, h));
+  // Reserve the top half of the freed range again (the hint is honoured where the range is free).
+  const CUdeviceptr p = reserve(2 * gran(), 0, gone + 2 * gran());
+  if (p != gone + 2 * gran()) GTEST_SKIP() << "the driver did not honour the address hint";
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_map(gone + gran(), 2 * gran(), 0, h));  // head outside
+  EXPECT_CU(CUDA_SUCCESS, try_map(p, 2 * gran(), 0, h));
 }
 
 // §6.6 / §7 #19: mapping over an existing mapping (whole or partly) → INVALID_VALUE.
@@ -70,16 +87,20 @@ TEST_P(Conformance, MapOverExistingMappingIsInvalidValue) {
   }
 }
 
-// §6.6 / §7 #21 / §10 (sim policy; undocumented on the real driver): one mapping may not span two
-// adjacent reservations.
-TEST_P(Conformance, MapSpanningTwoReservationsIsInvalidValue) {
-  CONFORMANCE_REQUIRE_SIM("policy for a corner the real driver leaves undocumented (spec §10)");
+// §6.6 / §7 #21: one mapping may span two adjacent reservations; neither can be freed while it
+// is mapped (measured on H100, driver 580.159.04, 2026-11-23).
+TEST_P(Conformance, MapSpanningTwoReservationsSucceeds) {
   CUdeviceptr a = 0;
   CUdeviceptr b = 0;
   CONFORMANCE_RESERVE_ADJACENT(2 * gran(), &a, &b);
   const CUmemGenericAllocationHandle h = create(2 * gran());
-  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_map(a + gran(), 2 * gran(), 0, h));
-  EXPECT_CU(CUDA_SUCCESS, try_map(b, 2 * gran(), 0, h));
+  ASSERT_CU(CUDA_SUCCESS, try_map(a + gran(), 2 * gran(), 0, h));
+  EXPECT_CU(CUDA_SUCCESS, set_access(a + gran(), 2 * gran()));
+  EXPECT_EQ(get_access(b), static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, address_free(a, 2 * gran()));
+  EXPECT_CU(CUDA_SUCCESS, unmap(a + gran(), 2 * gran()));
+  EXPECT_CU(CUDA_SUCCESS, address_free(a, 2 * gran()));
+  EXPECT_CU(CUDA_SUCCESS, address_free(b, 2 * gran()));
 }
 
 // §6.6: an unknown handle, or one whose every reference is gone → INVALID_VALUE.
@@ -136,21 +157,39 @@ TEST_P(Conformance, UnmapSubRangeIsInvalidValue) {
   EXPECT_CU(CUDA_SUCCESS, unmap(b.ptr, b.size));
 }
 
-// §6.7 / §7 #25: a range containing a never-mapped page → INVALID_VALUE (nothing unmapped).
-TEST_P(Conformance, UnmapOverHoleIsInvalidValue) {
+// §6.7 / §7 #25: a range with never-mapped pages unmaps every mapping wholly inside it and skips
+// the holes: SUCCESS. A mapping cut by the range's end still fails it, unmapping nothing (measured on H100, driver 580.159.04, 2026-11-23).
+TEST_P(Conformance, UnmapOverHoleUnmapsTheWholeMappingsInside) {
   const CUdeviceptr p = reserve(3 * gran());
   const CUmemGenericAllocationHandle a = create(gran());
   const CUmemGenericAllocationHandle c = create(gran());
+  auto is_mapped = [&](CUdeviceptr va) {
+    CUmemGenericAllocationHandle got = 0;
+    if (retain(&got, va) != CUDA_SUCCESS) return false;
+    EXPECT_CU(CUDA_SUCCESS, release(got));
+    return true;
+  };
   map(p, gran(), a);
   map(p + 2 * gran(), gran(), c);
-  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, unmap(p, 3 * gran()));       // hole in the middle
-  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, unmap(p + gran(), gran()));  // only the hole
-  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, unmap(p, 2 * gran()));       // mapping + hole
+  EXPECT_CU(CUDA_SUCCESS, unmap(p + gran(), gran()));  // only the hole: nothing changes
+  EXPECT_TRUE(is_mapped(p));
+  EXPECT_TRUE(is_mapped(p + 2 * gran()));
+  EXPECT_CU(CUDA_SUCCESS, unmap(p, 2 * gran()));  // mapping + hole: the mapping goes
+  EXPECT_FALSE(is_mapped(p));
+  EXPECT_TRUE(is_mapped(p + 2 * gran()));
+  map(p, gran(), a);
+  EXPECT_CU(CUDA_SUCCESS, unmap(p, 3 * gran()));  // hole in the middle: both go
+  EXPECT_FALSE(is_mapped(p));
+  EXPECT_FALSE(is_mapped(p + 2 * gran()));
   if (hooks() != nullptr) {
-    EXPECT_EQ(hooks()->outstanding().mappings, 2u);
+    EXPECT_EQ(hooks()->outstanding().mappings, 0u);
   }
-  EXPECT_CU(CUDA_SUCCESS, unmap(p, gran()));
-  EXPECT_CU(CUDA_SUCCESS, unmap(p + 2 * gran(), gran()));
+  // Half a mapping plus a hole: INVALID_VALUE, the mapping stays.
+  const CUmemGenericAllocationHandle b = create(2 * gran());
+  map(p, 2 * gran(), b);
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, unmap(p + gran(), 2 * gran()));
+  EXPECT_TRUE(is_mapped(p));
+  EXPECT_CU(CUDA_SUCCESS, unmap(p, 3 * gran()));
 }
 
 // §6.7 / §7 #24: one unmap may cover several whole adjacent mappings.
@@ -204,12 +243,16 @@ TEST_P(Conformance, UnmappedMemoryFaults) {
   EXPECT_FALSE(expanse::test::probe_readable(b.host() + b.size - 1));
 }
 
-// §6.7: unmap of a range that was never mapped, or of an address outside any reservation →
-// INVALID_VALUE.
-TEST_P(Conformance, UnmapNeverMappedIsInvalidValue) {
+// §6.7: unmap of a reserved range that was never mapped → SUCCESS (nothing to do); of an address
+// outside any reservation (a freed one), or of size 0 → INVALID_VALUE (measured on H100, driver 580.159.04, 2026-11-23).
+TEST_P(Conformance, UnmapNeverMappedSucceeds) {
   const CUdeviceptr p = reserve(2 * gran());
-  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, unmap(p, 2 * gran()));
+  EXPECT_CU(CUDA_SUCCESS, unmap(p, 2 * gran()));
+  EXPECT_CU(CUDA_SUCCESS, unmap(p + gran(), gran()));
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, unmap(p, 0));
+  const CUdeviceptr gone = reserve(2 * gran());
+  ASSERT_CU(CUDA_SUCCESS, address_free(gone, 2 * gran()));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, unmap(gone, gran()));
 }
 
 }  // namespace

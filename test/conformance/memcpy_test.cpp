@@ -94,7 +94,13 @@ TEST_P(Conformance, MemcpyDtoHUnmappedRangeIsInvalidValue) {
 TEST_P(Conformance, MemcpyHtoDIntoReadOnlyMappingIsInvalidValue) {
   CONFORMANCE_REQUIRE_SIM("the real driver may fault (sticky ILLEGAL_ADDRESS) on a read-only page");
   make_current();
-  const Block b = make_block(2);
+  // Two handles side by side: access is given per whole mapping (part of one is INVALID_VALUE).
+  Block b;
+  b.size = 2 * gran();
+  b.ptr = reserve(b.size);
+  map(b.ptr, gran(), create(gran()));
+  map(b.ptr + gran(), gran(), create(gran()));
+  ASSERT_CU(CUDA_SUCCESS, set_access(b.ptr, b.size));
   const std::vector<unsigned char> before = bytes_pattern(4096, 3);
   ASSERT_CU(CUDA_SUCCESS, t().memcpy_htod(b.ptr + gran() - 2048, before.data(), before.size()));
   // The second page becomes READ-only: a copy into it, or across into it, fails.

@@ -71,8 +71,11 @@ TEST_F(SimData, AccessFaultsUnlessGranted) {
   void* p = as_ptr(va);
   void* q = as_ptr(va + 2 * MiB + 100);
   EXPECT_FALSE(probe_readable(p));  // reserved only
-  const CUmemGenericAllocationHandle h = create(4 * MiB);
-  ASSERT_EQ(CUDA_SUCCESS, t().mem_map(va, 4 * MiB, 0, h, 0));
+  // Two handles: access is given per whole mapping.
+  const CUmemGenericAllocationHandle h = create(2 * MiB);
+  const CUmemGenericAllocationHandle h2 = create(2 * MiB);
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_map(va, 2 * MiB, 0, h, 0));
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_map(va + 2 * MiB, 2 * MiB, 0, h2, 0));
   EXPECT_FALSE(probe_readable(p));  // mapped, no access yet
   ASSERT_EQ(CUDA_SUCCESS, set_access(va, 4 * MiB, 0, CU_MEM_ACCESS_FLAGS_PROT_READ));
   EXPECT_TRUE(probe_readable(p));
@@ -92,10 +95,11 @@ TEST_F(SimData, AccessFaultsUnlessGranted) {
   ASSERT_EQ(CUDA_SUCCESS, t().mem_unmap(va, 4 * MiB));
   EXPECT_FALSE(probe_readable(p));  // unmapped again
   // Remapped: access is not inherited.
-  ASSERT_EQ(CUDA_SUCCESS, t().mem_map(va, 4 * MiB, 0, h, 0));
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_map(va, 2 * MiB, 0, h, 0));
   EXPECT_FALSE(probe_readable(p));
-  ASSERT_EQ(CUDA_SUCCESS, t().mem_unmap(va, 4 * MiB));
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_unmap(va, 2 * MiB));
   ASSERT_EQ(CUDA_SUCCESS, t().mem_release(h));
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_release(h2));
   ASSERT_EQ(CUDA_SUCCESS, t().mem_address_free(va, 8 * MiB));
 }
 

@@ -114,6 +114,38 @@ TEST(Selftest, JsonAgainstTheSimLibraryAsTheDriver) {
 CUresult (*g_real_create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
                           unsigned long long) = nullptr;
 CUresult (*g_real_dtoh)(void*, CUdeviceptr, size_t) = nullptr;
+CUresult (*g_real_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                       unsigned long long) = nullptr;
+CUresult (*g_real_unmap)(CUdeviceptr, size_t) = nullptr;
+CUresult (*g_real_retain)(CUmemGenericAllocationHandle*, void*) = nullptr;
+CUresult (*g_real_release)(CUmemGenericAllocationHandle) = nullptr;
+
+bool page_mapped(CUdeviceptr va) {
+  CUmemGenericAllocationHandle h = 0;
+  if (g_real_retain(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(va))) != CUDA_SUCCESS)
+    return false;
+  g_real_release(h);
+  return true;
+}
+
+// The code the sim gave before it was measured on a real H100: INVALID_VALUE for an offset.
+CUresult invalid_value_offset_map(CUdeviceptr p, size_t size, size_t offset,
+                                  CUmemGenericAllocationHandle h, unsigned long long flags) {
+  if (offset != 0) return CUDA_ERROR_INVALID_VALUE;
+  return g_real_map(p, size, offset, h, flags);
+}
+
+// Refuses a range that starts on a page never mapped (the sim's old rule).
+CUresult strict_unmap(CUdeviceptr p, size_t size) {
+  if (!page_mapped(p)) return CUDA_ERROR_INVALID_VALUE;
+  return g_real_unmap(p, size);
+}
+
+// Says SUCCESS but unmaps nothing where the range ends on a page never mapped.
+CUresult lazy_unmap(CUdeviceptr p, size_t size) {
+  if (size != 0 && !page_mapped(p + size - 1)) return CUDA_SUCCESS;
+  return g_real_unmap(p, size);
+}
 
 // Accepts any size, rounding it up to the granularity (2 MiB), as a lax driver might.
 CUresult lenient_create(CUmemGenericAllocationHandle* h, size_t size,
@@ -138,6 +170,10 @@ class SelftestBrokenDriver : public ::testing::Test {
     table_ = sim_->table();
     g_real_create = table_.mem_create;
     g_real_dtoh = table_.memcpy_dtoh;
+    g_real_map = table_.mem_map;
+    g_real_unmap = table_.mem_unmap;
+    g_real_retain = table_.mem_retain_allocation_handle;
+    g_real_release = table_.mem_release;
   }
   SelftestReport run(const char* description) {
     driver::LoadedDriver broken(table_, driver::DriverKind::cuda, description, nullptr);
@@ -178,6 +214,30 @@ TEST_F(SelftestBrokenDriver, CreateAcceptingAnUnalignedSizeFailsItsCheck) {
                        "expected CUDA_ERROR_INVALID_VALUE"});
   Json j = tools::selftest_json(r);
   EXPECT_FALSE(j["ok"].get<bool>());
+}
+
+// The real driver's codes (measured on H100, driver 580.159.04, 2026-11-23) are what the checks
+// expect; a driver answering as the sim used to fails the matching check.
+TEST_F(SelftestBrokenDriver, MapOffsetAnsweredInvalidValueFailsItsCheck) {
+  table_.mem_map = invalid_value_offset_map;
+  const SelftestReport r = run("sim with INVALID_VALUE for a map offset");
+  expect_only_failure(r, "map_offset_must_be_zero",
+                      {"offset 2 MiB", "returned CUDA_ERROR_INVALID_VALUE",
+                       "expected CUDA_ERROR_NOT_SUPPORTED"});
+}
+
+TEST_F(SelftestBrokenDriver, UnmapRefusingAPageNeverMappedFailsItsCheck) {
+  table_.mem_unmap = strict_unmap;
+  const SelftestReport r = run("sim refusing to unmap a page never mapped");
+  expect_only_failure(r, "unmap_skips_unmapped",
+                      {"a reserved page never mapped", "returned CUDA_ERROR_INVALID_VALUE",
+                       "expected CUDA_SUCCESS"});
+}
+
+TEST_F(SelftestBrokenDriver, UnmapThatLeavesTheMappingBesideAHoleFailsItsCheck) {
+  table_.mem_unmap = lazy_unmap;
+  const SelftestReport r = run("sim whose unmap over a hole unmaps nothing");
+  expect_only_failure(r, "unmap_skips_unmapped", {"left the mapping in place"});
 }
 
 TEST_F(SelftestBrokenDriver, CopiesThatCorruptDataFailTheDataChecks) {
