@@ -171,14 +171,6 @@ bool DeviceDriver::has_peer(int peer) const {
 
 // ---- stream identity ----------------------------------------------------------------------
 
-bool DeviceDriver::stream_id(CUstream s, uint64_t* id) {
-  if (!has_ids_) return false;
-  unsigned long long v = 0;
-  if (t_.stream_get_id(s, &v) != CUDA_SUCCESS) return false;
-  *id = v;
-  return true;
-}
-
 StreamIdentity DeviceDriver::identify(CUstream s) {
   StreamIdentity out;
   const auto raw = reinterpret_cast<uintptr_t>(s);

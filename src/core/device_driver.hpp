@@ -108,8 +108,6 @@ class DeviceDriver {
   // driver_error when the driver rejects s.
   StreamIdentity identify(CUstream s);
   bool has_stream_ids() const noexcept { return has_ids_; }
-  // cuStreamGetId of s; false when the driver has no ids or refuses s.
-  bool stream_id(CUstream s, uint64_t* id);
   CUresult stream_ctx(CUstream s, CUcontext* ctx);
   // True only when the driver says s is not capturing (cuStreamIsCapturing is legal during
   // capture); false when it captures, its capture was invalidated, or the query failed.

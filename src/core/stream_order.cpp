@@ -37,6 +37,14 @@ uint64_t this_thread_serial() {
   return serial;
 }
 
+// What fences of a stream of this kind are recorded on: the legacy stream for legacy keys (which
+// stand for NULL and CU_STREAM_LEGACY alike), the calling thread's per-thread stream, else s.
+CUstream handle_for(StreamIdentity::Kind kind, CUstream s) {
+  return kind == StreamIdentity::legacy       ? CU_STREAM_LEGACY
+         : kind == StreamIdentity::per_thread ? CU_STREAM_PER_THREAD
+                                              : s;
+}
+
 }  // namespace
 
 StreamIdentity DeviceAllocator::identify(CUstream s, const char* what, const void* ptr) {
@@ -86,17 +94,13 @@ DeviceAllocator::StreamState& DeviceAllocator::stream_state(CUstream s, const St
   StreamState& ss = it->second;
   if (!added) {
     ss.gone = false;  // the driver just named it again: its handle is valid
-    ss.handle = ss.kind == StreamIdentity::legacy       ? CU_STREAM_LEGACY
-                : ss.kind == StreamIdentity::per_thread ? CU_STREAM_PER_THREAD
-                                                        : s;
+    ss.handle = handle_for(ss.kind, s);
     return ss;
   }
   ss.key = key;
   ss.kind = id.kind;
   ss.id = id.id;
-  ss.handle = id.kind == StreamIdentity::legacy       ? CU_STREAM_LEGACY
-              : id.kind == StreamIdentity::per_thread ? CU_STREAM_PER_THREAD
-                                                      : s;
+  ss.handle = handle_for(id.kind, s);
   if (id.kind == StreamIdentity::per_thread || id.kind == StreamIdentity::unknown ||
       (id.kind == StreamIdentity::capturing && s == CU_STREAM_PER_THREAD)) {
     ss.owner_thread = this_thread_serial();
@@ -171,9 +175,9 @@ void DeviceAllocator::put_event(CUcontext ctx, CUevent e) { event_pool_[ctx].pus
 
 // ---- fences ----------------------------------------------------------------------------------
 
-// No stream of ctx that expanse knows is capturing (a legacy-stream record or a context sync
-// would implicitly synchronize with it, which invalidates the capture).
-// Asks only what is safe to ask: the current call's stream and ctx's legacy stream (which
+// Whether no capture is known to be under way in ctx (a legacy-stream record or a context sync
+// would implicitly synchronize with it, which invalidates the capture). Asks only what is safe to
+// ask: the current call's stream and ctx's legacy stream (which
 // answers IMPLICIT while a blocking stream of ctx captures); a capture seen by an earlier call
 // counts as under way until a later call finds its stream not capturing. A capture on a
 // non-blocking stream expanse never saw cannot be detected (no legal question finds it).
