@@ -32,3 +32,40 @@ TEST(DeviceDriverTest, ReleasesThePrimaryContextItRetained) {
 
 }  // namespace
 }  // namespace expanse::test
+
+namespace expanse::test {
+namespace {
+
+// EXPANSE_DRIVER_TRACE wraps the table the loader hands out: errors names each failing call
+// (entry point, first argument, code) and nothing else; a bad value is refused by name.
+TEST(DriverTrace, ErrorsModeReportsFailingCallsOnly) {
+  ::setenv("EXPANSE_DRIVER_TRACE", "errors", 1);
+  auto drv = driver::load_sim(sim::SimConfig{}, "trace test");
+  ::unsetenv("EXPANSE_DRIVER_TRACE");
+  CUdevice d = 0;
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(drv->table().device_get(&d, 0), CUDA_SUCCESS);
+  EXPECT_EQ(drv->table().device_get(&d, 99), CUDA_ERROR_INVALID_DEVICE);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("cuDeviceGet(0x"), std::string::npos) << err;
+  EXPECT_NE(err.find(") -> 101"), std::string::npos) << err;
+  EXPECT_EQ(err.find("cuDeviceGet"), err.rfind("cuDeviceGet")) << "a successful call was traced";
+  drv = driver::load_sim(sim::SimConfig{}, "untraced");  // unset again: nothing is written
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(drv->table().device_get(&d, 99), CUDA_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+}
+
+TEST(DriverTrace, UnknownModeIsRefusedByName) {
+  ::setenv("EXPANSE_DRIVER_TRACE", "verbose", 1);
+  try {
+    driver::load_sim(sim::SimConfig{}, "trace test");
+    ADD_FAILURE() << "no error";
+  } catch (const driver::driver_error& e) {
+    EXPECT_NE(std::string(e.what()).find("'verbose'"), std::string::npos) << e.what();
+  }
+  ::unsetenv("EXPANSE_DRIVER_TRACE");
+}
+
+}  // namespace
+}  // namespace expanse::test
