@@ -92,6 +92,11 @@ void release_stream(CUstream stream);
 void release_all();
 // Number of events recorded but not complete, over all streams.
 size_t pending_events();
+// The latest (up to 16) captures that cuStreamEndCapture found invalidated, one line each:
+// which capture, and which entry point, called from which thread in which capture mode,
+// invalidated it ("capture 7 (THREAD_LOCAL, device 0, ...) was invalidated by cuCtxSynchronize
+// on thread 3 in mode RELAXED"). Empty when none was.
+std::string capture_log();
 
 // --- what is outstanding ---------------------------------------------------------------------
 struct Outstanding {

@@ -38,6 +38,14 @@ CUresult run(EntryPoint e, bool needs_init, Body&& body) {
   }
   if (needs_init && !s.initialized) return CUDA_ERROR_NOT_INITIALIZED;
   CallSize size;
+  // Names the call for capture invalidation records (invalidate()).
+  struct CallScope {
+    const char* old;
+    explicit CallScope(EntryPoint e) : old(detail::current_call()) {
+      detail::current_call() = driver::entry_point_name(e);
+    }
+    ~CallScope() { detail::current_call() = old; }
+  } scope(e);
   const CUresult r = body(s, size);
   if (r == CUDA_SUCCESS) s.modeled_ns += s.costs.cost_ns(e, size.bytes, size.mappings) * size.times;
   return r;

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -93,6 +94,7 @@ struct Capture {
   uint64_t thread = 0;  // the thread that began it
   int device = 0;       // its context
   bool invalidated = false;
+  std::string invalidated_by;  // the call (and thread) that invalidated it, for capture_log()
   bool ended = false;  // cuStreamEndCapture was called (or its context was reset)
   CUgraph graph = nullptr;  // the graph being captured into, handed over at cuStreamEndCapture
   Stream* origin = nullptr;
@@ -190,6 +192,8 @@ struct State {
   std::map<uintptr_t, bool> graphs;  // value: owned by the user (false while capturing)
   uintptr_t next_graph_handle = 0;
   std::vector<std::shared_ptr<Capture>> captures;  // capture sequences under way
+  // The latest captures that cuStreamEndCapture found invalidated, and by what (capture_log()).
+  std::deque<std::string> invalidated_captures;
 
   std::array<std::map<uint64_t, CUresult>, kEntryCount> injections;  // call number -> code
   std::array<uint64_t, kEntryCount> calls_seen{};  // monotonic, not cleared by reset_counts
@@ -261,8 +265,11 @@ int device_ordinal(const State& s, CUdevice dev) noexcept;
 int& thread_capture_mode(const State& s) noexcept;
 // The state of a stream's capture: NONE, ACTIVE or INVALIDATED.
 CUstreamCaptureStatus capture_status(const Stream& st) noexcept;
-// Marks a capture sequence invalidated (cuStreamEndCapture then fails).
+// Marks a capture sequence invalidated (cuStreamEndCapture then fails), remembering the entry
+// point running on the calling thread (CallScope) as the culprit.
 void invalidate(Capture& c) noexcept;
+// The entry point the calling thread is running (set by run()), nullptr outside one.
+const char*& current_call() noexcept;
 // Whether a blocking (not CU_STREAM_NON_BLOCKING) stream of device's context is capturing: the
 // legacy stream is then unusable (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT).
 bool blocking_capture_in(const State& s, int device) noexcept;

@@ -326,7 +326,8 @@ TEST(StreamSoak, DISABLED_EightThreadsStreamsRecycledCapturedHeldNeverReuseUnder
           ooms.fetch_add(1);
         }
         CUgraph g = nullptr;
-        EXPECT_EQ(t.stream_end_capture(sl.s, &g), CUDA_SUCCESS) << "capture invalidated";
+        EXPECT_EQ(t.stream_end_capture(sl.s, &g), CUDA_SUCCESS)
+            << "capture invalidated:\n" << sim::capture_log();
         if (g != nullptr) t.graph_destroy(g);
         captures.fetch_add(1);
       } else if (r < 96) {
