@@ -184,6 +184,19 @@ DeviceAllocator::Recorded DeviceAllocator::record_fence(StreamState& ss, bool at
     put_event(ss.ctx, e);
     return Recorded::not_now;
   }
+  // The application may destroy the stream and create another between the check above and the
+  // record (expanse holds no lock of the application's, and the driver hands the new stream the
+  // same handle value): the event may then sit on the new stream and prove nothing about ss.
+  // Ids are never reused, so the same id now means the handle named ss all along. Such an event
+  // may be part of a capture the new stream runs: it stays out of the pool, like below.
+  if (ss.kind == StreamIdentity::created || ss.kind == StreamIdentity::per_thread) {
+    uint64_t after = 0;
+    drv_.add_stream_queries(1);
+    if (!drv_.stream_id(ss.handle, &after) || after != ss.id) {
+      ss.gone = ss.kind == StreamIdentity::created;
+      return ss.gone ? Recorded::gone : Recorded::not_now;
+    }
+  }
   // A capture begun by another thread between the check and the record may have taken the
   // record into its graph; such an event must never be queried. It stays out of the pool.
   if (!drv_.surely_not_capturing(ss.handle)) return Recorded::not_now;

@@ -116,5 +116,67 @@ TEST_F(StreamOrderTest, CallsRunInTheDevicesContextWhateverTheThreadHasCurrent) 
   t.device_primary_ctx_release(dev0);
 }
 
+// The application destroys a stream and creates another while expanse records a fence on the
+// first: the driver hands the new stream the same handle value (rapidsai/rmm#649), so the
+// fence lands on the new, idle stream and completes at once. Between expanse's identity check
+// (cuStreamGetId) and its cuEventRecord, another thread may do exactly that: the test wraps
+// cuEventRecord to do it inside that window, deterministically.
+// Was a bug (the soak's "handed to a stream while another stream's work runs" under TSan): the
+// fence made the old stream's freed block safe while its work was pending, and another stream
+// got it.
+struct RecycleOnRecord {
+  static inline const driver::DriverTable* real = nullptr;
+  static inline CUstream target = nullptr;  // armed: recycle this handle at its next record
+  static inline bool recycled = false;
+  static CUresult record(CUevent e, CUstream s) {
+    if (target != nullptr && s == target) {
+      target = nullptr;
+      CUstream fresh = nullptr;
+      recycled = real->stream_destroy(s) == CUDA_SUCCESS &&
+                 real->stream_create(&fresh, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS &&
+                 fresh == s;
+    }
+    return real->event_record(e, s);
+  }
+};
+
+TEST_F(StreamOrderTest, FenceRecordedOnARecycledHandleProvesNothing) {
+  make(sim_config(1 * GiB));
+  driver::DriverTable table = drv_->table();
+  RecycleOnRecord::real = &drv_->table();
+  table.event_record = RecycleOnRecord::record;
+  driver::LoadedDriver wrapped(table, driver::DriverKind::sim, "recycle on record", nullptr);
+  core::AllocatorOptions opts;
+  opts.lifo_depth = 0;  // frees go straight to the index, where a fence can make them safe
+  alloc_ = std::make_unique<core::DeviceAllocator>(wrapped, 0, opts);
+  CUstream s1 = new_stream(), s2 = new_stream();
+  void* a = alloc_->allocate(2 * MiB, s1);
+  sim::hold_stream(s1);  // s1's kernels on a still run
+  {
+    const auto& t = drv_->table();
+    CUcontext ctx = nullptr;
+    ASSERT_EQ(t.stream_get_ctx(s1, &ctx), CUDA_SUCCESS);
+    ASSERT_EQ(t.ctx_push_current(ctx), CUDA_SUCCESS);
+    CUevent kernel = nullptr;
+    ASSERT_EQ(t.event_create(&kernel, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    ASSERT_EQ(t.event_record(kernel, s1), CUDA_SUCCESS);  // the work on a (the real record)
+    alloc_->deallocate(a, s1);
+    RecycleOnRecord::target = s1;
+    void* b = alloc_->allocate(2 * MiB, s2);  // polls: a fence for s1 is recorded
+    EXPECT_TRUE(RecycleOnRecord::recycled) << "no fence was recorded on s1: the test tests nothing";
+    EXPECT_FALSE(overlaps(a, 2 * MiB, b, 2 * MiB) && t.event_query(kernel) != CUDA_SUCCESS)
+        << "handed to s2 while s1's (destroyed stream's) work on it is pending";
+    alloc_->deallocate(b, s2);
+    sim::release_all();
+    alloc_->release_cached();
+    t.event_destroy(kernel);
+    CUcontext popped = nullptr;
+    t.ctx_pop_current(&popped);
+  }
+  EXPECT_EQ(alloc_->check_invariants(), "");
+  alloc_.reset();  // before `wrapped`
+  RecycleOnRecord::target = nullptr;
+}
+
 }  // namespace
 }  // namespace expanse::test
