@@ -8,6 +8,7 @@
 //
 // EXPANSE_SOAK_STEPS overrides the total steps (default 10^5).
 #include "core_fixture.hpp"
+#include "core/capture_announcements.hpp"
 #include "expanse/errors.hpp"
 #include "reference_model.hpp"
 
@@ -375,9 +376,18 @@ TEST(StreamSoak, DISABLED_EightThreadsStreamsRecycledCapturedHeldNeverReuseUnder
         if (sl.s == old) recycled.fetch_add(1);
       } else if (r < 94) {
         // A capture on a shared stream of device 0: allocate and free inside it, and on the
-        // per-thread stream meanwhile; the capture must end valid.
+        // per-thread stream meanwhile; the capture must end valid. It is announced to expanse
+        // first, as PyTorch's CUDAGraph tells its allocator before cudaStreamBeginCapture: the
+        // other threads' allocations may need to synchronize device 0's context, which would
+        // invalidate any capture in it, and nothing in the driver lets them see an unannounced
+        // one begin (capture_announcements.hpp).
         Slot& sl = slots[pick_slot(0)];
         std::lock_guard<std::mutex> lock(sl.mu);
+        core::CaptureAnnouncements::begin(ctx[0]);
+        struct Unannounce {
+          CUcontext c;
+          ~Unannounce() { core::CaptureAnnouncements::end(c); }
+        } unannounce{ctx[0]};
         if (t.stream_begin_capture(sl.s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) != CUDA_SUCCESS) {
           continue;
         }
