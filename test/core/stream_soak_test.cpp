@@ -179,7 +179,9 @@ class Oracle {
   void note(int dev, uintptr_t a, std::string what) {
     std::ostringstream tid;
     tid << std::this_thread::get_id();
-    history_[dev][a].push_back("[" + tid.str() + "] " + std::move(what));
+    auto& lines = history_[dev][a];
+    if (lines.size() == 32) lines.erase(lines.begin());  // the latest 32 per address
+    lines.push_back("[" + tid.str() + "] " + std::move(what));
   }
   const driver::DriverTable& t_;
   std::function<std::string(int, void*)> describe_;
