@@ -1,5 +1,7 @@
 // Streams and events, and holding work pending (hold_stream / release_stream).
 #include <stdexcept>
+#include <string>
+#include <thread>
 
 #include "sim_test_util.hpp"
 
@@ -221,6 +223,28 @@ TEST_F(SimStream, CtxSynchronizeCompletesOnlyItsDevice) {
   EXPECT_EQ(CUDA_SUCCESS, sim_ctx_synchronize_v2(ctx_));  // device 0, by handle
   EXPECT_EQ(CUDA_SUCCESS, t().event_query(e0));
   EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, sim_ctx_synchronize_v2(reinterpret_cast<CUcontext>(0x10)));
+}
+
+// Which call invalidated a capture is remembered (capture_log), for tests that must say why a
+// capture ended invalidated: a context sync from another thread breaks a THREAD_LOCAL capture too.
+TEST_F(SimStream, CaptureLogNamesTheCallThatInvalidatedTheCapture) {
+  EXPECT_EQ(capture_log(), "");
+  CUstream s = stream(CU_STREAM_NON_BLOCKING);
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  CUresult sync = CUDA_SUCCESS;
+  std::thread other([&] {
+    make_current(0);
+    sync = t().ctx_synchronize();
+  });
+  other.join();
+  EXPECT_EQ(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, sync);
+  CUgraph g = nullptr;
+  EXPECT_EQ(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, t().stream_end_capture(s, &g));
+  const std::string log = capture_log();
+  EXPECT_NE(log.find("(THREAD_LOCAL, device 0"), std::string::npos) << log;
+  EXPECT_NE(log.find("invalidated by cuCtxSynchronize on thread"), std::string::npos) << log;
+  EXPECT_EQ(log.find("(the capturing thread)"), std::string::npos) << log;
+  EXPECT_EQ(CUDA_SUCCESS, t().stream_destroy(s));
 }
 
 }  // namespace
