@@ -198,6 +198,8 @@ struct State {
   std::array<std::map<uint64_t, CUresult>, kEntryCount> injections;  // call number -> code
   std::array<uint64_t, kEntryCount> calls_seen{};  // monotonic, not cleared by reset_counts
   double modeled_ns = 0;
+  // fast_calls(stream_get_id) when modeled_ns last included them (priced on reading).
+  uint64_t fast_priced = 0;
 };
 
 // The global lock and the current state (created on first use with the default config).
@@ -259,6 +261,19 @@ CUresult record_event(State& s, Stream& st, Event& e);
 // The CUdevice that cuDeviceGet hands out for an ordinal, and back (-1: not a device of s).
 CUdevice device_handle(int ordinal) noexcept;
 int device_ordinal(const State& s, CUdevice dev) noexcept;
+
+// ---- cuStreamGetId without the lock (sim_fast_path.cpp) ----
+// The cached answer for a created stream's handle, when nothing removed a stream since it was
+// cached and no failure is injected for cuStreamGetId; false: make the locked call.
+bool fast_stream_id(CUstream h, unsigned long long* id) noexcept;
+// With the lock held, after a locked cuStreamGetId of h answered id.
+void remember_stream_id(CUstream h, uint64_t id) noexcept;
+// With the lock held: a handle stopped naming its stream (destroy, context reset, sim reset).
+void forget_stream_ids() noexcept;
+// Calls of e answered without the lock, ever, over all threads (0 for other entry points).
+uint64_t fast_calls(driver::EntryPoint e) noexcept;
+// With the lock held: whether failures are injected for e (the fast path steps aside).
+void set_injection_armed(driver::EntryPoint e, bool armed) noexcept;
 
 // ---- stream capture (sim_capture.cpp) ----
 // The calling thread's capture interaction mode (cuThreadExchangeStreamCaptureMode).
