@@ -8,6 +8,8 @@
 namespace expanse::sim::testing {
 namespace {
 
+using driver::EntryPoint;
+
 class SimStream : public SimTest {
  protected:
   void SetUp() override {
@@ -245,6 +247,67 @@ TEST_F(SimStream, CaptureLogNamesTheCallThatInvalidatedTheCapture) {
   EXPECT_NE(log.find("invalidated by cuCtxSynchronize on thread"), std::string::npos) << log;
   EXPECT_EQ(log.find("(the capturing thread)"), std::string::npos) << log;
   EXPECT_EQ(CUDA_SUCCESS, t().stream_destroy(s));
+}
+
+// cuStreamGetId answers without the global lock once a thread has asked about a handle
+// (sim_fast_path.cpp); it must answer exactly what the locked call would.
+TEST_F(SimStream, StreamIdWithoutTheLockAnswersWhatTheLockedCallWould) {
+  CUstream s = stream(CU_STREAM_NON_BLOCKING);
+  CUstream other = stream(CU_STREAM_NON_BLOCKING);
+  unsigned long long other_id = 0;
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(other, &other_id));
+  unsigned long long id = 0, again = 0;
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(s, &id));
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(s, &again));  // from the cache
+  EXPECT_EQ(id, again);
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().stream_get_id(s, nullptr));
+  // Destroyed: the cached answer is gone.
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_destroy(s));
+  EXPECT_EQ(CUDA_ERROR_INVALID_HANDLE, t().stream_get_id(s, &again));
+  // Recycled: the same value names a new stream, with a new id, also from another thread that
+  // had cached the old answer.
+  CUstream r = stream(CU_STREAM_NON_BLOCKING);
+  ASSERT_EQ(s, r) << "the sim recycles the last destroyed handle";
+  unsigned long long rid = 0;
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(r, &rid));
+  EXPECT_NE(rid, id);
+  unsigned long long seen = 0;
+  std::thread([&] {
+    ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(other, &seen));  // cached on this thread now
+    ASSERT_EQ(CUDA_SUCCESS, t().stream_destroy(other));
+  }).join();
+  EXPECT_EQ(seen, other_id);
+  EXPECT_EQ(CUDA_ERROR_INVALID_HANDLE, t().stream_get_id(other, &seen));
+  // Injected failures still fire on a cached handle, and count like the locked calls.
+  reset_counts();
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(r, &seen));
+  inject_failure(EntryPoint::stream_get_id, 2, CUDA_ERROR_UNKNOWN);
+  EXPECT_EQ(CUDA_SUCCESS, t().stream_get_id(r, &seen));
+  EXPECT_EQ(CUDA_ERROR_UNKNOWN, t().stream_get_id(r, &seen));
+  EXPECT_EQ(CUDA_SUCCESS, t().stream_get_id(r, &seen));
+  EXPECT_EQ(CUDA_SUCCESS, t().stream_get_id(r, &seen));
+  EXPECT_EQ(5u, call_count(EntryPoint::stream_get_id));
+  // And are priced: 5 calls at 700 ns.
+  CostTable c;
+  c.set_flat(EntryPoint::stream_get_id, 700);
+  set_cost_table(c);
+  reset_counts();
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(r, &seen));
+  EXPECT_EQ(5u, call_count(EntryPoint::stream_get_id));
+  EXPECT_EQ(5u, total_calls());
+  EXPECT_NEAR(3.5e-6, modeled_seconds(), 1e-12);
+  set_cost_table(CostTable::get_default());
+  EXPECT_EQ(CUDA_SUCCESS, t().stream_destroy(r));
+}
+
+// A context reset takes its streams with it: a cached answer does not outlive it.
+TEST_F(SimStream, StreamIdAfterContextResetIsContextDestroyed) {
+  CUstream s = stream(CU_STREAM_NON_BLOCKING);
+  unsigned long long id = 0;
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(s, &id));
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(s, &id));
+  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_release(dev(0)));  // the last reference: reset
+  EXPECT_EQ(CUDA_ERROR_CONTEXT_IS_DESTROYED, t().stream_get_id(s, &id));
 }
 
 }  // namespace
