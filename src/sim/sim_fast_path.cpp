@@ -6,9 +6,12 @@
 // naming its stream (cuStreamDestroy, a context reset, a sim reset) bumps the epoch under the
 // lock first, so a destroyed or recycled handle never hits the cache and gets the locked answer
 // (CUDA_ERROR_INVALID_HANDLE / CONTEXT_IS_DESTROYED, or the new stream's id). NULL,
-// CU_STREAM_LEGACY and CU_STREAM_PER_THREAD depend on the current context: always locked. An
-// injected failure for cuStreamGetId turns the cache off until it has fired. Calls answered here
-// count and are priced like locked ones (call_count, total_calls, modeled_seconds).
+// CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name the calling thread's streams of its current
+// context: their answer is cached with that context, used only while the thread's current
+// context is still the same one, and a context's reset (its streams gone, or not current any
+// more) bumps the epoch too. An injected failure for cuStreamGetId turns the cache off until it
+// has fired. Calls answered here count and are priced like locked ones (call_count, total_calls,
+// modeled_seconds).
 #include "sim/sim_call.hpp"
 
 #include <atomic>
@@ -30,11 +33,13 @@ struct Entry {
   uint64_t epoch = 0;
   uintptr_t handle = 0;
   uint64_t id = 0;
+  const Context* ctx = nullptr;  // NULL, LEGACY, PER_THREAD: the current context it holds for
 };
 constexpr size_t kEntries = 8;
 thread_local Entry t_cache[kEntries];
+thread_local Entry t_special[3];  // NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
 
-Entry& slot_for(uintptr_t h) noexcept { return t_cache[(h >> 9) % kEntries]; }
+Entry& slot_for(uintptr_t h) noexcept { return h <= 2 ? t_special[h] : t_cache[(h >> 9) % kEntries]; }
 
 Stripe& my_stripe() noexcept {
   static std::atomic<size_t> next{0};
@@ -46,11 +51,13 @@ Stripe& my_stripe() noexcept {
 
 bool fast_stream_id(CUstream h, unsigned long long* id) noexcept {
   const auto raw = reinterpret_cast<uintptr_t>(h);
-  if (raw <= 2 || id == nullptr) return false;
+  if (id == nullptr) return false;
   if (g_armed[static_cast<size_t>(EntryPoint::stream_get_id)].load(std::memory_order_acquire))
     return false;
   const Entry& e = slot_for(raw);
-  if (e.handle != raw || e.epoch != g_epoch.load(std::memory_order_acquire)) return false;
+  if (e.epoch == 0 || e.handle != raw || e.epoch != g_epoch.load(std::memory_order_acquire))
+    return false;
+  if (raw <= 2 && (e.ctx == nullptr || e.ctx != current_context_unlocked())) return false;
   my_stripe().calls.fetch_add(1, std::memory_order_relaxed);
   *id = e.id;
   return true;
@@ -58,11 +65,11 @@ bool fast_stream_id(CUstream h, unsigned long long* id) noexcept {
 
 void remember_stream_id(CUstream h, uint64_t id) noexcept {
   const auto raw = reinterpret_cast<uintptr_t>(h);
-  if (raw <= 2) return;
   Entry& e = slot_for(raw);
   e.epoch = g_epoch.load(std::memory_order_relaxed);  // bumped only under the lock we hold
   e.handle = raw;
   e.id = id;
+  e.ctx = raw <= 2 ? current_context_unlocked() : nullptr;
 }
 
 void forget_stream_ids() noexcept { g_epoch.fetch_add(1, std::memory_order_acq_rel); }

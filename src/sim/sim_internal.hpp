@@ -237,6 +237,9 @@ ContextStack& context_stack(State& s);
 Context* find_context(State& s, CUcontext ctx) noexcept;
 // The device of the calling thread's current context, or -1 if there is none (or it was released).
 int current_device(State& s) noexcept;
+// The top of the calling thread's context stack as it stands, without the lock (nullptr when
+// empty); possibly left from a state since replaced: compare it, never follow it.
+const Context* current_context_unlocked() noexcept;
 
 // A token unique to the calling thread (never reused), for per-thread state.
 uint64_t thread_token() noexcept;
@@ -269,6 +272,7 @@ bool fast_stream_id(CUstream h, unsigned long long* id) noexcept;
 // With the lock held, after a locked cuStreamGetId of h answered id.
 void remember_stream_id(CUstream h, uint64_t id) noexcept;
 // With the lock held: a handle stopped naming its stream (destroy, context reset, sim reset).
+// A context reset calls it whatever it drops: NULL / PER_THREAD answers cached for it go too.
 void forget_stream_ids() noexcept;
 // Calls of e answered without the lock, ever, over all threads (0 for other entry points).
 uint64_t fast_calls(driver::EntryPoint e) noexcept;

@@ -111,6 +111,10 @@ Context* find_context(State& s, CUcontext ctx) noexcept {
   return nullptr;
 }
 
+const Context* current_context_unlocked() noexcept {
+  return t_contexts.stack.empty() ? nullptr : t_contexts.stack.back();
+}
+
 int current_device(State& s) noexcept {
   auto& stack = context_stack(s);
   if (stack.empty()) return -1;

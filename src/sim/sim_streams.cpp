@@ -129,6 +129,7 @@ CUresult captured_event_check(Event& e) {
 
 // Drops a device's streams and events (its primary context was reset).
 void detail::reset_device_context(State& s, int d) {
+  detail::forget_stream_ids();  // its streams, and the context itself for NULL / PER_THREAD
   detail::drop_captures(s, d);
   detail::complete_device(s, d);
   for (auto it = s.streams.begin(); it != s.streams.end();) {

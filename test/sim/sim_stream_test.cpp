@@ -310,5 +310,47 @@ TEST_F(SimStream, StreamIdAfterContextResetIsContextDestroyed) {
   EXPECT_EQ(CUDA_ERROR_CONTEXT_IS_DESTROYED, t().stream_get_id(s, &id));
 }
 
+// NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name the calling thread's streams of its
+// current context: cached answers follow the context (switched, released, none) and the thread.
+TEST_F(SimStream, StreamIdOfTheDefaultStreamsFollowsTheCurrentContext) {
+  const CUstream kLegacy = reinterpret_cast<CUstream>(0x1);
+  const CUstream kPerThread = reinterpret_cast<CUstream>(0x2);
+  unsigned long long null0 = 0, legacy0 = 0, pt0 = 0, again = 0;
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(nullptr, &null0));
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(kLegacy, &legacy0));
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(kPerThread, &pt0));
+  EXPECT_EQ(null0, legacy0);
+  EXPECT_NE(legacy0, pt0);
+  for (int i = 0; i < 2; ++i) {  // cached now
+    ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(nullptr, &again));
+    EXPECT_EQ(again, null0);
+    ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(kPerThread, &again));
+    EXPECT_EQ(again, pt0);
+  }
+  // Another thread, same context: its own per-thread stream, the same legacy stream.
+  unsigned long long their_pt = 0, their_legacy = 0;
+  std::thread([&] {
+    ASSERT_EQ(CUDA_SUCCESS, t().ctx_set_current(ctx_));
+    ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(kPerThread, &their_pt));
+    ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(kLegacy, &their_legacy));
+  }).join();
+  EXPECT_NE(their_pt, pt0);
+  EXPECT_EQ(their_legacy, legacy0);
+  // No current context: INVALID_CONTEXT, whatever was cached.
+  ASSERT_EQ(CUDA_SUCCESS, t().ctx_set_current(nullptr));
+  EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, t().stream_get_id(nullptr, &again));
+  EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, t().stream_get_id(kPerThread, &again));
+  // Back, then released to zero references (a reset): the streams are new ones after a retain.
+  ASSERT_EQ(CUDA_SUCCESS, t().ctx_set_current(ctx_));
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(kPerThread, &again));
+  EXPECT_EQ(again, pt0);
+  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_release(dev(0)));
+  EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, t().stream_get_id(kPerThread, &again));
+  EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, t().stream_get_id(nullptr, &again));
+  ctx_ = make_current(0);
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(kPerThread, &again));
+  EXPECT_NE(again, pt0) << "the per-thread stream of a reset context is a new stream";
+}
+
 }  // namespace
 }  // namespace expanse::sim::testing
