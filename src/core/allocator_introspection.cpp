@@ -37,6 +37,39 @@ std::string DeviceAllocator::describe_pointer_locked(const void* ptr) const {
   return "free memory (already freed, or never allocated)";
 }
 
+std::string DeviceAllocator::describe_stream_order(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::ostringstream out;
+  const auto addr = reinterpret_cast<CUdeviceptr>(ptr);
+  const auto& blocks = index_.blocks();
+  auto it = blocks.upper_bound(addr);
+  if (it != blocks.begin()) {
+    --it;
+    const Block& b = it->second;
+    out << "block " << hex(it->first) << " +" << b.size << ": state " << static_cast<int>(b.state)
+        << (b.safe ? " safe" : " unsafe") << ", stream key " << b.stream << ", seq " << b.seq
+        << ", users";
+    for (StreamKey u : b.users) out << ' ' << u;
+    out << '\n';
+  }
+  for (const auto& [key, ss] : streams_) {
+    out << "stream key " << key << ": kind " << static_cast<int>(ss.kind) << ", id " << ss.id
+        << ", handle " << ss.handle << ", ctx " << ss.ctx << ", owner thread " << ss.owner_thread
+        << (ss.gone ? ", gone" : "") << ", live refs " << ss.live_refs << ", free seq "
+        << ss.free_seq << ", safe seq " << ss.safe_seq << ", lifo " << ss.lifo.size()
+        << ", fences";
+    for (const Fence& f : ss.fences) out << " (event " << f.event << ", seq " << f.seq << ")";
+    out << '\n';
+  }
+  for (const Pending& p : pending_) {
+    out << "pending " << hex(p.it->first) << " +" << p.it->second.size << " owner "
+        << p.it->second.stream << " seq " << p.it->second.seq << ", waits for";
+    for (const auto& [k, seq] : p.deps) out << " (key " << k << ", seq " << seq << ")";
+    out << '\n';
+  }
+  return out.str();
+}
+
 [[noreturn]] void DeviceAllocator::throw_oom(const PageRequest& req) {
   size_t reclaimable = 0;
   for (Arena a : {Arena::large, Arena::small}) {

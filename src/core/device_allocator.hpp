@@ -76,6 +76,10 @@ class DeviceAllocator {
   // Checks every internal invariant (block tiling, index, page counts); for tests. Returns "" or
   // a description of the first violation.
   std::string check_invariants() const;
+  // For diagnosing stream-order failures in tests: the block at or around ptr (state, owner,
+  // sequence number, safety), every stream identity expanse tracks (kind, driver id, handle,
+  // context, free/safe sequence numbers, fences and their events) and every pending block.
+  std::string describe_stream_order(const void* ptr) const;
 
   // Memory history: `e` (or nullptr) is told of every alloc, free, map, unmap and OOM from now on.
   // It must outlive this allocator or be replaced first.

@@ -20,6 +20,7 @@
 // During stream capture nothing is recorded on, queried on or synchronized with a capturing
 // stream (cuStreamIsCapturing is legal and asked first); its frees wait for the capture to end.
 #include "core/allocator_internal.hpp"
+#include "core/capture_announcements.hpp"
 #include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 
@@ -219,7 +220,14 @@ DeviceAllocator::Recorded DeviceAllocator::record_fence(StreamState& ss, bool at
   if (ss.kind == StreamIdentity::legacy && !context_quiet(ss.ctx)) return Recorded::not_now;
   CUevent e = get_event(ss.ctx);
   if (e == nullptr) return Recorded::not_now;
-  if (drv_.event_record(ss.ctx, e, ss.handle) != CUDA_SUCCESS) {
+  // A record on the legacy stream waits for every blocking stream of the context: like a context
+  // sync, it must not race a capture the application announced.
+  const bool recorded =
+      ss.kind == StreamIdentity::legacy
+          ? CaptureAnnouncements::run_unless_capturing(
+                ss.ctx, [&] { return drv_.event_record(ss.ctx, e, ss.handle) == CUDA_SUCCESS; })
+          : drv_.event_record(ss.ctx, e, ss.handle) == CUDA_SUCCESS;
+  if (!recorded) {
     put_event(ss.ctx, e);
     return Recorded::not_now;
   }
@@ -230,11 +238,16 @@ DeviceAllocator::Recorded DeviceAllocator::record_fence(StreamState& ss, bool at
   return Recorded::yes;
 }
 
-// Synchronizes ctx (unless a known stream of it captures) and marks every stream of it done up
-// to now. Returns whether it did.
+// Synchronizes ctx (unless a known stream of it captures, or the application announced a
+// capture in it) and marks every stream of it done up to now. Returns whether it did.
+// A capture that another thread begins, unannounced, on a stream of ctx between these checks and
+// the sync is invalidated by it: the driver gives no way to see it coming
+// (capture_announcements.hpp).
 bool DeviceAllocator::sync_context(CUcontext ctx) {
   if (!context_quiet(ctx)) return false;
-  if (drv_.ctx_synchronize(ctx) != CUDA_SUCCESS) return false;
+  const bool synced = CaptureAnnouncements::run_unless_capturing(
+      ctx, [&] { return drv_.ctx_synchronize(ctx) == CUDA_SUCCESS; });
+  if (!synced) return false;
   for (auto& [k, st] : streams_) {
     if (st.ctx != ctx) continue;
     st.safe_seq = st.free_seq;

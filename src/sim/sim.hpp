@@ -96,6 +96,11 @@ size_t pending_events();
 // behaviour on a real driver (seen: 709, then a crash inside libcuda). Code that keeps stream
 // handles (an allocator) must never cause one.
 uint64_t dead_handle_uses();
+// The latest (up to 16) captures that cuStreamEndCapture found invalidated, one line each:
+// which capture, and which entry point, called from which thread in which capture mode,
+// invalidated it ("capture 7 (THREAD_LOCAL, device 0, ...) was invalidated by cuCtxSynchronize
+// on thread 3 in mode RELAXED"). Empty when none was.
+std::string capture_log();
 
 // --- what is outstanding ---------------------------------------------------------------------
 struct Outstanding {

@@ -26,18 +26,28 @@ CUresult run(EntryPoint e, bool needs_init, Body&& body) {
   State& s = detail::state_locked();
   const auto i = static_cast<size_t>(e);
   detail::call_counters()[i].fetch_add(1);
-  const uint64_t n = ++s.calls_seen[i];
+  // Calls answered without the lock count too (only while nothing is injected for e).
+  const uint64_t n = ++s.calls_seen[i] + detail::fast_calls(e);
   auto& inj = s.injections[i];
   if (!inj.empty()) {
     auto it = inj.find(n);
     if (it != inj.end()) {
       const CUresult code = it->second;
       inj.erase(inj.begin(), std::next(it));
+      if (inj.empty()) detail::set_injection_armed(e, false);
       return code;
     }
   }
   if (needs_init && !s.initialized) return CUDA_ERROR_NOT_INITIALIZED;
   CallSize size;
+  // Names the call for capture invalidation records (invalidate()).
+  struct CallScope {
+    const char* old;
+    explicit CallScope(EntryPoint e) : old(detail::current_call()) {
+      detail::current_call() = driver::entry_point_name(e);
+    }
+    ~CallScope() { detail::current_call() = old; }
+  } scope(e);
   const CUresult r = body(s, size);
   if (r == CUDA_SUCCESS) s.modeled_ns += s.costs.cost_ns(e, size.bytes, size.mappings) * size.times;
   return r;

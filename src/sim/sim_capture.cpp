@@ -45,6 +45,7 @@
 #include "sim/sim_entry.hpp"
 
 #include <algorithm>
+#include <string>
 
 namespace expanse::sim {
 namespace detail {
@@ -62,6 +63,14 @@ bool valid_mode(int m) noexcept {
   return m == CU_STREAM_CAPTURE_MODE_GLOBAL || m == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL ||
          m == CU_STREAM_CAPTURE_MODE_RELAXED;
 }
+const char* mode_name(int m) noexcept {
+  return m == CU_STREAM_CAPTURE_MODE_GLOBAL         ? "GLOBAL"
+         : m == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL ? "THREAD_LOCAL"
+         : m == CU_STREAM_CAPTURE_MODE_RELAXED      ? "RELAXED"
+                                                    : "?";
+}
+// The calling thread's mode as last set (invalidate() has no State to check the generation).
+int thread_capture_mode_raw() noexcept { return t_mode.mode; }
 }  // namespace
 
 int& thread_capture_mode(const State& s) noexcept {
@@ -78,8 +87,22 @@ CUstreamCaptureStatus capture_status(const Stream& st) noexcept {
                                  : CU_STREAM_CAPTURE_STATUS_ACTIVE;
 }
 
+const char*& current_call() noexcept {
+  thread_local const char* call = nullptr;
+  return call;
+}
+
 void invalidate(Capture& c) noexcept {
-  if (!c.ended) c.invalidated = true;
+  if (c.ended || c.invalidated) return;
+  c.invalidated = true;
+  try {
+    const char* call = current_call();
+    c.invalidated_by = std::string(call != nullptr ? call : "a sim control function") +
+                       " on thread " + std::to_string(thread_token()) +
+                       (thread_token() == c.thread ? " (the capturing thread)" : "") +
+                       " in mode " + mode_name(thread_capture_mode_raw());
+  } catch (...) {  // noexcept: the record is a diagnostic only
+  }
 }
 
 bool blocking_capture_in(const State& s, int device) noexcept {
@@ -287,6 +310,14 @@ CUresult sim_stream_end_capture(CUstream stream, CUgraph* graph) {
     const std::shared_ptr<Capture> keep = st->capture;  // c outlives its removal from s
     detail::end(s, c);
     if (invalidated || open_fork) {
+      if (invalidated) {
+        s.invalidated_captures.push_back(
+            "capture " + std::to_string(c.id) + " (" + detail::mode_name(c.mode) + ", device " +
+            std::to_string(c.device) + ", stream id " + std::to_string(st->id) +
+            ", begun on thread " + std::to_string(c.thread) + ") was invalidated by " +
+            c.invalidated_by);
+        if (s.invalidated_captures.size() > 16) s.invalidated_captures.pop_front();
+      }
       s.graphs.erase(key);
       *graph = nullptr;
       return invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
@@ -356,6 +387,16 @@ CUresult sim_graph_destroy(CUgraph graph) {
     s.graphs.erase(it);
     return CUDA_SUCCESS;
   });
+}
+
+std::string capture_log() {
+  std::lock_guard<std::mutex> lock(detail::state_mutex());
+  std::string out;
+  for (const std::string& line : detail::state_locked().invalidated_captures) {
+    out += line;
+    out += '\n';
+  }
+  return out;
 }
 
 }  // namespace expanse::sim

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -93,6 +94,7 @@ struct Capture {
   uint64_t thread = 0;  // the thread that began it
   int device = 0;       // its context
   bool invalidated = false;
+  std::string invalidated_by;  // the call (and thread) that invalidated it, for capture_log()
   bool ended = false;  // cuStreamEndCapture was called (or its context was reset)
   CUgraph graph = nullptr;  // the graph being captured into, handed over at cuStreamEndCapture
   Stream* origin = nullptr;
@@ -194,10 +196,14 @@ struct State {
   std::map<uintptr_t, bool> graphs;  // value: owned by the user (false while capturing)
   uintptr_t next_graph_handle = 0;
   std::vector<std::shared_ptr<Capture>> captures;  // capture sequences under way
+  // The latest captures that cuStreamEndCapture found invalidated, and by what (capture_log()).
+  std::deque<std::string> invalidated_captures;
 
   std::array<std::map<uint64_t, CUresult>, kEntryCount> injections;  // call number -> code
   std::array<uint64_t, kEntryCount> calls_seen{};  // monotonic, not cleared by reset_counts
   double modeled_ns = 0;
+  // fast_calls(stream_get_id) when modeled_ns last included them (priced on reading).
+  uint64_t fast_priced = 0;
 };
 
 // The global lock and the current state (created on first use with the default config).
@@ -235,6 +241,9 @@ ContextStack& context_stack(State& s);
 Context* find_context(State& s, CUcontext ctx) noexcept;
 // The device of the calling thread's current context, or -1 if there is none (or it was released).
 int current_device(State& s) noexcept;
+// The top of the calling thread's context stack as it stands, without the lock (nullptr when
+// empty); possibly left from a state since replaced: compare it, never follow it.
+const Context* current_context_unlocked() noexcept;
 
 // A token unique to the calling thread (never reused), for per-thread state.
 uint64_t thread_token() noexcept;
@@ -260,13 +269,30 @@ CUresult record_event(State& s, Stream& st, Event& e);
 CUdevice device_handle(int ordinal) noexcept;
 int device_ordinal(const State& s, CUdevice dev) noexcept;
 
+// ---- cuStreamGetId without the lock (sim_fast_path.cpp) ----
+// The cached answer for a created stream's handle, when nothing removed a stream since it was
+// cached and no failure is injected for cuStreamGetId; false: make the locked call.
+bool fast_stream_id(CUstream h, unsigned long long* id) noexcept;
+// With the lock held, after a locked cuStreamGetId of h answered id.
+void remember_stream_id(CUstream h, uint64_t id) noexcept;
+// With the lock held: a handle stopped naming its stream (destroy, context reset, sim reset).
+// A context reset calls it whatever it drops: NULL / PER_THREAD answers cached for it go too.
+void forget_stream_ids() noexcept;
+// Calls of e answered without the lock, ever, over all threads (0 for other entry points).
+uint64_t fast_calls(driver::EntryPoint e) noexcept;
+// With the lock held: whether failures are injected for e (the fast path steps aside).
+void set_injection_armed(driver::EntryPoint e, bool armed) noexcept;
+
 // ---- stream capture (sim_capture.cpp) ----
 // The calling thread's capture interaction mode (cuThreadExchangeStreamCaptureMode).
 int& thread_capture_mode(const State& s) noexcept;
 // The state of a stream's capture: NONE, ACTIVE or INVALIDATED.
 CUstreamCaptureStatus capture_status(const Stream& st) noexcept;
-// Marks a capture sequence invalidated (cuStreamEndCapture then fails).
+// Marks a capture sequence invalidated (cuStreamEndCapture then fails), remembering the entry
+// point running on the calling thread (CallScope) as the culprit.
 void invalidate(Capture& c) noexcept;
+// The entry point the calling thread is running (set by run()), nullptr outside one.
+const char*& current_call() noexcept;
 // Whether a blocking (not CU_STREAM_NON_BLOCKING) stream of device's context is capturing: the
 // legacy stream is then unusable (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT).
 bool blocking_capture_in(const State& s, int device) noexcept;

@@ -14,6 +14,8 @@ namespace {
 std::mutex g_mutex;
 State* g_state = nullptr;  // never destroyed: calls during static destruction still work
 std::atomic<uint64_t> g_counts[kEntryCount];
+// fast_calls(cuStreamGetId) at the last reset_counts / reset: the counts start from there.
+std::atomic<uint64_t> g_fast_base{0};
 std::atomic<uint64_t> g_next_generation{1};
 SimConfig g_config;
 
@@ -52,6 +54,7 @@ constexpr uintptr_t kGraphHandleBase = 0x00005e9700000000;
 
 State::State(const SimConfig& c) : cfg(c), costs(CostTable::get_default()) {
   generation = g_next_generation.fetch_add(1);
+  fast_priced = fast_calls(driver::EntryPoint::stream_get_id);
   next_stream_handle = kStreamHandleBase;
   next_event_handle = kEventHandleBase;
   next_graph_handle = kGraphHandleBase;
@@ -106,6 +109,10 @@ Context* find_context(State& s, CUcontext ctx) noexcept {
     if (reinterpret_cast<CUcontext>(&d->ctx) == ctx) return &d->ctx;
   }
   return nullptr;
+}
+
+const Context* current_context_unlocked() noexcept {
+  return t_contexts.stack.empty() ? nullptr : t_contexts.stack.back();
 }
 
 int current_device(State& s) noexcept {
@@ -297,7 +304,12 @@ void reset(const SimConfig& cfg) {
   delete detail::g_state;
   detail::g_state = fresh.release();
   detail::g_config = cfg;
+  detail::forget_stream_ids();
+  for (size_t i = 0; i < detail::kEntryCount; ++i) {
+    detail::set_injection_armed(static_cast<driver::EntryPoint>(i), false);
+  }
   for (auto& c : detail::g_counts) c.store(0);
+  detail::g_fast_base.store(detail::fast_calls(driver::EntryPoint::stream_get_id));
 }
 
 const SimConfig& config() {
@@ -308,14 +320,22 @@ const SimConfig& config() {
 
 // ---- call accounting ----------------------------------------------------------------------------
 
+namespace {
+// cuStreamGetId calls answered without the lock since the counts were last reset.
+uint64_t fast_since_reset() {
+  return detail::fast_calls(driver::EntryPoint::stream_get_id) - detail::g_fast_base.load();
+}
+}  // namespace
+
 uint64_t call_count(driver::EntryPoint e) {
   const int i = static_cast<int>(e);
   if (i < 0 || i >= detail::kEntryCount) return 0;
-  return detail::g_counts[i].load();
+  const uint64_t fast = e == driver::EntryPoint::stream_get_id ? fast_since_reset() : 0;
+  return detail::g_counts[i].load() + fast;
 }
 
 uint64_t total_calls() {
-  uint64_t n = 0;
+  uint64_t n = fast_since_reset();
   for (const auto& c : detail::g_counts) n += c.load();
   return n;
 }
@@ -323,7 +343,10 @@ uint64_t total_calls() {
 void reset_counts() {
   std::lock_guard<std::mutex> lock(state_mutex());
   for (auto& c : detail::g_counts) c.store(0);
+  const uint64_t fast = detail::fast_calls(driver::EntryPoint::stream_get_id);
+  detail::g_fast_base.store(fast);
   state_locked().modeled_ns = 0;
+  state_locked().fast_priced = fast;
 }
 
 // ---- failure injection --------------------------------------------------------------------------
@@ -335,23 +358,40 @@ void inject_failure(driver::EntryPoint e, uint64_t nth, CUresult code) {
   if (nth == 0) throw std::invalid_argument("inject_failure: nth counts from 1");
   std::lock_guard<std::mutex> lock(state_mutex());
   State& s = state_locked();
-  s.injections[static_cast<size_t>(i)][s.calls_seen[static_cast<size_t>(i)] + nth] = code;
+  s.injections[static_cast<size_t>(i)][s.calls_seen[static_cast<size_t>(i)] + detail::fast_calls(e) +
+                                        nth] = code;
+  detail::set_injection_armed(e, true);
 }
 
 void clear_injections() {
   std::lock_guard<std::mutex> lock(state_mutex());
   for (auto& m : state_locked().injections) m.clear();
+  for (size_t i = 0; i < detail::kEntryCount; ++i) {
+    detail::set_injection_armed(static_cast<driver::EntryPoint>(i), false);
+  }
 }
 
 // ---- cost model ---------------------------------------------------------------------------------
 
+namespace {
+// Prices the cuStreamGetId calls answered without the lock since the last time (lock held).
+void price_fast_calls(State& s) {
+  const uint64_t fast = detail::fast_calls(driver::EntryPoint::stream_get_id);
+  s.modeled_ns += s.costs.cost_ns(driver::EntryPoint::stream_get_id, 0, 1) *
+                  static_cast<double>(fast - s.fast_priced);
+  s.fast_priced = fast;
+}
+}  // namespace
+
 void set_cost_table(const CostTable& t) {
   std::lock_guard<std::mutex> lock(state_mutex());
+  price_fast_calls(state_locked());  // at the old table's price
   state_locked().costs = t;
 }
 
 double modeled_seconds() {
   std::lock_guard<std::mutex> lock(state_mutex());
+  price_fast_calls(state_locked());
   return state_locked().modeled_ns * 1e-9;
 }
 

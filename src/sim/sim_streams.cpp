@@ -129,6 +129,7 @@ CUresult captured_event_check(Event& e) {
 
 // Drops a device's streams and events (its primary context was reset).
 void detail::reset_device_context(State& s, int d) {
+  detail::forget_stream_ids();  // its streams, and the context itself for NULL / PER_THREAD
   detail::drop_captures(s, d);
   detail::complete_device(s, d);
   for (auto it = s.streams.begin(); it != s.streams.end();) {
@@ -137,6 +138,7 @@ void detail::reset_device_context(State& s, int d) {
       s.free_stream_handles.push_back(it->first);
       s.dead_streams[it->first] = CUDA_ERROR_CONTEXT_IS_DESTROYED;
       it = s.streams.erase(it);
+      detail::forget_stream_ids();
     } else {
       ++it;
     }
@@ -191,6 +193,7 @@ CUresult sim_stream_destroy(CUstream stream) {
     s.free_stream_handles.push_back(it->first);
     s.dead_streams[it->first] = CUDA_ERROR_INVALID_HANDLE;
     s.streams.erase(it);
+    detail::forget_stream_ids();  // before the handle can be handed out again
     return CUDA_SUCCESS;
   });
 }
@@ -401,6 +404,7 @@ CUresult sim_stream_get_ctx_v2(CUstream stream, CUcontext* ctx, CUgreenCtx* gree
 }
 
 CUresult sim_stream_get_id(CUstream stream, unsigned long long* id) {
+  if (detail::fast_stream_id(stream, id)) return CUDA_SUCCESS;  // sim_fast_path.cpp
   return run(EntryPoint::stream_get_id, true, [&](State& s, CallSize&) {
     Stream* st = nullptr;
     const CUresult r = stream_arg(s, stream, &st);
@@ -414,6 +418,7 @@ CUresult sim_stream_get_id(CUstream stream, unsigned long long* id) {
       return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
     *id = st->id;
+    detail::remember_stream_id(stream, st->id);
     return CUDA_SUCCESS;
   });
 }

@@ -151,6 +151,30 @@ TEST_P(Conformance, CaptureContextSynchronizeInvalidates) {
   EXPECT_CU(CUDA_SUCCESS, t().ctx_synchronize());
 }
 
+// The same from another thread, whatever its mode and the capture's: a THREAD_LOCAL capture
+// restricts only its own thread's "potentially unsafe" calls, but a context sync covers the
+// capturing stream itself (measured on NVIDIA GPUs: ROCm/rocm-systems#4508, rows 10-11;
+// NVIDIA/TensorRT#2888). What makes an allocator that may sync a context on one thread unable to
+// promise another thread's capture survives, unless the capture is announced to it.
+TEST_P(Conformance, CaptureContextSynchronizeFromAnotherThreadInvalidatesThreadLocalCapture) {
+  const CUcontext ctx = make_current();
+  const CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+  for (CUstreamCaptureMode mode : {CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_MODE_GLOBAL}) {
+    ASSERT_CU(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    CUresult r = CUDA_SUCCESS;
+    std::thread th([&] {
+      t().ctx_set_current(ctx);
+      CUstreamCaptureMode m = mode;
+      t().thread_exchange_stream_capture_mode(&m);
+      r = t().ctx_synchronize();
+      t().ctx_set_current(nullptr);
+    });
+    th.join();
+    EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, r) << "the other thread's mode " << mode;
+    end_capture(t(), s, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  }
+}
+
 // While a blocking stream captures, the legacy stream is unusable: asking whether it captures
 // is IMPLICIT (capture left valid), putting work on it is IMPLICIT and invalidates. A
 // non-blocking stream's capture leaves the legacy stream alone.

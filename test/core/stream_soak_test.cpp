@@ -8,10 +8,13 @@
 //
 // EXPANSE_SOAK_STEPS overrides the total steps (default 10^5).
 #include "core_fixture.hpp"
+#include "core/capture_announcements.hpp"
 #include "expanse/errors.hpp"
 #include "reference_model.hpp"
 
 #include <atomic>
+#include <functional>
+#include <sstream>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -29,27 +32,41 @@ struct Use {
   uint64_t lid;  // logical stream (a recycled handle is a new logical stream)
   CUevent event;
   int dev;       // the event's device (its context)
+  CUstream s;    // the handle it was recorded on (for the failure message)
 };
+
+std::string describe(const Use& u) {
+  std::ostringstream out;
+  out << "(lid " << u.lid << ", stream " << u.s << ", event " << u.event << ", device " << u.dev
+      << ")";
+  return out.str();
+}
 
 struct Freed {
   size_t size;
   uint64_t free_lid;
   std::vector<Use> uses;
+  CUstream free_s;
 };
 
 // Everything the test launched and freed, per device, by address.
 class Oracle {
  public:
-  explicit Oracle(const driver::DriverTable& t) : t_(t) {}
+  // describe(dev, p): the allocator's view of stream order around p, for the first failure.
+  Oracle(const driver::DriverTable& t, std::function<std::string(int, void*)> describe)
+      : t_(t), describe_(std::move(describe)) {}
 
   bool done(const Use& u) const { return t_.event_query(u.event) == CUDA_SUCCESS; }
 
   // A new live block [p, p+n) on logical stream lid: no other live block overlaps; every
   // freed block under it has no pending work, except work ordered on lid itself when it was
   // freed on lid.
-  void on_alloc(int dev, void* p, size_t n, uint64_t lid) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void on_alloc(int dev, void* p, size_t n, uint64_t lid, CUstream s) {
+    std::unique_lock<std::mutex> lock(mu_);
+    bool first = false;
     const auto a = reinterpret_cast<uintptr_t>(p);
+    note(dev, a, "alloc +" + std::to_string(n) + " on lid " + std::to_string(lid) + " stream " +
+                     handle(s));
     auto& live = live_[dev];
     auto nx = live.lower_bound(a);
     if ((nx != live.end() && nx->first < a + n) ||
@@ -62,15 +79,38 @@ class Oracle {
       if (!(it->first < a + n && a < it->first + it->second.size)) continue;
       for (const Use& u : it->second.uses) {
         const bool ordered = u.lid == lid && it->second.free_lid == lid;
-        if (!ordered && !done(u)) fail("handed to a stream while another stream's work runs");
+        if (ordered || done(u)) continue;
+        std::ostringstream why;
+        why << "handed to a stream while another stream's work runs: device " << dev << " block "
+            << p << " +" << n << " to lid " << lid << " (stream " << s << "); it overlaps "
+            << reinterpret_cast<void*>(it->first) << " +" << it->second.size
+            << " freed on lid " << it->second.free_lid << " (stream " << it->second.free_s
+            << ") whose use " << describe(u) << " is pending\n";
+        first = why_first(why, dev, a, n) || first;
       }
+    }
+    lock.unlock();
+    // The allocator's lock is taken after the oracle's is released: the allocator calls the
+    // oracle (on_unmap) with its own lock held.
+    if (first) {
+      const std::string view = describe_(dev, p);
+      std::lock_guard<std::mutex> again(mu_);
+      first_ += "allocator now:\n" + view;
     }
   }
   void on_free(int dev, void* p, Freed f) {
     std::lock_guard<std::mutex> lock(mu_);
     const auto a = reinterpret_cast<uintptr_t>(p);
+    std::string uses;
+    for (const Use& u : f.uses) uses += " " + describe(u);
+    note(dev, a, "free on lid " + std::to_string(f.free_lid) + " stream " + handle(f.free_s) +
+                     ", uses" + uses);
     live_[dev].erase(a);
     freed_[dev].emplace(a, std::move(f));
+  }
+  void on_record(int dev, void* p, const Use& u) {
+    std::lock_guard<std::mutex> lock(mu_);
+    note(dev, reinterpret_cast<uintptr_t>(p), "record_stream " + describe(u));
   }
   // Called by the wrapped cuMemUnmap, before the real one.
   void on_unmap(CUdeviceptr va, size_t n) {
@@ -119,7 +159,33 @@ class Oracle {
   void fail(const char* what) {
     if (violations_.fetch_add(1) == 0) first_ = what;
   }
+  // The first violation's story: the allocator's view, and what happened at every address the
+  // new block overlaps (with mu_ held).
+  bool why_first(std::ostringstream& why, int dev, uintptr_t a, size_t n) {
+    if (violations_.fetch_add(1) != 0) return false;
+    why << "history:\n";
+    for (auto& [addr, lines] : history_[dev]) {
+      if (addr + (1u << 24) < a || addr >= a + n) continue;  // blocks start < 16 MiB before
+      for (const std::string& l : lines) why << "  " << reinterpret_cast<void*>(addr) << ' ' << l << '\n';
+    }
+    first_ = why.str();
+    return true;
+  }
+  static std::string handle(CUstream s) {
+    std::ostringstream out;
+    out << s;
+    return out.str();
+  }
+  void note(int dev, uintptr_t a, std::string what) {
+    std::ostringstream tid;
+    tid << std::this_thread::get_id();
+    auto& lines = history_[dev][a];
+    if (lines.size() == 32) lines.erase(lines.begin());  // the latest 32 per address
+    lines.push_back("[" + tid.str() + "] " + std::move(what));
+  }
   const driver::DriverTable& t_;
+  std::function<std::string(int, void*)> describe_;
+  std::map<int, std::map<uintptr_t, std::vector<std::string>>> history_;
   std::mutex mu_;
   std::map<int, std::map<uintptr_t, size_t>> live_;
   std::map<int, std::multimap<uintptr_t, Freed>> freed_;
@@ -133,26 +199,37 @@ CUresult checked_unmap(CUdeviceptr va, size_t n) {
   if (g_oracle != nullptr) g_oracle->on_unmap(va, n);
   return g_real_unmap(va, n);
 }
+// expanse's cuEventRecord yields first: it widens the window between expanse's check of a
+// stream's identity and its record, in which another thread may destroy the stream and create
+// one with the same handle value (StreamOrderTest.FenceRecordedOnARecycledHandleProvesNothing).
+decltype(&::cuEventRecord) g_real_record = nullptr;
+CUresult yielding_record(CUevent e, CUstream s) {
+  std::this_thread::yield();
+  return g_real_record(e, s);
+}
 
-// DISABLED (issue 8 stays open): the oracle fails intermittently — about 1 run in 25 in Release
-// (a capture invalidated, cuStreamEndCapture -> 901: a context sync racing a capture another
-// thread begins) and about 1 in 3 under TSan ("handed to a stream while another stream's work
-// runs": a possible reuse under pending work). Run it with
-//   build/bin/expanse_core_tests --gtest_filter='StreamSoak.*' --gtest_also_run_disabled_tests
-// in a loop until both are fixed; then drop the prefix.
-TEST(StreamSoak, DISABLED_EightThreadsStreamsRecycledCapturedHeldNeverReuseUnderPendingWork) {
+// Two bugs made it fail intermittently (it was disabled for them): a fence recorded on a stream
+// handle that another thread had just recycled (StreamOrderTest.FenceRecordedOnARecycledHandle-
+// ProvesNothing), and captures invalidated by another thread's context sync (captures are now
+// announced; CaptureVersusSyncTest). On a failure the oracle prints the block's history and the
+// allocator's stream-order state; an invalidated capture prints which call invalidated it.
+TEST(StreamSoak, EightThreadsStreamsRecycledCapturedHeldNeverReuseUnderPendingWork) {
   const char* env = std::getenv("EXPANSE_SOAK_STEPS");
   const size_t steps = env != nullptr ? std::strtoull(env, nullptr, 10) : 100000;
   auto drv = driver::load_sim(sim_config(96 * MiB, /*backing=*/false, kDevices), "soak");
   driver::DriverTable table = drv->table();
   g_real_unmap = table.mem_unmap;
   table.mem_unmap = checked_unmap;
+  g_real_record = table.event_record;
+  table.event_record = yielding_record;
   driver::LoadedDriver wrapped(table, driver::DriverKind::sim, "soak (unmap checked)", nullptr);
   const auto& t = drv->table();
-  Oracle oracle(t);
+  std::vector<std::unique_ptr<core::DeviceAllocator>> alloc;
+  Oracle oracle(t, [&](int dev, void* p) {
+    return alloc[static_cast<size_t>(dev)]->describe_stream_order(p);
+  });
   g_oracle = &oracle;
 
-  std::vector<std::unique_ptr<core::DeviceAllocator>> alloc;
   std::vector<CUcontext> ctx(kDevices);
   for (int d = 0; d < kDevices; ++d) {
     alloc.push_back(std::make_unique<core::DeviceAllocator>(wrapped, d, core::AllocatorOptions{}));
@@ -205,7 +282,7 @@ TEST(StreamSoak, DISABLED_EightThreadsStreamsRecycledCapturedHeldNeverReuseUnder
     EXPECT_EQ(t.event_record(e, s), CUDA_SUCCESS);
     CUcontext c = nullptr;
     t.ctx_pop_current(&c);
-    return Use{lid, e, dev};
+    return Use{lid, e, dev, s};
   };
 
   std::atomic<size_t> ooms{0}, captures{0}, recycled{0};
@@ -247,7 +324,7 @@ TEST(StreamSoak, DISABLED_EightThreadsStreamsRecycledCapturedHeldNeverReuseUnder
           (void)sdev;
           try {
             void* p = alloc[static_cast<size_t>(dev)]->allocate(n, s);
-            oracle.on_alloc(dev, p, n, lid);
+            oracle.on_alloc(dev, p, n, lid, s);
             Live b{p, n, dev, lid, s, slot, {}};
             b.uses.push_back(launch(s, dev, lid));
             live.push_back(std::move(b));
@@ -262,6 +339,7 @@ TEST(StreamSoak, DISABLED_EightThreadsStreamsRecycledCapturedHeldNeverReuseUnder
         on_stream(sdev, pick_slot(sdev), [&](CUstream s, uint64_t lid, int d) {
           alloc[static_cast<size_t>(b.dev)]->record_stream(b.p, s);
           b.uses.push_back(launch(s, d, lid));
+          oracle.on_record(b.dev, b.p, b.uses.back());
         });
       } else if (r < 85 && !live.empty()) {
         const size_t k = rng() % live.size();
@@ -276,7 +354,7 @@ TEST(StreamSoak, DISABLED_EightThreadsStreamsRecycledCapturedHeldNeverReuseUnder
           // logical stream, and the free is ordered on that one.
           if (same && slot != SIZE_MAX && lid != b.lid) same = false;
           // The oracle first: once deallocate returns, another thread may get the memory.
-          oracle.on_free(b.dev, b.p, Freed{b.n, lid, std::move(b.uses)});
+          oracle.on_free(b.dev, b.p, Freed{b.n, lid, std::move(b.uses), s});
           alloc[static_cast<size_t>(b.dev)]->deallocate(b.p, s);
         };
         if (same && b.slot == SIZE_MAX) {
@@ -309,9 +387,18 @@ TEST(StreamSoak, DISABLED_EightThreadsStreamsRecycledCapturedHeldNeverReuseUnder
         if (sl.s == old) recycled.fetch_add(1);
       } else if (r < 94) {
         // A capture on a shared stream of device 0: allocate and free inside it, and on the
-        // per-thread stream meanwhile; the capture must end valid.
+        // per-thread stream meanwhile; the capture must end valid. It is announced to expanse
+        // first, as PyTorch's CUDAGraph tells its allocator before cudaStreamBeginCapture: the
+        // other threads' allocations may need to synchronize device 0's context, which would
+        // invalidate any capture in it, and nothing in the driver lets them see an unannounced
+        // one begin (capture_announcements.hpp).
         Slot& sl = slots[pick_slot(0)];
         std::lock_guard<std::mutex> lock(sl.mu);
+        core::CaptureAnnouncements::begin(ctx[0]);
+        struct Unannounce {
+          CUcontext c;
+          ~Unannounce() { core::CaptureAnnouncements::end(c); }
+        } unannounce{ctx[0]};
         if (t.stream_begin_capture(sl.s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) != CUDA_SUCCESS) {
           continue;
         }
@@ -326,7 +413,8 @@ TEST(StreamSoak, DISABLED_EightThreadsStreamsRecycledCapturedHeldNeverReuseUnder
           ooms.fetch_add(1);
         }
         CUgraph g = nullptr;
-        EXPECT_EQ(t.stream_end_capture(sl.s, &g), CUDA_SUCCESS) << "capture invalidated";
+        EXPECT_EQ(t.stream_end_capture(sl.s, &g), CUDA_SUCCESS)
+            << "capture invalidated:\n" << sim::capture_log();
         if (g != nullptr) t.graph_destroy(g);
         captures.fetch_add(1);
       } else if (r < 96) {
@@ -339,11 +427,11 @@ TEST(StreamSoak, DISABLED_EightThreadsStreamsRecycledCapturedHeldNeverReuseUnder
     if (my_held) sim::release_stream(pts);
     for (Live& b : live) {
       if (b.slot == SIZE_MAX) {
-        oracle.on_free(b.dev, b.p, Freed{b.n, my_lid, std::move(b.uses)});
+        oracle.on_free(b.dev, b.p, Freed{b.n, my_lid, std::move(b.uses), pts});
         alloc[static_cast<size_t>(b.dev)]->deallocate(b.p, pts);
       } else {
         on_stream(b.dev, b.slot, [&](CUstream s, uint64_t lid, int) {
-          oracle.on_free(b.dev, b.p, Freed{b.n, lid, std::move(b.uses)});
+          oracle.on_free(b.dev, b.p, Freed{b.n, lid, std::move(b.uses), s});
           alloc[static_cast<size_t>(b.dev)]->deallocate(b.p, s);
         });
       }

@@ -1,10 +1,14 @@
 // Streams and events, and holding work pending (hold_stream / release_stream).
 #include <stdexcept>
+#include <string>
+#include <thread>
 
 #include "sim_test_util.hpp"
 
 namespace expanse::sim::testing {
 namespace {
+
+using driver::EntryPoint;
 
 class SimStream : public SimTest {
  protected:
@@ -221,6 +225,131 @@ TEST_F(SimStream, CtxSynchronizeCompletesOnlyItsDevice) {
   EXPECT_EQ(CUDA_SUCCESS, sim_ctx_synchronize_v2(ctx_));  // device 0, by handle
   EXPECT_EQ(CUDA_SUCCESS, t().event_query(e0));
   EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, sim_ctx_synchronize_v2(reinterpret_cast<CUcontext>(0x10)));
+}
+
+// Which call invalidated a capture is remembered (capture_log), for tests that must say why a
+// capture ended invalidated: a context sync from another thread breaks a THREAD_LOCAL capture too.
+TEST_F(SimStream, CaptureLogNamesTheCallThatInvalidatedTheCapture) {
+  EXPECT_EQ(capture_log(), "");
+  CUstream s = stream(CU_STREAM_NON_BLOCKING);
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  CUresult sync = CUDA_SUCCESS;
+  std::thread other([&] {
+    make_current(0);
+    sync = t().ctx_synchronize();
+  });
+  other.join();
+  EXPECT_EQ(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, sync);
+  CUgraph g = nullptr;
+  EXPECT_EQ(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, t().stream_end_capture(s, &g));
+  const std::string log = capture_log();
+  EXPECT_NE(log.find("(THREAD_LOCAL, device 0"), std::string::npos) << log;
+  EXPECT_NE(log.find("invalidated by cuCtxSynchronize on thread"), std::string::npos) << log;
+  EXPECT_EQ(log.find("(the capturing thread)"), std::string::npos) << log;
+  EXPECT_EQ(CUDA_SUCCESS, t().stream_destroy(s));
+}
+
+// cuStreamGetId answers without the global lock once a thread has asked about a handle
+// (sim_fast_path.cpp); it must answer exactly what the locked call would.
+TEST_F(SimStream, StreamIdWithoutTheLockAnswersWhatTheLockedCallWould) {
+  CUstream s = stream(CU_STREAM_NON_BLOCKING);
+  CUstream other = stream(CU_STREAM_NON_BLOCKING);
+  unsigned long long other_id = 0;
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(other, &other_id));
+  unsigned long long id = 0, again = 0;
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(s, &id));
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(s, &again));  // from the cache
+  EXPECT_EQ(id, again);
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().stream_get_id(s, nullptr));
+  // Destroyed: the cached answer is gone.
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_destroy(s));
+  EXPECT_EQ(CUDA_ERROR_INVALID_HANDLE, t().stream_get_id(s, &again));
+  // Recycled: the same value names a new stream, with a new id, also from another thread that
+  // had cached the old answer.
+  CUstream r = stream(CU_STREAM_NON_BLOCKING);
+  ASSERT_EQ(s, r) << "the sim recycles the last destroyed handle";
+  unsigned long long rid = 0;
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(r, &rid));
+  EXPECT_NE(rid, id);
+  unsigned long long seen = 0;
+  std::thread([&] {
+    ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(other, &seen));  // cached on this thread now
+    ASSERT_EQ(CUDA_SUCCESS, t().stream_destroy(other));
+  }).join();
+  EXPECT_EQ(seen, other_id);
+  EXPECT_EQ(CUDA_ERROR_INVALID_HANDLE, t().stream_get_id(other, &seen));
+  // Injected failures still fire on a cached handle, and count like the locked calls.
+  reset_counts();
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(r, &seen));
+  inject_failure(EntryPoint::stream_get_id, 2, CUDA_ERROR_UNKNOWN);
+  EXPECT_EQ(CUDA_SUCCESS, t().stream_get_id(r, &seen));
+  EXPECT_EQ(CUDA_ERROR_UNKNOWN, t().stream_get_id(r, &seen));
+  EXPECT_EQ(CUDA_SUCCESS, t().stream_get_id(r, &seen));
+  EXPECT_EQ(CUDA_SUCCESS, t().stream_get_id(r, &seen));
+  EXPECT_EQ(5u, call_count(EntryPoint::stream_get_id));
+  // And are priced: 5 calls at 700 ns.
+  CostTable c;
+  c.set_flat(EntryPoint::stream_get_id, 700);
+  set_cost_table(c);
+  reset_counts();
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(r, &seen));
+  EXPECT_EQ(5u, call_count(EntryPoint::stream_get_id));
+  EXPECT_EQ(5u, total_calls());
+  EXPECT_NEAR(3.5e-6, modeled_seconds(), 1e-12);
+  set_cost_table(CostTable::get_default());
+  EXPECT_EQ(CUDA_SUCCESS, t().stream_destroy(r));
+}
+
+// A context reset takes its streams with it: a cached answer does not outlive it.
+TEST_F(SimStream, StreamIdAfterContextResetIsContextDestroyed) {
+  CUstream s = stream(CU_STREAM_NON_BLOCKING);
+  unsigned long long id = 0;
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(s, &id));
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(s, &id));
+  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_release(dev(0)));  // the last reference: reset
+  EXPECT_EQ(CUDA_ERROR_CONTEXT_IS_DESTROYED, t().stream_get_id(s, &id));
+}
+
+// NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name the calling thread's streams of its
+// current context: cached answers follow the context (switched, released, none) and the thread.
+TEST_F(SimStream, StreamIdOfTheDefaultStreamsFollowsTheCurrentContext) {
+  const CUstream kLegacy = reinterpret_cast<CUstream>(0x1);
+  const CUstream kPerThread = reinterpret_cast<CUstream>(0x2);
+  unsigned long long null0 = 0, legacy0 = 0, pt0 = 0, again = 0;
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(nullptr, &null0));
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(kLegacy, &legacy0));
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(kPerThread, &pt0));
+  EXPECT_EQ(null0, legacy0);
+  EXPECT_NE(legacy0, pt0);
+  for (int i = 0; i < 2; ++i) {  // cached now
+    ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(nullptr, &again));
+    EXPECT_EQ(again, null0);
+    ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(kPerThread, &again));
+    EXPECT_EQ(again, pt0);
+  }
+  // Another thread, same context: its own per-thread stream, the same legacy stream.
+  unsigned long long their_pt = 0, their_legacy = 0;
+  std::thread([&] {
+    ASSERT_EQ(CUDA_SUCCESS, t().ctx_set_current(ctx_));
+    ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(kPerThread, &their_pt));
+    ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(kLegacy, &their_legacy));
+  }).join();
+  EXPECT_NE(their_pt, pt0);
+  EXPECT_EQ(their_legacy, legacy0);
+  // No current context: INVALID_CONTEXT, whatever was cached.
+  ASSERT_EQ(CUDA_SUCCESS, t().ctx_set_current(nullptr));
+  EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, t().stream_get_id(nullptr, &again));
+  EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, t().stream_get_id(kPerThread, &again));
+  // Back, then released to zero references (a reset): the streams are new ones after a retain.
+  ASSERT_EQ(CUDA_SUCCESS, t().ctx_set_current(ctx_));
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(kPerThread, &again));
+  EXPECT_EQ(again, pt0);
+  ASSERT_EQ(CUDA_SUCCESS, t().device_primary_ctx_release(dev(0)));
+  EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, t().stream_get_id(kPerThread, &again));
+  EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, t().stream_get_id(nullptr, &again));
+  ctx_ = make_current(0);
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_get_id(kPerThread, &again));
+  EXPECT_NE(again, pt0) << "the per-thread stream of a reset context is a new stream";
 }
 
 }  // namespace
