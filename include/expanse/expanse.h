@@ -50,6 +50,19 @@ EXPANSE_C_API int expanse_free_checked(void* ptr, size_t size, int device,
 EXPANSE_C_API int expanse_record_stream(void* ptr, struct CUstream_st* stream);
 /* Waits for freed memory's streams, then unmaps and releases every cached page of device. */
 EXPANSE_C_API int expanse_release_cached(int device);
+/* CUDA graph capture: call expanse_capture_begin(s) before cudaStreamBeginCapture(s) (or
+ * cuStreamBeginCapture) and expanse_capture_end(s) after cudaStreamEndCapture(s), from any
+ * thread. Synchronizing a context while any of its streams captures invalidates that capture,
+ * whichever thread synchronizes; expanse synchronizes a context only when memory is needed that
+ * no other proof shows free (a stream destroyed with its work pending, another thread's
+ * per-thread stream), and no driver query can show a capture another thread is about to begin.
+ * While a capture is announced in a stream's context, expanse never synchronizes that context:
+ * such memory stays unused until the capture ends (an allocation may then fail where it would
+ * have waited). Announcements nest and count per context (the context of s; for NULL,
+ * CU_STREAM_LEGACY or CU_STREAM_PER_THREAD the calling thread's current one). An end without a
+ * begin changes nothing. expanse.torch.use() announces torch.cuda.graph captures itself. */
+EXPANSE_C_API int expanse_capture_begin(struct CUstream_st* stream);
+EXPANSE_C_API int expanse_capture_end(struct CUstream_st* stream);
 /* Caps the physical memory expanse holds on device (bytes; SIZE_MAX removes the cap). */
 EXPANSE_C_API int expanse_set_limit(int device, size_t bytes);
 

@@ -3,6 +3,7 @@
 #include "api/errors.hpp"
 #include "api/history.hpp"
 #include "api/runtime.hpp"
+#include "core/capture_announcements.hpp"
 #include "expanse/expanse.h"
 
 #include <cstring>
@@ -14,6 +15,23 @@ using expanse::api::guarded;
 namespace {
 
 CUstream to_cu(struct CUstream_st* s) { return reinterpret_cast<CUstream>(s); }
+
+// The context a capture on s would belong to (the calling thread's current one for the special
+// handles, as the driver resolves them).
+CUcontext capture_context(struct CUstream_st* s, const char* what) {
+  const expanse::driver::LoadedDriver& d = Runtime::get().driver();
+  CUcontext ctx = nullptr;
+  const CUresult r = d.table().stream_get_ctx(to_cu(s), &ctx);
+  if (r != CUDA_SUCCESS || ctx == nullptr) {
+    throw expanse::driver_failure(
+        std::string(what) + ": cannot tell the context of stream " +
+            std::to_string(reinterpret_cast<uintptr_t>(s)) + " (" +
+            d.describe_error(expanse::driver::EntryPoint::stream_get_ctx, r) +
+            "); a NULL or per-thread stream needs a current context",
+        static_cast<int>(r));
+  }
+  return ctx;
+}
 
 }  // namespace
 
@@ -41,6 +59,18 @@ EXPANSE_C_API int expanse_record_stream(void* ptr, struct CUstream_st* stream) {
 
 EXPANSE_C_API int expanse_release_cached(int device) {
   return guarded([&] { Runtime::get().device(device).release_cached(); });
+}
+
+EXPANSE_C_API int expanse_capture_begin(struct CUstream_st* stream) {
+  return guarded([&] {
+    expanse::core::CaptureAnnouncements::begin(capture_context(stream, "expanse_capture_begin"));
+  });
+}
+
+EXPANSE_C_API int expanse_capture_end(struct CUstream_st* stream) {
+  return guarded([&] {
+    expanse::core::CaptureAnnouncements::end(capture_context(stream, "expanse_capture_end"));
+  });
 }
 
 EXPANSE_C_API int expanse_set_limit(int device, size_t bytes) {

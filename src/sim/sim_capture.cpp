@@ -13,10 +13,14 @@
 //   calls (see check_unsafe_call); a thread switched to RELAXED may.
 //
 // Which calls are "potentially unsafe" is not listed anywhere; the sim's choice, with evidence:
-// - cuMemAddressReserve/Free, cuMemCreate/Release, cuMemMap/Unmap, cuMemSetAccess: like
-//   cudaMalloc (the doc's example) they are not stream-ordered and unseen by capture; NCCL and
-//   mscclpp switch their thread to RELAXED around exactly these calls, PyTorch around cudaMalloc
-//   (cudaMallocMaybeCapturing) and cudaHostAlloc.
+// - cuMemCreate and cuMemAddressReserve are NOT: a real driver (H100, 580) answered SUCCESS
+//   during GLOBAL and THREAD_LOCAL captures, from the capturing thread and from a GLOBAL-mode
+//   thread beside a GLOBAL capture, and the captures ended valid (test/gpu/RESULTS.md).
+// - cuMemAddressFree, cuMemRelease, cuMemMap/Unmap, cuMemSetAccess: not yet measured; kept
+//   unsafe [INF], like cudaMalloc (the doc's example): not stream-ordered, unseen by capture
+//   (NCCL and mscclpp switch their thread to RELAXED around these calls, PyTorch around
+//   cudaMalloc). Stricter than the truth costs nothing here: expanse switches to RELAXED around
+//   its VMM calls anyway. The conformance rule CaptureVmmCalls asks a real driver each one.
 // - cuEventQuery/Synchronize, cuStreamQuery/Synchronize of work outside the capture: PyTorch
 //   switches to RELAXED around its allocator's cudaEventQuery during capture (pytorch#158352);
 //   ROCm's HIP, which mirrors CUDA here, refuses them under another thread's GLOBAL capture
@@ -38,7 +42,10 @@
 // (its dependencies are already the origin's; ROCm's HIP counts it as unjoined).
 // Codes not documented for these cases, chosen by precedent: beginning a capture on a capturing
 // stream, or ending one on a stream that is not capturing, is CUDA_ERROR_ILLEGAL_STATE (what
-// cuStreamUpdateCaptureDependencies documents for "the stream is not capturing"); an event last
+// cuStreamUpdateCaptureDependencies documents for "the stream is not capturing"). Measured on a
+// real driver (H100, 580): once another thread's end of a non-RELAXED capture was refused
+// (WRONG_THREAD), the capture is unusable: the origin thread's end answers ILLEGAL_STATE with no
+// graph, and the stream leaves capture mode. An event last
 // recorded in a capture stays CUDA_ERROR_CAPTURED_EVENT for query/sync/wait even after the
 // capture ended, until it is recorded again outside one.
 #include "sim/sim_call.hpp"
@@ -302,13 +309,20 @@ CUresult sim_stream_end_capture(CUstream stream, CUgraph* graph) {
       detail::invalidate(c);
       return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
     }
-    if (c.mode != CU_STREAM_CAPTURE_MODE_RELAXED && c.thread != detail::thread_token())
+    if (c.mode != CU_STREAM_CAPTURE_MODE_RELAXED && c.thread != detail::thread_token()) {
+      c.foreign_end_refused = true;
       return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    }
     const auto key = reinterpret_cast<uintptr_t>(c.graph);
     const bool invalidated = c.invalidated;
     const bool open_fork = !invalidated && detail::unjoined(c);
     const std::shared_ptr<Capture> keep = st->capture;  // c outlives its removal from s
     detail::end(s, c);
+    if (c.foreign_end_refused) {
+      s.graphs.erase(key);
+      *graph = nullptr;
+      return CUDA_ERROR_ILLEGAL_STATE;
+    }
     if (invalidated || open_fork) {
       if (invalidated) {
         s.invalidated_captures.push_back(

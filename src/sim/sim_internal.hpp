@@ -96,6 +96,9 @@ struct Capture {
   bool invalidated = false;
   std::string invalidated_by;  // the call (and thread) that invalidated it, for capture_log()
   bool ended = false;  // cuStreamEndCapture was called (or its context was reset)
+  // Another thread's cuStreamEndCapture was refused (WRONG_THREAD): the origin's end then
+  // answers ILLEGAL_STATE with no graph (measured: H100, driver 580).
+  bool foreign_end_refused = false;
   CUgraph graph = nullptr;  // the graph being captured into, handed over at cuStreamEndCapture
   Stream* origin = nullptr;
   std::vector<std::shared_ptr<Stream>> members;  // origin and joined streams (cleared at end)

@@ -270,6 +270,79 @@ TEST_P(StreamTruth, CaptureIsNotBrokenAndItsFreesWait) {
   ctl_.release(s1);
 }
 
+// Found on an H100 (driver 580): thread B's expanse_release_cached synchronized the context
+// while thread A captured on a stream expanse had never seen, and the capture was invalidated
+// (cuCtxSynchronize -> 900). Only the application knows a capture is about to begin: announced
+// with expanse_capture_begin, no context sync runs until expanse_capture_end; the memory that
+// only a sync can prove free (freed on a stream destroyed with its work pending) is released
+// after the capture instead. Without the announcement the capture is lost (the sim says so).
+TEST_P(StreamTruth, AnnouncedCaptureSurvivesAnotherThreadsReleaseCached) {
+  start("sim_capacity:1GiB");
+  CUstream s1 = stream(0), cap = stream(0);
+  auto* capc = reinterpret_cast<CUstream_st*>(cap);
+  void* a = must_malloc(64 * MiB, 0, s1);
+  ctl_.hold(s1);
+  must_free(a, 64 * MiB, 0, s1);
+  destroy(s1);  // its work still pending: only a context sync proves a's pages free
+  push(0);
+  ASSERT_EQ(expanse_capture_begin(capc), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(t().stream_begin_capture(cap, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  int released = -1;
+  expanse_stats during{};
+  during.struct_size = sizeof during;
+  std::thread b([&] {
+    released = expanse_release_cached(0);
+    expanse_get_stats(0, &during);
+  });
+  b.join();
+  EXPECT_EQ(released, EXPANSE_OK) << expanse_last_error();
+  EXPECT_GE(during.physical_bytes, 64 * MiB) << "released pages no sync had proven free";
+  CUgraph g = nullptr;
+  EXPECT_EQ(t().stream_end_capture(cap, &g), CUDA_SUCCESS) << "the capture was invalidated";
+  if (g != nullptr) t().graph_destroy(g);
+  ASSERT_EQ(expanse_capture_end(capc), EXPANSE_OK) << expanse_last_error();
+  pop();
+  ASSERT_EQ(expanse_release_cached(0), EXPANSE_OK) << expanse_last_error();
+  expanse_stats after{};
+  after.struct_size = sizeof after;
+  ASSERT_EQ(expanse_get_stats(0, &after), EXPANSE_OK);
+  EXPECT_EQ(after.physical_bytes, 0u) << "the capture's end did not let the sync run again";
+}
+
+TEST_P(StreamTruth, UnannouncedCaptureIsLostToAnotherThreadsReleaseCached) {
+  start("sim_capacity:1GiB");
+  CUstream s1 = stream(0), cap = stream(0);
+  void* a = must_malloc(64 * MiB, 0, s1);
+  ctl_.hold(s1);
+  must_free(a, 64 * MiB, 0, s1);
+  destroy(s1);
+  push(0);
+  ASSERT_EQ(t().stream_begin_capture(cap, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  std::thread b([&] { expanse_release_cached(0); });
+  b.join();
+  CUgraph g = nullptr;
+  EXPECT_EQ(t().stream_end_capture(cap, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+      << "the sim no longer shows why announcing is needed";
+  if (g != nullptr) t().graph_destroy(g);
+  pop();
+}
+
+// The announcement names the capture's context through its stream; a NULL stream with no
+// context current names none, and the error says so.
+TEST_P(StreamTruth, CaptureAnnouncementNeedsAContext) {
+  start("sim_capacity:1GiB");
+  int rc = EXPANSE_OK;
+  std::string msg;
+  std::thread b([&] {  // a fresh thread: no context current
+    rc = expanse_capture_begin(nullptr);
+    msg = expanse_last_error();
+  });
+  b.join();
+  EXPECT_EQ(rc, EXPANSE_EDRIVER);
+  EXPECT_NE(msg.find("expanse_capture_begin"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("current context"), std::string::npos) << msg;
+}
+
 // Finding 5: every device that can access device 0 gets access to its mappings, present and
 // future (peer_access:auto); peer_access:none grants only the owner until
 // expanse_enable_peer_access.
