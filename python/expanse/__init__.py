@@ -19,7 +19,8 @@ from ._lib import ExpanseError, Stats, check, last_error, library, library_path
 __all__ = [
     "ExpanseError", "init", "shutdown", "driver_description", "device_count", "library",
     "library_path", "memory_stats", "memory_summary", "empty_cache", "set_limit",
-    "reset_peak_stats", "record_history", "dump_snapshot",
+    "reset_peak_stats", "record_history", "dump_snapshot", "capture_begin", "capture_end",
+    "announced_capture",
 ]
 
 DEFAULT_MAX_ENTRIES = 100000  # PyTorch's default for _record_memory_history
@@ -204,3 +205,41 @@ def dump_snapshot(path):
     """Writes a snapshot pickle in PyTorch's format (torch.cuda.memory._dump_snapshot()):
     drop it on pytorch.org/memory_viz, or run `expanse replay PATH`."""
     check(library().expanse_dump_snapshot(os.fsencode(path)), f"expanse.dump_snapshot({path!r})")
+
+
+def _stream_handle(stream):
+    """A CUstream value from None (NULL: the current context), an int, or an object with
+    .cuda_stream (torch.cuda.Stream)."""
+    if stream is None:
+        return None
+    handle = getattr(stream, "cuda_stream", stream)
+    if not isinstance(handle, int):
+        raise TypeError(f"expanse: a stream is an int handle or has .cuda_stream, not {stream!r}")
+    return handle or None
+
+
+def capture_begin(stream=None):
+    """Announces a CUDA graph capture about to begin on stream (before cudaStreamBeginCapture):
+    until capture_end, expanse never synchronizes the stream's context, which would invalidate
+    the capture from any thread. expanse.torch.use() announces torch.cuda.graph captures."""
+    check(library().expanse_capture_begin(_stream_handle(stream)), "expanse.capture_begin()")
+
+
+def capture_end(stream=None):
+    """Ends an announcement made by capture_begin (after cudaStreamEndCapture)."""
+    check(library().expanse_capture_end(_stream_handle(stream)), "expanse.capture_end()")
+
+
+class announced_capture:
+    """with expanse.announced_capture(stream): ... capture on stream ...  (capture_begin/end)."""
+
+    def __init__(self, stream=None):
+        self.stream = stream
+
+    def __enter__(self):
+        capture_begin(self.stream)
+        return self
+
+    def __exit__(self, *exc):
+        capture_end(self.stream)
+        return False

@@ -88,6 +88,8 @@ def _declare(lib):
         "expanse_free_checked": (c.c_int, [c.c_void_p, c.c_size_t, c.c_int, stream]),
         "expanse_record_stream": (c.c_int, [c.c_void_p, stream]),
         "expanse_release_cached": (c.c_int, [c.c_int]),
+        "expanse_capture_begin": (c.c_int, [stream]),
+        "expanse_capture_end": (c.c_int, [stream]),
         "expanse_set_limit": (c.c_int, [c.c_int, c.c_size_t]),
         "expanse_get_stats": (c.c_int, [c.c_int, c.POINTER(Stats)]),
         "expanse_reset_peak_stats": (c.c_int, [c.c_int]),

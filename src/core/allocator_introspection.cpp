@@ -123,6 +123,7 @@ DeviceStats DeviceAllocator::stats() const {
   s.driver_calls = drv_.calls();
   s.modeled_driver_ns = drv_.modeled_ns();
   s.stream_queries = drv_.stream_queries();
+  s.tracked_streams = streams_.size();
   return s;
 }
 

@@ -339,15 +339,23 @@ void DeviceAllocator::poll(bool wait) {
   drop_finished_states();
 }
 
-// States nobody can name again (gone streams, one-call keys of a driver without ids) go once
-// everything freed on them is safe and no live block refers to them.
+// States nobody can name again (gone streams, one-call keys of a driver without ids, captures
+// that are over) go once everything freed on them is safe and no live block refers to them.
+// Streams that may be named again go too once there are more than kKeptStreamStates and they hold
+// nothing: an application that creates and destroys streams (without the driver recycling the
+// handle values) would otherwise grow the table forever, and a stream named again after being
+// forgotten costs one cuStreamGetCtx to know again. Below the bound nothing named is dropped, so
+// the hot path of a steady set of streams asks the driver nothing new.
 void DeviceAllocator::drop_finished_states() {
+  constexpr size_t kKeptStreamStates = 64;
+  const bool crowded = streams_.size() > kKeptStreamStates;
   for (auto it = streams_.begin(); it != streams_.end();) {
     StreamState& ss = it->second;
     const bool unnamed = ss.gone || ss.kind == StreamIdentity::unknown ||
                          (ss.kind == StreamIdentity::capturing && ss.capture_over);
-    if (unnamed && it->first != in_use_ && ss.live_refs == 0 && ss.safe_seq == ss.free_seq &&
-        ss.fences.empty() && ss.lifo.empty()) {
+    const bool empty = ss.live_refs == 0 && ss.safe_seq == ss.free_seq && ss.fences.empty() &&
+                       ss.lifo.empty();
+    if ((unnamed || crowded) && empty && it->first != in_use_ && it->first != current_) {
       it = streams_.erase(it);
     } else {
       ++it;

@@ -301,5 +301,50 @@ TEST_F(StreamOrderTest, DestroyedStreamsAreNeverAskedAbout) {
   t.device_primary_ctx_release(dev);
 }
 
+// An application that creates streams, frees on them and destroys them (all created first, so
+// no handle value comes back and nothing marks them gone) must not grow expanse's stream table
+// forever: once their frees are proven done, the states beyond a few dozen are forgotten. Was a
+// leak (200 states kept). A steady set of streams keeps its states (no new driver questions).
+TEST_F(StreamOrderTest, StatesOfDestroyedStreamsAreForgotten) {
+  make(sim_config(1 * GiB));
+  const auto& t = drv_->table();
+  constexpr int kStreams = 200;
+  std::vector<CUstream> ss;
+  for (int i = 0; i < kStreams; ++i) ss.push_back(new_stream());
+  for (CUstream s : ss) {
+    void* p = alloc_->allocate(1 * MiB, s);
+    alloc_->deallocate(p, s);
+  }
+  EXPECT_GE(alloc_->stats().tracked_streams, static_cast<uint64_t>(kStreams));
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  ASSERT_EQ(t.device_get(&dev, 0), CUDA_SUCCESS);
+  ASSERT_EQ(t.device_primary_ctx_retain(&ctx, dev), CUDA_SUCCESS);
+  ASSERT_EQ(t.ctx_push_current(ctx), CUDA_SUCCESS);
+  for (CUstream s : ss) ASSERT_EQ(t.stream_destroy(s), CUDA_SUCCESS);
+  streams_.clear();
+  CUcontext popped = nullptr;
+  t.ctx_pop_current(&popped);
+  t.device_primary_ctx_release(dev);
+  alloc_->release_cached();  // proves every free done (a context sync), then forgets
+  EXPECT_LE(alloc_->stats().tracked_streams, 64u);
+
+  // A few streams in steady use keep their states: no more stream questions per call.
+  CUstream a = new_stream(), b = new_stream();
+  for (int i = 0; i < 3; ++i) {
+    alloc_->deallocate(alloc_->allocate(1 * MiB, a), a);
+    alloc_->deallocate(alloc_->allocate(1 * MiB, b), b);
+  }
+  const uint64_t q0 = alloc_->stats().stream_queries;
+  alloc_->deallocate(alloc_->allocate(1 * MiB, a), a);
+  const uint64_t per_pair = alloc_->stats().stream_queries - q0;
+  for (int i = 0; i < 50; ++i) {
+    alloc_->deallocate(alloc_->allocate(1 * MiB, a), a);
+    alloc_->deallocate(alloc_->allocate(1 * MiB, b), b);
+  }
+  EXPECT_EQ(alloc_->stats().stream_queries - q0, per_pair * 101);
+  EXPECT_EQ(alloc_->check_invariants(), "");
+}
+
 }  // namespace
 }  // namespace expanse::test

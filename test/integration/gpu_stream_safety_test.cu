@@ -298,8 +298,10 @@ __global__ void add_one(uint32_t* p, size_t n) {
 }
 
 // Allocations inside a global-mode capture, while another thread makes the allocator create and
-// map pages (cuMemCreate/cuMemMap/cuMemSetAccess) and free them: the capture must stay valid and
-// the graph must run.
+// map pages (cuMemCreate/cuMemMap/cuMemSetAccess), free them and release_cached (which would
+// synchronize the context): the capture, announced with expanse_capture_begin/end, must stay
+// valid and the graph must run. (Unannounced, the other thread's context sync invalidated it on
+// an H100, driver 580: no driver query shows a capture another thread is about to begin.)
 void case_capture() {
   cudaStream_t cs;
   cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking);
@@ -330,6 +332,7 @@ void case_capture() {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
 
   cudaGraph_t graph = nullptr;
+  check(expanse_capture_begin(cs) == EXPANSE_OK, "capture announced");
   bool began = cuda_ok(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal), "begin capture");
   if (began) {
     for (int i = 0; i < 8; ++i) {
@@ -346,6 +349,7 @@ void case_capture() {
     const cudaError_t end = cudaStreamEndCapture(cs, &graph);
     check(cuda_ok(end, "end capture"), "capture stays valid with allocations inside it");
   }
+  check(expanse_capture_end(cs) == EXPANSE_OK, "capture announcement ended");
   stop = true;
   other.join();
   std::printf("      the other thread: %d allocations, %d failures\n", other_ok.load(),

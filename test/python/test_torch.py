@@ -39,6 +39,23 @@ class FakeTorch:
         mem.CUDAPluggableAllocator = CUDAPluggableAllocator
         mem.change_current_allocator = lambda a: fake.calls.append(("change", a))
         self.module.cuda.memory = mem
+
+        class Stream:
+            cuda_stream = 0x5000
+
+        class CUDAGraph:  # what torch.cuda.graph calls
+            fail_begin = False
+
+            def capture_begin(self, pool=None, capture_error_mode="global"):
+                fake.calls.append(("capture_begin", capture_error_mode))
+                if self.fail_begin:
+                    raise RuntimeError("capture_begin failed")
+
+            def capture_end(self):
+                fake.calls.append(("capture_end",))
+
+        self.module.cuda.CUDAGraph = CUDAGraph
+        self.module.cuda.current_stream = lambda: Stream()
         self.modules = {"torch": self.module, "torch.cuda": self.module.cuda,
                         "torch.cuda.memory": mem}
 
@@ -80,6 +97,45 @@ def test_use_applies_conf_first(fake_torch):
         et.use("driver:sim,bogus:1")
     assert not et.in_use()
     expanse.init(SIM)
+
+
+def test_graph_captures_are_announced_around_begin_and_end(fake_torch, monkeypatch):
+    fake, et = fake_torch
+    monkeypatch.setattr(expanse, "capture_begin",
+                        lambda s=None: fake.calls.append(("announce", s.cuda_stream)))
+    monkeypatch.setattr(expanse, "capture_end",
+                        lambda s=None: fake.calls.append(("unannounce", s.cuda_stream)))
+    et.use(SIM)
+    del fake.calls[:2]
+    g = fake.module.cuda.CUDAGraph()
+    g.capture_begin(capture_error_mode="thread_local")
+    assert fake.calls == [("announce", 0x5000), ("capture_begin", "thread_local")]
+    g.capture_end()
+    assert fake.calls[2:] == [("capture_end",), ("unannounce", 0x5000)]
+    g.capture_end()  # a second end announces nothing more
+    assert fake.calls[-1] == ("capture_end",)
+    # A begin that fails takes its announcement back; nothing is left announced.
+    del fake.calls[:]
+    g.fail_begin = True
+    with pytest.raises(RuntimeError, match="capture_begin failed"):
+        g.capture_begin()
+    assert fake.calls == [("announce", 0x5000), ("capture_begin", "global"),
+                          ("unannounce", 0x5000)]
+    # use() wraps the methods once.
+    et._announce_graph_captures(fake.module)
+    del fake.calls[:]
+    g.fail_begin = False
+    g.capture_begin()
+    assert [c[0] for c in fake.calls] == ["announce", "capture_begin"]
+    g.capture_end()
+
+
+def test_capture_announcement_without_a_context_names_the_problem(ex):
+    # The test thread has no CUDA context current: NULL names no capture context.
+    with pytest.raises(expanse.ExpanseError, match="current context"):
+        expanse.capture_begin()
+    with pytest.raises(TypeError, match="cuda_stream"):
+        expanse.capture_begin("stream 1")
 
 
 # ---- real PyTorch with CUDA ---------------------------------------------------------------------

@@ -251,7 +251,49 @@ def cuda_graph_mode(mode):
     return run
 
 
+def cuda_graph_beside_empty_cache():
+    # Another thread allocates, frees and empties expanse's cache (which synchronizes the context
+    # when it must) while this thread captures: expanse.torch.use() announced the capture, so
+    # no such sync runs and the capture stays valid (an H100 showed the unannounced failure).
+    import threading
+    g = torch.cuda.CUDAGraph()
+    x = torch.ones(1 << 20, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        y = x * 2
+    torch.cuda.current_stream().wait_stream(s)
+    stop = threading.Event()
+    rounds = [0]
+
+    def other():
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            while not stop.is_set():
+                t = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+                del t
+                expanse.empty_cache()
+                rounds[0] += 1
+
+    th = threading.Thread(target=other)
+    th.start()
+    time.sleep(0.05)
+    try:
+        with torch.cuda.graph(g):
+            for _ in range(8):
+                y = x * 2 + 1
+                time.sleep(0.005)
+    finally:
+        stop.set()
+        th.join()
+    g.replay()
+    torch.cuda.synchronize()
+    assert y[0].item() == 3.0, y[0].item()
+    return f"captured and replayed beside {rounds[0]} empty_cache() calls"
+
+
 note("torch.cuda.graph (documented unsupported: private pools)", cuda_graph)
+check("torch.cuda.graph while another thread empties the cache", cuda_graph_beside_empty_cache)
 for mode in ("thread_local", "relaxed"):
     note(f"torch.cuda.graph capture_error_mode={mode}", cuda_graph_mode(mode))
 torch.cuda.synchronize()
