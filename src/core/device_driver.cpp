@@ -50,6 +50,49 @@ DeviceDriver::DeviceDriver(const driver::LoadedDriver& drv, int device, bool rdm
   own.location = prop_.location;
   own.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   access_.push_back(own);
+  if (prop_.allocFlags.gpuDirectRDMACapable != 0 && !rdma_mapping_works()) {
+    prop_.allocFlags.gpuDirectRDMACapable = 0;
+  }
+}
+
+// WSL2's driver (before R615) says GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED = 1, creates and maps
+// RDMA-capable memory, then fails cuMemSetAccess on it (pytorch/pytorch#192330, an NVIDIA driver
+// bug). Rather than guess the platform, one page is taken through the whole sequence once per
+// device: if setting access fails with the flag and works without it, the flag is dropped and
+// memory is still usable (just not registrable with a NIC, which WSL2 offers no path to). Any
+// other outcome keeps the flag, and real failures surface where they happen. Not counted in the
+// stats, like the other start-up queries.
+bool DeviceDriver::rdma_mapping_works() {
+  // Raw calls (no counting, no ScopedContext): nothing here may show in the stats.
+  if (t_.ctx_push_current(ctx_) != CUDA_SUCCESS) return true;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;  // not a capture's business
+  const bool relaxed = t_.thread_exchange_stream_capture_mode != nullptr &&
+                       t_.thread_exchange_stream_capture_mode(&mode) == CUDA_SUCCESS;
+  auto sequence_works = [&](const CUmemAllocationProp& prop) {
+    CUdeviceptr va = 0;
+    if (t_.mem_address_reserve(&va, granularity_, 0, 0, 0) != CUDA_SUCCESS) return true;
+    CUmemGenericAllocationHandle h = 0;
+    bool ok = true;
+    if (t_.mem_create(&h, granularity_, &prop, 0) == CUDA_SUCCESS) {
+      if (t_.mem_map(va, granularity_, 0, h, 0) == CUDA_SUCCESS) {
+        ok = t_.mem_set_access(va, granularity_, access_.data(), 1) == CUDA_SUCCESS;
+        t_.mem_unmap(va, granularity_);
+      }
+      t_.mem_release(h);
+    }
+    t_.mem_address_free(va, granularity_);
+    return ok;
+  };
+  bool works = sequence_works(prop_);
+  if (!works) {
+    CUmemAllocationProp plain = prop_;
+    plain.allocFlags.gpuDirectRDMACapable = 0;
+    works = !sequence_works(plain);
+  }
+  if (relaxed) t_.thread_exchange_stream_capture_mode(&mode);
+  CUcontext popped = nullptr;
+  t_.ctx_pop_current(&popped);
+  return works;
 }
 
 DeviceDriver::~DeviceDriver() {

@@ -46,6 +46,8 @@ class DeviceDriver {
   const driver::LoadedDriver& loaded() const noexcept { return drv_; }
   // What cuMemCreate asks for beyond pinned device memory.
   bool posix_fd_handles() const noexcept { return prop_.requestedHandleTypes != 0; }
+  // Whether cuMemCreate asks for GPUDirect RDMA (rdma requested, the device says it supports it
+  // with VMM, and memory so created can be given access: see rdma_mapping_works).
   bool rdma_capable() const noexcept { return prop_.allocFlags.gpuDirectRDMACapable != 0; }
 
   // Makes ctx (default: the device's primary context) current for the scope; restores the
@@ -131,6 +133,7 @@ class DeviceDriver {
   void add_stream_queries(uint64_t n) noexcept { stream_queries_ += n; }
 
  private:
+  bool rdma_mapping_works();
   // mappings: how many handles a range call (unmap, set_access) covers.
   void count(driver::EntryPoint e, size_t bytes, size_t mappings = 1, size_t times = 1);
   void check(CUresult r, driver::EntryPoint e) const { drv_.check(r, e); }

@@ -423,6 +423,30 @@ TEST_P(StreamTruth, RdmaOffOrUnsupportedIsNotAskedFor) {
   }
 }
 
+// Finding 6 on WSL2 (pytorch/pytorch#192330, an NVIDIA WSL driver bug fixed in R615): the device
+// says RDMA with VMM is supported, cuMemCreate and cuMemMap accept the flag, and cuMemSetAccess
+// fails. expanse finds out once per device (a one-page probe) and allocates without the flag;
+// before, every allocation failed. The probe leaves nothing in the stats.
+TEST_P(StreamTruth, WslRdmaIsDroppedAndMemoryWorks) {
+  uint64_t creates[2] = {0, 0};
+  for (int wsl = 0; wsl < 2; ++wsl) {
+    start(wsl ? "sim_capacity:1GiB,sim_rdma:wsl" : "sim_capacity:1GiB");
+    void* a = must_malloc(4 * MiB, 0, nullptr);
+    ASSERT_NE(a, nullptr);
+    CUmemAllocationProp p = props_of(t(), a);
+    EXPECT_EQ(p.allocFlags.gpuDirectRDMACapable, wsl ? 0 : 1);
+    EXPECT_EQ(p.requestedHandleTypes, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    std::memset(a, 1, 4 * MiB);
+    expanse_stats st{};
+    st.struct_size = sizeof st;
+    ASSERT_EQ(expanse_get_stats(0, &st), EXPANSE_OK);
+    creates[wsl] = st.driver_calls[static_cast<int>(expanse::driver::EntryPoint::mem_create)];
+    must_free(a, 4 * MiB, 0, nullptr);
+    stop();
+  }
+  EXPECT_EQ(creates[1], creates[0]) << "the probe's calls were counted in the stats";
+}
+
 // Finding 7: a 12.2 driver (535 series) lacks the newest entry points; an 11.4 one lacks stream
 // ids altogether. Both work, and reuse stays safe across a recycled handle.
 TEST_P(StreamTruth, OlderDriversWorkAndStaySafe) {
