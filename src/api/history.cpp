@@ -50,9 +50,8 @@ void History::record(bool enabled, size_t max_entries) {
       max_entries_ = max_entries;
     }
     // Set before attaching below: an allocator created meanwhile sees the flag itself.
-    recording_.store(enabled, std::memory_order_release);
+    recording_.store(enabled, std::memory_order_seq_cst);  // see Runtime::device
   }
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // see Runtime::device
   Runtime* rt = Runtime::current();
   if (rt == nullptr) return;
   for (int d = 0; d < rt->device_count(); ++d) {
@@ -61,7 +60,7 @@ void History::record(bool enabled, size_t max_entries) {
 }
 
 void History::attach_if_recording(core::DeviceAllocator& a) {
-  if (recording()) a.set_events(this);
+  if (recording_.load(std::memory_order_seq_cst)) a.set_events(this);  // see Runtime::device
 }
 
 void History::add(int device, TraceEntry e) noexcept {

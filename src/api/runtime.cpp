@@ -105,7 +105,7 @@ Runtime* Runtime::current() noexcept { return g_runtime.load(std::memory_order_a
 
 core::DeviceAllocator* Runtime::existing(int device) const {
   if (device < 0 || device >= device_count()) return nullptr;
-  return slots_[static_cast<size_t>(device)].load(std::memory_order_acquire);
+  return slots_[static_cast<size_t>(device)].load(std::memory_order_seq_cst);  // see device()
 }
 
 core::DeviceAllocator& Runtime::device(int device) {
@@ -131,9 +131,9 @@ core::DeviceAllocator& Runtime::device(int device) {
     throw driver_failure("expanse: setting up device " + std::to_string(device) + ": " + e.what(),
                          static_cast<int>(e.code()));
   }
-  slot.store(owned_[static_cast<size_t>(device)].get(), std::memory_order_release);
-  // Paired with the fence in History::record: either it sees this slot or this sees its flag.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // seq_cst store, then seq_cst load of the flag (History::record does the mirror image): either
+  // it sees this slot or this sees its flag. (Not fences: TSan does not model them.)
+  slot.store(owned_[static_cast<size_t>(device)].get(), std::memory_order_seq_cst);
   History::get().attach_if_recording(*owned_[static_cast<size_t>(device)]);
   return *owned_[static_cast<size_t>(device)];
 }
