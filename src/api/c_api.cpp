@@ -63,12 +63,16 @@ EXPANSE_C_API int expanse_release_cached(int device) {
 
 EXPANSE_C_API int expanse_capture_begin(struct CUstream_st* stream) {
   return guarded([&] {
-    expanse::core::CaptureAnnouncements::begin(capture_context(stream, "expanse_capture_begin"));
+    expanse::core::CaptureAnnouncements::begin(capture_context(stream, "expanse_capture_begin"),
+                                               stream);
   });
 }
 
 EXPANSE_C_API int expanse_capture_end(struct CUstream_st* stream) {
   return guarded([&] {
+    // The context remembered at begin: no driver call, so an end after the stream was destroyed
+    // (or while the runtime cannot be had) still ends the announcement.
+    if (expanse::core::CaptureAnnouncements::end_stream(stream)) return;
     expanse::core::CaptureAnnouncements::end(capture_context(stream, "expanse_capture_end"));
   });
 }

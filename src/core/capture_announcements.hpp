@@ -23,13 +23,20 @@ namespace expanse::core {
 
 class CaptureAnnouncements {
  public:
-  static void begin(CUcontext ctx);
+  // Announces a capture in ctx (on `stream`, remembered for end_stream). Waits while a sync of
+  // ctx runs: a capture begun during it would be invalidated.
+  static void begin(CUcontext ctx, const void* stream = nullptr);
+  // Ends one announcement in ctx; an end without a begin changes nothing.
   static void end(CUcontext ctx);
+  // Ends the announcement begun on `stream` (with no driver call: the stream may be gone by
+  // now). False if none was begun on it.
+  static bool end_stream(const void* stream);
   // How many captures are announced in ctx now.
   static int count(CUcontext ctx);
   // Runs op() (a context sync, or a record on the legacy stream, which waits for every blocking
   // stream) and returns its result, unless a capture is announced in ctx: then returns false
-  // without calling it. Announcements wait meanwhile, so none begins during op().
+  // without calling it. Announcements in ctx wait meanwhile, so none begins during op(); nothing
+  // else waits (no lock is held across op()). An exception from op() counts as false.
   static bool run_unless_capturing(CUcontext ctx, const std::function<bool()>& op);
 };
 

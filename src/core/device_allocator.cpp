@@ -392,7 +392,7 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
     auto st = streams_.find(k);
     if (st == streams_.end()) return;  // nothing of it left unproven (drop_finished_states)
     --st->second.live_refs;
-    if (k != ss.key) deps.emplace_back(k, ++st->second.free_seq);
+    if (k != ss.key) deps.emplace_back(k, st->second.free_seq = ++seq_clock_);
   };
   depend_on(b.stream);
   for (StreamKey u : b.users) depend_on(u);
@@ -406,7 +406,7 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   if (events_ != nullptr) events_->on_free(device(), it->first, b.requested, stream);
 
   b.stream = ss.key;
-  b.seq = ++ss.free_seq;
+  b.seq = ss.free_seq = ++seq_clock_;
   b.safe = false;
   b.users.clear();
   b.requested = 0;

@@ -105,8 +105,12 @@ class DeviceAllocator {
     bool gone = false;          // `handle` no longer names it: only a context sync covers it
     bool capture_over = false;  // capturing kind: a later call saw its handle not capturing
     uint32_t live_refs = 0;     // live blocks allocated on it or recorded with it
-    uint64_t free_seq = 0;      // incremented at every free (and use ended by a free) on it
+    // Free numbers come from one allocator-wide clock (seq_clock_), so that a state forgotten
+    // with everything proven and made again starts at "proven up to now": a pending block's
+    // (key, seq) and an unsettled block's seq from before stay satisfied.
+    uint64_t free_seq = 0;      // the clock at its latest free (and use ended by a free)
     uint64_t safe_seq = 0;      // frees with seq <= this are known complete
+    uint64_t last_used = 0;     // use_clock_ when a call last named it (which to forget first)
     std::deque<Fence> fences;
     std::vector<BlockIt> lifo;  // cached blocks, most recent last
   };
@@ -214,6 +218,8 @@ class DeviceAllocator {
   std::map<std::pair<uint64_t, uint64_t>, StreamKey> legacy_keys_;  // (legacy id, thread) -> key
   StreamKey next_key_ = StreamKey{1} << 63;  // made-up keys; driver ids stay below
   StreamKey in_use_ = 0;  // the state allocate() holds a reference to (never dropped meanwhile)
+  uint64_t seq_clock_ = 0;  // numbers every free on every stream (StreamState::free_seq)
+  uint64_t use_clock_ = 0;  // counts stream_state() calls (StreamState::last_used)
   // The stream of the call under way (allocate / deallocate / record_stream), 0 outside one.
   // Its handle is the only one expanse may pass to the driver: the caller vouches for it now;
   // any other may name a destroyed stream (undefined: a 580 driver crashed in

@@ -68,6 +68,8 @@ bool DeviceDriver::rdma_mapping_works() {
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;  // not a capture's business
   const bool relaxed = t_.thread_exchange_stream_capture_mode != nullptr &&
                        t_.thread_exchange_stream_capture_mode(&mode) == CUDA_SUCCESS;
+  // Only a refused cuMemSetAccess counts against the flag: a failure to reserve, create or map
+  // (out of memory, say), or memory running out at set-access, proves nothing about it.
   auto sequence_works = [&](const CUmemAllocationProp& prop) {
     CUdeviceptr va = 0;
     if (t_.mem_address_reserve(&va, granularity_, 0, 0, 0) != CUDA_SUCCESS) return true;
@@ -75,7 +77,8 @@ bool DeviceDriver::rdma_mapping_works() {
     bool ok = true;
     if (t_.mem_create(&h, granularity_, &prop, 0) == CUDA_SUCCESS) {
       if (t_.mem_map(va, granularity_, 0, h, 0) == CUDA_SUCCESS) {
-        ok = t_.mem_set_access(va, granularity_, access_.data(), 1) == CUDA_SUCCESS;
+        const CUresult r = t_.mem_set_access(va, granularity_, access_.data(), 1);
+        ok = r == CUDA_SUCCESS || r == CUDA_ERROR_OUT_OF_MEMORY;
         t_.mem_unmap(va, granularity_);
       }
       t_.mem_release(h);

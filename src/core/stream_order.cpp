@@ -93,12 +93,15 @@ DeviceAllocator::StreamState& DeviceAllocator::stream_state(CUstream s, const St
   }
   auto [it, added] = streams_.try_emplace(key);
   StreamState& ss = it->second;
+  ss.last_used = ++use_clock_;
   if (!added) {
     ss.gone = false;  // the driver just named it again: its handle is valid
     ss.handle = handle_for(ss.kind, s);
     return ss;
   }
   ss.key = key;
+  // New, or made again after drop_finished_states forgot it with every free proven.
+  ss.free_seq = ss.safe_seq = seq_clock_;
   ss.kind = id.kind;
   ss.id = id.id;
   ss.handle = handle_for(id.kind, s);
@@ -340,26 +343,38 @@ void DeviceAllocator::poll(bool wait) {
 }
 
 // States nobody can name again (gone streams, one-call keys of a driver without ids, captures
-// that are over) go once everything freed on them is safe and no live block refers to them.
-// Streams that may be named again go too once there are more than kKeptStreamStates and they hold
-// nothing: an application that creates and destroys streams (without the driver recycling the
-// handle values) would otherwise grow the table forever, and a stream named again after being
-// forgotten costs one cuStreamGetCtx to know again. Below the bound nothing named is dropped, so
-// the hot path of a steady set of streams asks the driver nothing new.
+// that are over) go once everything freed on them is proven and no live block refers to them.
+// Streams that may be named again go too, least recently used first, once more than
+// 2 x kKeptStreamStates are tracked, down to kKeptStreamStates: an application that creates and
+// destroys streams (the driver not recycling the handle values) would otherwise grow the table
+// forever. One named again after being forgotten costs one cuStreamGetCtx, and starts at "proven
+// up to now" (seq_clock_), so what still refers to its key stays satisfied. A capture under way
+// is never forgotten (context_quiet needs it), nor the state of the current call.
 void DeviceAllocator::drop_finished_states() {
   constexpr size_t kKeptStreamStates = 64;
-  const bool crowded = streams_.size() > kKeptStreamStates;
+  auto holds_nothing = [](const StreamState& ss) {
+    return ss.live_refs == 0 && ss.safe_seq == ss.free_seq && ss.fences.empty() &&
+           ss.lifo.empty();
+  };
+  std::vector<std::pair<uint64_t, StreamKey>> idle;  // (last_used, key) of named idle states
   for (auto it = streams_.begin(); it != streams_.end();) {
     StreamState& ss = it->second;
+    const bool capturing = ss.kind == StreamIdentity::capturing && !ss.capture_over;
     const bool unnamed = ss.gone || ss.kind == StreamIdentity::unknown ||
                          (ss.kind == StreamIdentity::capturing && ss.capture_over);
-    const bool empty = ss.live_refs == 0 && ss.safe_seq == ss.free_seq && ss.fences.empty() &&
-                       ss.lifo.empty();
-    if ((unnamed || crowded) && empty && it->first != in_use_ && it->first != current_) {
+    const bool movable = holds_nothing(ss) && it->first != in_use_ && it->first != current_;
+    if (unnamed && movable) {
       it = streams_.erase(it);
-    } else {
-      ++it;
+      continue;
     }
+    if (movable && !capturing) idle.emplace_back(ss.last_used, it->first);
+    ++it;
+  }
+  if (streams_.size() <= 2 * kKeptStreamStates) return;
+  std::sort(idle.begin(), idle.end());
+  for (const auto& [used, key] : idle) {
+    if (streams_.size() <= kKeptStreamStates) break;
+    streams_.erase(key);
   }
 }
 

@@ -363,6 +363,7 @@ TEST_P(Conformance, CaptureOtherThreadsFollowTheirMode) {
   const CUstream other = make_stream(CU_STREAM_NON_BLOCKING);
   const CUevent e = make_event(CU_EVENT_DISABLE_TIMING);
   ASSERT_CU(CUDA_SUCCESS, t().event_record(e, other));
+  ASSERT_CU(CUDA_SUCCESS, t().event_synchronize(e));  // a GPU may answer NOT_READY otherwise
   CUmemGenericAllocationHandle created = 0;
   auto in_thread = [&](CUstreamCaptureMode mode, bool query) {
     CUresult r = CUDA_ERROR_UNKNOWN;
@@ -407,6 +408,7 @@ TEST_P(Conformance, CaptureWatchdogQueryBreaksOnlyGlobalCapture) {
   const CUstream other = make_stream(CU_STREAM_NON_BLOCKING);
   const CUevent e = make_event(CU_EVENT_DISABLE_TIMING);
   ASSERT_CU(CUDA_SUCCESS, t().event_record(e, other));
+  ASSERT_CU(CUDA_SUCCESS, t().event_synchronize(e));  // a GPU may answer NOT_READY otherwise
   auto watchdog_query = [&] {
     CUresult r = CUDA_ERROR_UNKNOWN;
     std::thread th([&] {

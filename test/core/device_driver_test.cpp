@@ -30,6 +30,23 @@ TEST(DeviceDriverTest, ReleasesThePrimaryContextItRetained) {
   for (CUresult r : g_release_results) EXPECT_EQ(r, CUDA_SUCCESS);
 }
 
+// The WSL2 RDMA probe drops the flag only when cuMemSetAccess refuses RDMA-capable memory and
+// accepts plain memory; memory running out during the probe proves nothing (review: a transient
+// OUT_OF_MEMORY would have cost NCCL its GPUDirect for the life of the process).
+TEST(DeviceDriverTest, RdmaProbeKeepsTheFlagWhenMemoryRunsOut) {
+  auto drv = driver::load_sim(sim_config(1 * GiB), "test");
+  sim::inject_failure(driver::EntryPoint::mem_set_access, 1, CUDA_ERROR_OUT_OF_MEMORY);
+  core::DeviceDriver kept(*drv, 0, /*rdma=*/true);
+  EXPECT_TRUE(kept.rdma_capable());
+  sim::clear_injections();
+  sim::inject_failure(driver::EntryPoint::mem_set_access, 1, CUDA_ERROR_UNKNOWN);
+  core::DeviceDriver dropped(*drv, 0, /*rdma=*/true);  // refused with the flag, fine without
+  EXPECT_FALSE(dropped.rdma_capable());
+  sim::clear_injections();
+  core::DeviceDriver plain(*drv, 0, /*rdma=*/true);
+  EXPECT_TRUE(plain.rdma_capable());
+}
+
 }  // namespace
 }  // namespace expanse::test
 

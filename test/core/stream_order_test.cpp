@@ -5,6 +5,10 @@
 #include "expanse/errors.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
 
 namespace expanse::test {
 namespace {
@@ -344,6 +348,86 @@ TEST_F(StreamOrderTest, StatesOfDestroyedStreamsAreForgotten) {
   }
   EXPECT_EQ(alloc_->stats().stream_queries - q0, per_pair * 101);
   EXPECT_EQ(alloc_->check_invariants(), "");
+}
+
+// Found by review: a forgotten state made again restarted its free numbers at 0, so a pending
+// block waiting for (legacy stream, n) waited forever and the memory was lost to out-of-memory.
+// Free numbers now come from one allocator-wide clock and a state made again starts at "proven
+// up to now". 140 streams keep a live block each, so states are forgotten.
+TEST_F(StreamOrderTest, ForgottenStateMadeAgainStrandsNothing) {
+  make(sim_config(1 * GiB));
+  CUstream a = new_stream(), l = new_stream(), b = new_stream();
+  std::vector<std::pair<void*, CUstream>> keep;
+  for (int i = 0; i < 140; ++i) {
+    CUstream f = new_stream();
+    keep.emplace_back(alloc_->allocate(512, f), f);
+  }
+  void* x = alloc_->allocate(512 * MiB, a);
+  alloc_->record_stream(x, nullptr);  // the legacy stream's state
+  alloc_->record_stream(x, l);
+  sim::hold_stream(l);
+  alloc_->deallocate(x, a);                  // pending on the legacy stream and on l
+  void* a2 = alloc_->allocate(3 * MiB, a);   // polls: the legacy fence passes, l's does not
+  void* y = alloc_->allocate(1 * MiB, b);
+  alloc_->record_stream(y, nullptr);         // the legacy stream named again
+  sim::release_stream(l);
+  alloc_->deallocate(alloc_->allocate(5 * MiB, l), l);  // l fenced
+  alloc_->release_cached();
+  EXPECT_EQ(alloc_->describe_stream_order(x).find("pending "), std::string::npos)
+      << alloc_->describe_stream_order(x);
+  void* big = alloc_->allocate(600 * MiB, b);  // needs x's pages
+  EXPECT_NE(big, nullptr);
+  alloc_->deallocate(big, b);
+  alloc_->deallocate(a2, a);
+  alloc_->deallocate(y, b);
+  for (auto& [p, f] : keep) alloc_->deallocate(p, f);
+  EXPECT_EQ(alloc_->check_invariants(), "");
+}
+
+// A sync of one context holds up an announcement in that context (a capture begun during it
+// would be invalidated) and nothing else: review found one process-wide lock held across
+// cuCtxSynchronize, blocking every context's announcements and other devices' fences.
+TEST(CaptureAnnouncementsThreadTest, ASyncHoldsUpOnlyItsOwnContextsAnnouncements) {
+  auto* c1 = reinterpret_cast<CUcontext>(uintptr_t{0x1001});
+  auto* c2 = reinterpret_cast<CUcontext>(uintptr_t{0x1002});
+  std::promise<void> syncing, release;
+  std::shared_future<void> released = release.get_future().share();
+  std::thread sync([&] {
+    core::CaptureAnnouncements::run_unless_capturing(c1, [&] {
+      syncing.set_value();
+      released.wait();
+      return true;
+    });
+  });
+  syncing.get_future().wait();
+  std::atomic<bool> began1{false};
+  std::thread announce1([&] {
+    core::CaptureAnnouncements::begin(c1, nullptr);
+    began1 = true;
+  });
+  core::CaptureAnnouncements::begin(c2, nullptr);  // another context: at once
+  EXPECT_EQ(core::CaptureAnnouncements::count(c2), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(began1.load()) << "a capture was announced while its context was being synced";
+  release.set_value();
+  sync.join();
+  announce1.join();
+  EXPECT_TRUE(began1.load());
+  EXPECT_EQ(core::CaptureAnnouncements::count(c1), 1);
+  // Announced: no sync of c1 runs; ended by stream (no driver call needed), it runs again.
+  bool ran = false;
+  EXPECT_FALSE(core::CaptureAnnouncements::run_unless_capturing(c1, [&] { return ran = true; }));
+  EXPECT_FALSE(ran);
+  core::CaptureAnnouncements::end(c1);
+  core::CaptureAnnouncements::end(c2);
+  int stream_tag = 0;
+  core::CaptureAnnouncements::begin(c1, &stream_tag);
+  EXPECT_TRUE(core::CaptureAnnouncements::end_stream(&stream_tag));
+  EXPECT_FALSE(core::CaptureAnnouncements::end_stream(&stream_tag));
+  EXPECT_TRUE(core::CaptureAnnouncements::run_unless_capturing(c1, [&] { return ran = true; }));
+  EXPECT_TRUE(ran);
+  EXPECT_EQ(core::CaptureAnnouncements::count(c1), 0);
+  EXPECT_EQ(core::CaptureAnnouncements::count(c2), 0);
 }
 
 }  // namespace
