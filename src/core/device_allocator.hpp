@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <array>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -179,6 +180,7 @@ class DeviceAllocator {
   bool has_unfinished_frees() const noexcept { return !pending_.empty() || index_.any_unsafe(); }
   Recorded record_fence(StreamState& ss, bool at_free = false);
   bool context_quiet(CUcontext ctx);
+  bool run_context_wide(CUcontext ctx, const std::function<bool()>& op);
   bool sync_context(CUcontext ctx);
   void settle(StreamState& ss);
   void drop_finished_states();

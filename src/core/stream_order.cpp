@@ -201,6 +201,13 @@ bool DeviceAllocator::context_quiet(CUcontext ctx) {
   return true;
 }
 
+// Runs op (an operation that waits for every stream of ctx: a context sync, a record on the
+// legacy stream) unless a capture is known to be under way in ctx or the application announced
+// one; returns op's result, or false when it did not run.
+bool DeviceAllocator::run_context_wide(CUcontext ctx, const std::function<bool()>& op) {
+  return context_quiet(ctx) && CaptureAnnouncements::run_unless_capturing(ctx, op);
+}
+
 // Records a fence after ss's latest free. not_now: it cannot be recorded from here or now
 // (another thread's per-thread stream, a capture, a driver failure); gone: the handle no longer
 // names ss (destroyed, perhaps recycled), so only a sync of ss.ctx covers its work.
@@ -220,18 +227,17 @@ DeviceAllocator::Recorded DeviceAllocator::record_fence(StreamState& ss, bool at
   DeviceDriver::ScopedContext scope(drv_, ss.ctx);
   if (!scope.ok()) return Recorded::not_now;
   if (!drv_.surely_not_capturing(ss.handle)) return Recorded::not_now;
-  if (ss.kind == StreamIdentity::legacy && !context_quiet(ss.ctx)) return Recorded::not_now;
-  CUevent e = get_event(ss.ctx);
-  if (e == nullptr) return Recorded::not_now;
-  // A record on the legacy stream waits for every blocking stream of the context: like a context
-  // sync, it must not race a capture the application announced.
-  const bool recorded =
-      ss.kind == StreamIdentity::legacy
-          ? CaptureAnnouncements::run_unless_capturing(
-                ss.ctx, [&] { return drv_.event_record(ss.ctx, e, ss.handle) == CUDA_SUCCESS; })
-          : drv_.event_record(ss.ctx, e, ss.handle) == CUDA_SUCCESS;
-  if (!recorded) {
+  CUevent e = nullptr;
+  auto record = [&] {
+    e = get_event(ss.ctx);
+    if (e == nullptr) return false;
+    if (drv_.event_record(ss.ctx, e, ss.handle) == CUDA_SUCCESS) return true;
     put_event(ss.ctx, e);
+    return false;
+  };
+  // A record on the legacy stream waits for every blocking stream of the context: it is a
+  // context-wide operation, like a context sync.
+  if (!(ss.kind == StreamIdentity::legacy ? run_context_wide(ss.ctx, record) : record())) {
     return Recorded::not_now;
   }
   // A capture begun by another thread between the check and the record may have taken the
@@ -247,10 +253,9 @@ DeviceAllocator::Recorded DeviceAllocator::record_fence(StreamState& ss, bool at
 // the sync is invalidated by it: the driver gives no way to see it coming
 // (capture_announcements.hpp).
 bool DeviceAllocator::sync_context(CUcontext ctx) {
-  if (!context_quiet(ctx)) return false;
-  const bool synced = CaptureAnnouncements::run_unless_capturing(
-      ctx, [&] { return drv_.ctx_synchronize(ctx) == CUDA_SUCCESS; });
-  if (!synced) return false;
+  if (!run_context_wide(ctx, [&] { return drv_.ctx_synchronize(ctx) == CUDA_SUCCESS; })) {
+    return false;
+  }
   for (auto& [k, st] : streams_) {
     if (st.ctx != ctx) continue;
     st.safe_seq = st.free_seq;
@@ -356,6 +361,8 @@ void DeviceAllocator::drop_finished_states() {
     return ss.live_refs == 0 && ss.safe_seq == ss.free_seq && ss.fences.empty() &&
            ss.lifo.empty();
   };
+  // Only a crowded table looks for named states to forget (no work per poll otherwise).
+  const bool crowded = streams_.size() > 2 * kKeptStreamStates;
   std::vector<std::pair<uint64_t, StreamKey>> idle;  // (last_used, key) of named idle states
   for (auto it = streams_.begin(); it != streams_.end();) {
     StreamState& ss = it->second;
@@ -367,7 +374,7 @@ void DeviceAllocator::drop_finished_states() {
       it = streams_.erase(it);
       continue;
     }
-    if (movable && !capturing) idle.emplace_back(ss.last_used, it->first);
+    if (crowded && movable && !capturing) idle.emplace_back(ss.last_used, it->first);
     ++it;
   }
   if (streams_.size() <= 2 * kKeptStreamStates) return;
