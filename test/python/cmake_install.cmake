@@ -1,5 +1,9 @@
 # cmake --install of the runtime and python components into a fresh prefix; the installed
 # package must find the installed libexpanse.so.0 by itself (EXPANSE_LIBRARY unset).
+if(PYDIR STREQUAL "")
+  message(FATAL_ERROR "PYDIR is empty: EXPANSE_PYTHON_INSTALL_DIR was not set when test/python "
+                      "was configured")
+endif()
 file(REMOVE_RECURSE ${WORK})
 foreach(component runtime python)
   execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK}
