@@ -56,7 +56,7 @@ std::string DeviceAllocator::describe_stream_order(const void* ptr) const {
     out << "stream key " << key << ": kind " << static_cast<int>(ss.kind) << ", id " << ss.id
         << ", handle " << ss.handle << ", ctx " << ss.ctx << ", owner thread " << ss.owner_thread
         << (ss.gone ? ", gone" : "") << ", live refs " << ss.live_refs << ", free seq "
-        << ss.free_seq << ", safe seq " << ss.safe_seq << ", lifo " << ss.lifo.size()
+        << ss.free_seq << ", safe seq " << ss.safe_seq << ", recent places " << ss.recent.size()
         << ", fences";
     for (const Fence& f : ss.fences) out << " (event " << f.event << ", seq " << f.seq << ")";
     out << '\n';
@@ -161,8 +161,7 @@ std::string DeviceAllocator::check_invariants() const {
       }
       if (b.state == BlockState::free) {
         ++free_indexed;
-        if (prev != nullptr && prev->state == BlockState::free &&
-            (prev->safe || b.safe || prev->stream == b.stream)) {
+        if (prev != nullptr && index_.mergeable(*prev, b)) {
           err << "free blocks at " << hex(it->first) << " and before it were not coalesced";
           return err.str();
         }

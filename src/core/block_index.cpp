@@ -69,6 +69,7 @@ BlockIt BlockIndex::carve(BlockIt it, size_t bytes, Arena a, size_t offset) {
     rest.res = b.res;
     rest.safe = b.safe;
     rest.stream = b.stream;
+    rest.freed_by = b.freed_by;
     rest.seq = b.seq;
     auto r = blocks_.emplace_hint(std::next(it), it->first + bytes, std::move(rest));
     index(a, r);
@@ -77,13 +78,20 @@ BlockIt BlockIndex::carve(BlockIt it, size_t bytes, Arena a, size_t offset) {
   return it;
 }
 
-// Free neighbours always merge unless they are owned by two different streams: a safe block
-// joining a block owned by S becomes owned by S (conservative: other streams wait for S's next
-// fence). Maximal coalescing keeps placement independent of when fences happen to complete, so a
-// repeated workload lands where it landed before.
+// Free neighbours merge unless that would give a stream's free memory to another stream: two
+// safe blocks always; two blocks owned by S; a safe block and one owned by S when S freed the
+// safe one too, or nobody did (never allocated). The merge is owned by S (conservative: other
+// streams wait for S's next fence). Within one stream coalescing is maximal, so placement does
+// not depend on when fences happen to complete and a repeated workload lands where it landed
+// before; across streams, memory T freed (and a fence proved done) stays T's to reuse in place
+// instead of waiting for S's next fence, which S records only from its own calls.
 bool BlockIndex::mergeable(const Block& x, const Block& y) const noexcept {
   if (x.state != BlockState::free || y.state != BlockState::free || x.res != y.res) return false;
-  return x.safe || y.safe || x.stream == y.stream;
+  if (x.safe && y.safe) return true;
+  if (!x.safe && !y.safe) return x.stream == y.stream;
+  const Block& s = x.safe ? x : y;
+  const Block& o = x.safe ? y : x;
+  return s.freed_by == kNeverFreed || s.freed_by == o.stream;
 }
 
 // The owner of a merge of x and y (mergeable).
@@ -91,6 +99,12 @@ static void merge_owner(Block& into, const Block& other) {
   if (into.safe && !other.safe) {
     into.safe = false;
     into.stream = other.stream;
+  } else if (into.safe && other.safe && into.freed_by != other.freed_by) {
+    if (into.freed_by == kNeverFreed) {
+      into.freed_by = other.freed_by;
+    } else if (other.freed_by != kNeverFreed) {
+      into.freed_by = kFreedByMany;
+    }
   }
   into.seq = std::max(into.seq, other.seq);
 }
@@ -126,6 +140,7 @@ BlockIt BlockIndex::insert_free(BlockIt it, Arena a) {
 BlockIt BlockIndex::make_safe(BlockIt it, Arena a) {
   unindex(a, it);
   it->second.safe = true;
+  it->second.freed_by = it->second.stream;
   it->second.stream = 0;
   it->second.seq = 0;
   return insert_free(it, a);

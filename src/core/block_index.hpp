@@ -25,11 +25,12 @@ namespace expanse::core {
 // A stream as the allocator knows it: the driver's stream id (never reused, unlike handle values),
 // or a key the allocator made up (stream_order.cpp). 0 is no stream.
 using StreamKey = uint64_t;
+inline constexpr StreamKey kNeverFreed = 0;
+inline constexpr StreamKey kFreedByMany = ~StreamKey{0};
 
 enum class BlockState : uint8_t {
   free,     // in the free index
   live,     // handed to the user
-  cached,   // freed, parked in its stream's LIFO for exact-size reuse (not in the index)
   pending,  // freed, waiting for other streams that used it (record_stream) to pass the free
 };
 
@@ -40,6 +41,9 @@ struct Block {
   bool safe = true;         // free/cached: reusable by any stream
   StreamKey stream = 0;     // live: allocation stream; unsafe free/cached/pending: owner
   uint64_t seq = 0;         // unsafe: the owner stream's free sequence number at the free
+  // Safe: the stream whose free made this memory free (kNeverFreed: never allocated,
+  // kFreedByMany: merged from several streams' frees). Decides what it merges with.
+  StreamKey freed_by = 0;
   size_t requested = 0;     // live: bytes asked for
   std::vector<StreamKey> users;  // live: other streams recorded with record_stream
 };
@@ -114,13 +118,14 @@ class BlockIndex {
   }
 
   size_t free_blocks() const noexcept;
+  // Whether adjacent blocks x and y (in that order, or the other) coalesce when both are free.
+  bool mergeable(const Block& x, const Block& y) const noexcept;
 
  private:
   using SizeSet = std::set<std::pair<size_t, CUdeviceptr>>;
   SizeSet& set_for(Arena a, const Block& b);
   void unindex(Arena a, BlockIt it);
   void index(Arena a, BlockIt it);
-  bool mergeable(const Block& x, const Block& y) const noexcept;
 
   BlockMap blocks_;
   SizeSet safe_[kArenaCount];

@@ -146,18 +146,11 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
   std::lock_guard<std::mutex> lock(mu_);
   CallStream call{current_};
   StreamState& ss = stream_state(stream, id);
-  // Hot path: an exact-size block this stream freed recently. Its pages are still mapped.
-  for (size_t i = ss.lifo.size(); i-- > 0;) {
-    BlockIt it = ss.lifo[i];
-    const Reservation& r = res(it->second.res);
-    // Reused only if that touches no more new pages than a fresh placement would.
-    if (it->second.size != sz || r.arena != a) continue;
-    const size_t fresh = untouched_pages(r, it->first, sz);
-    if (fresh <= (sz + page_ - 1) / page_ && fresh <= pages_left()) {
-      ss.lifo.erase(ss.lifo.begin() + static_cast<std::ptrdiff_t>(i));
-      make_live(it, bytes, ss, stream);
-      return reinterpret_cast<void*>(it->first);
-    }
+  // Hot path: where this stream freed a block of this size lately, if nothing else took it.
+  BlockIt recent = reuse_recent(ss, sz, a);
+  if (recent != index_.end()) {
+    make_live(recent, bytes, ss, stream);
+    return reinterpret_cast<void*>(recent->first);
   }
 
   in_use_ = ss.key;
@@ -206,6 +199,35 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
                              std::to_string(device()) + ": " + e.what(),
                          static_cast<int>(e.code()));
   }
+}
+
+BlockIt DeviceAllocator::reuse_recent(StreamState& ss, size_t sz, Arena a) {
+  for (size_t i = ss.recent.size(); i-- > 0;) {
+    const ReusePlace place = ss.recent[i];
+    if (place.size != sz) continue;
+    // The free block around the place, if it is still wholly free.
+    auto c = index_.blocks().upper_bound(place.addr);
+    if (c == index_.blocks().begin()) continue;
+    --c;
+    const Block& cb = c->second;
+    const Reservation& r = res(cb.res);
+    if (cb.state != BlockState::free || r.arena != a || place.addr + sz > c->first + cb.size) {
+      continue;
+    }
+    if (!cb.safe && cb.stream != ss.key) continue;  // merged into another stream's free memory
+    // No more new pages than a fresh placement would touch (invariant 1), and no driver call.
+    const size_t fresh = untouched_pages(r, place.addr, sz);
+    const size_t off = static_cast<size_t>(place.addr - c->first);
+    if (fresh > (sz + page_ - 1) / page_ || fresh > pages_left() ||
+        !handles_fit(c, off, sz, HandleFit::ready)) {
+      continue;
+    }
+    ss.recent.erase(ss.recent.begin() + static_cast<std::ptrdiff_t>(i));
+    BlockIt it = index_.carve(c, sz, a, off);
+    it->second.state = BlockState::live;
+    return it;
+  }
+  return index_.end();
 }
 
 // Pages of [addr, addr+bytes) in r that no live block touches. Only the first and last page can
@@ -290,7 +312,6 @@ BlockIt DeviceAllocator::find_block(size_t sz, Arena a, StreamKey stream, PageRe
     return index_.blocks().find(fresh->base);
   }
   // Out of VA budget: free memory owned by other streams may be all that is left.
-  flush_lifos();
   poll(true);
   req.waited = true;
   it = index_.first_fit_where(a, sz, stream, SIZE_MAX, tight);
@@ -423,9 +444,11 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
     b.state = BlockState::free;
     index_.insert_free(it, r.arena);
   } else {
-    b.state = BlockState::cached;
-    ss.lifo.push_back(it);
-    if (ss.lifo.size() > opts_.lifo_depth) flush_lifo_entry(ss, 0);
+    if (opts_.lifo_depth != 0) {
+      if (ss.recent.size() == opts_.lifo_depth) ss.recent.erase(ss.recent.begin());
+      ss.recent.push_back({it->first, b.size});
+    }
+    free_to_index(ss, it);
   }
 
   if (opts_.release_threshold != kNoLimit) {

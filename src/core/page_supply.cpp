@@ -342,7 +342,6 @@ void DeviceAllocator::gather_handles(
   release_and_create();
   if (!open.empty()) {
     // Last resort: wait for every stream's work on freed memory, then reclaim under it.
-    flush_lifos();
     poll(true);
     req.waited = true;
     reclaim_more();
@@ -456,7 +455,6 @@ void DeviceAllocator::release_empty_reservations() {
 void DeviceAllocator::release_cached() {
   std::lock_guard<std::mutex> lock(mu_);
   try {
-    flush_lifos();
     poll(true);
     trim_to(touched_pages_, true);
   } catch (const driver::driver_error& e) {
@@ -471,7 +469,6 @@ void DeviceAllocator::set_limit(size_t bytes) {
   limit_pages_ = bytes == kNoLimit ? SIZE_MAX : bytes / page_;
   if (held_pages() > limit_pages_) {
     try {
-      flush_lifos();
       poll(false);
       trim_to(std::max(limit_pages_, touched_pages_), false);
     } catch (const driver::driver_error& e) {

@@ -124,19 +124,11 @@ DeviceAllocator::StreamState& DeviceAllocator::stream_state(CUstream s, const St
   return ss;
 }
 
-void DeviceAllocator::flush_lifo_entry(StreamState& ss, size_t i) {
-  BlockIt it = ss.lifo[i];
-  ss.lifo.erase(ss.lifo.begin() + static_cast<std::ptrdiff_t>(i));
+void DeviceAllocator::free_to_index(StreamState& ss, BlockIt it) {
   const Arena a = res(it->second.res).arena;
   it = index_.insert_free(it, a);  // may merge with ss's other free blocks (seq: the largest)
   if (!it->second.safe && it->second.stream == ss.key && it->second.seq <= ss.safe_seq) {
     index_.make_safe(it, a);  // a fence passed it already
-  }
-}
-
-void DeviceAllocator::flush_lifos() {
-  for (auto& [s, ss] : streams_) {
-    while (!ss.lifo.empty()) flush_lifo_entry(ss, ss.lifo.size() - 1);
   }
 }
 
@@ -261,18 +253,12 @@ bool DeviceAllocator::sync_context(CUcontext ctx) {
     st.safe_seq = st.free_seq;
     for (const Fence& f : st.fences) put_event(f.ctx, f.event);
     st.fences.clear();
-    if (st.gone) {
-      while (!st.lifo.empty()) flush_lifo_entry(st, st.lifo.size() - 1);
-    }
   }
   return true;
 }
 
 // Makes ss's frees up to safe_seq safe for every stream.
 void DeviceAllocator::settle(StreamState& ss) {
-  if (ss.gone && ss.safe_seq == ss.free_seq) {
-    while (!ss.lifo.empty()) flush_lifo_entry(ss, ss.lifo.size() - 1);
-  }
   for (Arena a : {Arena::small, Arena::large}) {
     for (BlockIt it : index_.owned_up_to(a, ss.key, ss.safe_seq)) index_.make_safe(it, a);
   }
@@ -283,7 +269,7 @@ void DeviceAllocator::settle(StreamState& ss) {
 void DeviceAllocator::poll(bool wait) {
   bool work = !pending_.empty();
   for (auto& [key, ss] : streams_) work = work || ss.safe_seq < ss.free_seq;
-  if (!work) {  // nothing to record or query; blocks flushed from LIFOs may still be settled
+  if (!work) {  // nothing to record or query; blocks freed since may still be settled
     for (auto& [key, ss] : streams_) {
       if (ss.safe_seq > 0) settle(ss);
     }
@@ -358,8 +344,7 @@ void DeviceAllocator::poll(bool wait) {
 void DeviceAllocator::drop_finished_states() {
   constexpr size_t kKeptStreamStates = 64;
   auto holds_nothing = [](const StreamState& ss) {
-    return ss.live_refs == 0 && ss.safe_seq == ss.free_seq && ss.fences.empty() &&
-           ss.lifo.empty();
+    return ss.live_refs == 0 && ss.safe_seq == ss.free_seq && ss.fences.empty();
   };
   // Only a crowded table looks for named states to forget (no work per poll otherwise).
   const bool crowded = streams_.size() > 2 * kKeptStreamStates;
