@@ -38,8 +38,8 @@ struct Block {
   size_t size = 0;          // bytes of VA (multiple of kBlockAlignment)
   uint32_t res = 0;         // reservation id
   BlockState state = BlockState::free;
-  bool safe = true;         // free/cached: reusable by any stream
-  StreamKey stream = 0;     // live: allocation stream; unsafe free/cached/pending: owner
+  bool safe = true;         // free: reusable by any stream
+  StreamKey stream = 0;     // live: allocation stream; unsafe free/pending: owner
   uint64_t seq = 0;         // unsafe: the owner stream's free sequence number at the free
   // Safe: the stream whose free made this memory free (kNeverFreed: never allocated,
   // kFreedByMany: merged from several streams' frees). Decides what it merges with.

@@ -440,11 +440,9 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   if (!deps.empty()) {
     b.state = BlockState::pending;
     pending_.push_back({it, std::move(deps)});
-  } else if (ss.kind == StreamIdentity::unknown) {
-    b.state = BlockState::free;
-    index_.insert_free(it, r.arena);
   } else {
-    if (opts_.lifo_depth != 0) {
+    // A driver without stream ids gives every call a new key: no place is worth remembering.
+    if (ss.kind != StreamIdentity::unknown && opts_.lifo_depth != 0) {
       if (ss.recent.size() == opts_.lifo_depth) ss.recent.erase(ss.recent.begin());
       ss.recent.push_back({it->first, b.size});
     }

@@ -2,15 +2,16 @@
 // carved at 512 B, and compaction in VA space — pages under free memory anywhere are unmapped and
 // mapped again wherever a new block needs them (DESIGN.md invariant 1).
 //
-// Request flow: allocate() → where this stream last freed a block of that size, if still free
-// (exact-size reuse) → a free block whose pages are mapped
-// → best fit → carve → ensure_pages(): pool → new pages (cuMemCreate) and pages reclaimed from
-// under free memory, in the order AllocatorOptions::reclaim_before_create says → wait for the
-// streams' work on freed memory, reclaim → OOM.
+// Request flow: allocate() → where this stream lately freed a block of that size, if still free
+// (exact-size reuse) → a free block whose pages are mapped → best fit → carve → ensure_pages():
+// pool → new pages (cuMemCreate) and pages reclaimed from under free memory, in the order
+// AllocatorOptions::reclaim_before_create says → wait for the streams' work on freed memory,
+// reclaim → OOM.
 //
 // The implementation is split by idea: device_allocator.cpp (allocate/free flow, placement),
-// page_supply.cpp (pool, creation, reclaim, giving memory back), stream_order.cpp (reuse places, fences,
-// record_stream), allocator_introspection.cpp (stats, messages, invariant checks).
+// page_supply.cpp (pool, creation, reclaim, giving memory back), stream_order.cpp (freed blocks
+// back to the index, fences, record_stream), allocator_introspection.cpp (stats, messages,
+// invariant checks).
 #pragma once
 
 #include "core/allocator_events.hpp"

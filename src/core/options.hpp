@@ -17,7 +17,7 @@ struct AllocatorOptions {
   size_t va_size = 0;            // VA per large-arena reservation; 0 = 2 x capacity
   size_t small_va_size = 0;      // VA per small-arena reservation; 0 = capacity / 4 (>= 1 GiB)
   size_t va_budget = 0;          // most VA reserved on this device; 0 = 64 x capacity
-  size_t lifo_depth = 16;        // places of recent frees remembered per stream for exact-size reuse
+  size_t lifo_depth = 16;        // per stream: places of recent frees kept for exact-size reuse
   // Where a request's missing pages come from once the pool is empty. false (default): new pages
   // while the device and the limit allow, pages reclaimed from under free memory after that — a
   // repeated workload settles into zero driver calls. true: reclaim first, so physical memory

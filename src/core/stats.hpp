@@ -38,7 +38,7 @@ struct DeviceStats {
   // switches): about one per allocate and free, cheap user-mode calls on a GPU. Counted apart so
   // that driver_calls measures work (zero in a steady state).
   uint64_t stream_queries = 0;
-  // Stream identities expanse keeps state for (frees to prove done, cached blocks). Bounded: a
+  // Stream identities expanse keeps state for (frees to prove done, live blocks). Bounded: a
   // stream whose state holds nothing is forgotten once there are more than a few dozen.
   uint64_t tracked_streams = 0;
 

@@ -1,5 +1,5 @@
-// Stream-ordered reuse (DESIGN.md invariant 3): per-stream LIFOs, record_stream, fences that make
-// freed memory safe for every stream, and blocks pending on other streams.
+// Stream-ordered reuse (DESIGN.md invariant 3): freed blocks owned by their stream, record_stream,
+// fences that make freed memory safe for every stream, and blocks pending on other streams.
 //
 // A stream is what the driver says it is, never a handle value (issue 8):
 // - a stream the application created is keyed by its driver id (cuStreamGetId, unique for the
