@@ -51,4 +51,34 @@ inline void plan_handles(size_t s, size_t e, size_t lo, size_t hi, size_t max_pa
   }
 }
 
+
+// Appends slots tiling the pages [s, e) as if blocks of `bytes` followed, back to back, a block
+// starting `off0` bytes into page `first`: each page where one of them would begin inside the
+// page gets a handle alone (a later block there shares it with its neighbour), the pages between
+// get runs of at most max_pages. A freed large block is usually refilled by several blocks of one
+// size (a layer's activations), and cutting the rest of its handle where they will fall splits it
+// once instead of once per block. Blocks smaller than a page tile as plan_handles does.
+inline void plan_handles_periodic(size_t s, size_t e, size_t first, size_t off0, size_t bytes,
+                                  size_t page, size_t max_pages, std::vector<HandleSlot>& out) {
+  if (bytes < page || s >= e) {
+    plan_handles(s, e, s, e, max_pages, out);
+    return;
+  }
+  const size_t from = (s - first) * page;  // byte offset of page s from page `first`
+  size_t k = from > off0 ? (from - off0 + bytes - 1) / bytes : 1;
+  if (k == 0) k = 1;
+  while (s < e) {
+    const size_t pos = off0 + k * bytes;
+    const size_t pk = first + pos / page;
+    const size_t cut = pk < e ? pk : e;
+    if (cut > s) plan_handles(s, cut, s, cut, max_pages, out);
+    if (cut > s) s = cut;
+    if (s < e && pk == s && pos % page != 0) {
+      out.push_back({s, 1});
+      ++s;
+    }
+    ++k;
+  }
+}
+
 }  // namespace expanse::core

@@ -245,6 +245,42 @@ TEST_F(MixedHandleTest, LargeFreeHandlesAreSplitWhereRequestsNeedThem) {
   alloc_->deallocate(b, nullptr);
 }
 
+// A freed large block refilled by blocks of one smaller size (a layer's activations over its
+// weights' gradient, say) splits its handle once: the rest is cut where the next blocks of that
+// size will fall, so they find their handles ready. Cutting the rest as one handle split it again
+// for every block (49 -> 12 | 37 -> 13 | 24 -> 12 | 12 pages): 3 unmaps, 3 releases.
+TEST_F(MixedHandleTest, AFreedHandleRefilledByBlocksOfOneSizeIsSplitOnce) {
+  make(sim_config(1 * GiB));
+  const size_t P = alloc_->page_size();
+  void* a = alloc_->allocate(49 * P, nullptr);  // one 49-page handle
+  void* guard = alloc_->allocate(P, nullptr);   // keeps new blocks off fresh memory past a
+  alloc_->deallocate(a, nullptr);
+  const core::DeviceStats before = alloc_->stats();
+  const size_t sz = 49 * P / 4;  // 12.25 pages: each block shares its end pages with neighbours
+  std::vector<void*> v;
+  for (int i = 0; i < 4; ++i) {
+    void* p = alloc_->allocate(sz, nullptr);
+    ASSERT_NE(p, nullptr);
+    fill_pattern(p, sz, 20 + static_cast<uint64_t>(i));
+    v.push_back(p);
+    ASSERT_EQ(alloc_->check_invariants(), "");
+  }
+  const core::DeviceStats st = alloc_->stats();
+  const auto calls = [&](const core::DeviceStats& s, driver::EntryPoint e) {
+    return s.driver_calls[static_cast<size_t>(e)];
+  };
+  EXPECT_EQ(static_cast<char*>(v[0]), static_cast<char*>(a)) << "the blocks did not refill a";
+  EXPECT_EQ(st.physical_bytes, before.physical_bytes) << "new memory beside the freed handle";
+  EXPECT_EQ(calls(st, driver::EntryPoint::mem_unmap) - calls(before, driver::EntryPoint::mem_unmap), 1u);
+  EXPECT_EQ(calls(st, driver::EntryPoint::mem_release) - calls(before, driver::EntryPoint::mem_release),
+            1u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(check_pattern(v[static_cast<size_t>(i)], sz, 20 + static_cast<uint64_t>(i)), SIZE_MAX);
+  }
+  for (void* p : v) alloc_->deallocate(p, nullptr);
+  alloc_->deallocate(guard, nullptr);
+}
+
 // Reclaim first keeps physical memory at the live set: a reclaimed handle that matches no slot
 // of the request exactly still serves it (the slot is cut to the handle), and pages are created
 // only for the rest. Was a bug: the reclaimed 32-page handle stayed pooled beside 40 new pages.

@@ -1,0 +1,91 @@
+// plan_handles_periodic against a brute-force statement of what it promises, over many shapes:
+// the slots tile the range in order, none is longer than max_pages, and a page where a predicted
+// block would begin inside it is a slot alone while no longer slot holds such a page.
+#include "core/handle_plan.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <random>
+#include <set>
+#include <vector>
+
+namespace expanse::core {
+namespace {
+
+TEST(HandlePlanTest, PeriodicPlanTilesTheRangeAndIsolatesEveryPredictedBoundaryPage) {
+  std::mt19937_64 rng(7);
+  const size_t page = 64;  // small pages keep the brute force cheap; the plan is unit-free
+  for (int iter = 0; iter < 20000; ++iter) {
+    const size_t first = rng() % 8;
+    const size_t off0 = rng() % page;
+    const size_t bytes = 1 + rng() % (page * 20);
+    const size_t s = first + 1 + rng() % 30;
+    const size_t e = s + rng() % 60;
+    const size_t max_pages = 1 + rng() % 16;
+    std::vector<HandleSlot> out;
+    plan_handles_periodic(s, e, first, off0, bytes, page, max_pages, out);
+
+    // Pages where a block of the sequence starts inside the page (not at its first byte).
+    std::set<size_t> boundary;
+    if (bytes >= page) {
+      for (size_t k = 1;; ++k) {
+        const size_t pos = off0 + k * bytes;
+        const size_t pk = first + pos / page;
+        if (pk >= e) break;
+        if (pos % page != 0) boundary.insert(pk);
+      }
+    }
+    size_t at = s;
+    for (const HandleSlot& h : out) {
+      ASSERT_EQ(h.page, at) << "iter " << iter << ": gap or overlap";
+      ASSERT_GE(h.count, 1u);
+      ASSERT_LE(h.count, max_pages);
+      if (bytes < page) {
+        at += h.count;
+        continue;
+      }
+      for (size_t p = h.page; p < h.page + h.count; ++p) {
+        if (boundary.count(p) != 0) {
+          ASSERT_EQ(h.count, 1u) << "iter " << iter << ": boundary page " << p << " in a "
+                                 << h.count << "-page slot";
+        }
+      }
+      at += h.count;
+    }
+    ASSERT_EQ(at, e) << "iter " << iter << ": the slots do not reach the end";
+    // Fewest slots: every slot ends at a boundary page, the range's end or max_pages.
+    for (size_t i = 0; i + 1 < out.size(); ++i) {
+      const HandleSlot& h = out[i];
+      const size_t next = h.page + h.count;
+      const bool cut = h.count == max_pages || boundary.count(next) != 0 ||
+                       boundary.count(h.page) != 0 ||
+                       (bytes >= page && [&] {  // a block begins exactly at page `next`
+                         for (size_t k = 1;; ++k) {
+                           const size_t pos = off0 + k * bytes;
+                           if (first + pos / page > next) return false;
+                           if (pos % page == 0 && first + pos / page == next) return true;
+                         }
+                       }());
+      if (bytes >= page) {
+        ASSERT_TRUE(cut) << "iter " << iter << ": slot at page " << h.page
+                         << " was cut for no reason";
+      }
+    }
+  }
+}
+
+TEST(HandlePlanTest, PeriodicPlanOfAFreedHandleRefilledInQuarters) {
+  // 49 pages refilled by blocks of 12.25 pages; the first took pages [0, 13).
+  std::vector<HandleSlot> out;
+  plan_handles_periodic(13, 49, 0, 0, 49 * 4, 16, 512, out);  // page = 16 units, block 49*4
+  const std::vector<std::pair<size_t, size_t>> want = {{13, 11}, {24, 1}, {25, 11}, {36, 1}, {37, 12}};
+  ASSERT_EQ(out.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(out[i].page, want[i].first) << i;
+    EXPECT_EQ(out[i].count, want[i].second) << i;
+  }
+}
+
+}  // namespace
+}  // namespace expanse::core
