@@ -5,7 +5,9 @@ reserved for the same workload (recorded, and by expanse's model of it, with how
 recorded segment events the model reproduced), the model's and the expandable-segments model's
 smallest device, expanse's peak mapped memory on the default 80 GiB device (first pass) and the
 smallest device on which expanse replays the trace with no OOM, each also as a ratio to peak
-live; the first pass's modeled driver time and the driver calls of passes 2 and 3.
+live; the first pass's modeled driver time, the least any placement keeping invariant 1 exact
+must spend on the blocks live when recording began (replay's preexisting_driver_floor), and the
+driver calls of passes 2 and 3.
 
 Builds nothing. Usage (paths relative to the repository root by default):
     bench/replay_traces.py [EXPANSE [TRACES]]      # default build/bin/expanse ../shared/traces
@@ -98,6 +100,9 @@ def columns(check):
          lambda n, j: f"{j['compare']['pytorch']['modeled_driver_seconds']:.2f} / "
                       f"{j['compare']['pytorch_expandable']['modeled_driver_seconds']:.2f} / "
                       f"{first(j)['modeled_driver_seconds']:.2f}"),
+        ("floor under expanse's first pass s (invariant 1, blocks live at the start)",
+         lambda n, j: f"{j['preexisting_driver_floor']['modeled_driver_seconds']:.3f}"
+                      if "preexisting_driver_floor" in j else "-"),
         ("driver calls passes 2, 3",
          lambda n, j: ", ".join(str(p["driver_calls_total"]) for p in j["passes"][1:])),
         ("wall s", lambda n, j: f"{j['wall_seconds']:.2f}"),

@@ -1,6 +1,8 @@
 #include "report.hpp"
 
+#include "driver/cost_model.hpp"
 #include "driver/entry_points.hpp"
+#include "replay/driver_floor.hpp"
 #include "conf/env_config.hpp"
 
 #include <algorithm>
@@ -100,6 +102,11 @@ Json replay_json(const ReplayReport& r) {
   j["driver_calls"] = driver_calls_json(p.stats);
   j["driver_calls_total"] = p.stats.total_driver_calls();
   j["modeled_driver_seconds"] = p.stats.modeled_driver_ns * 1e-9;
+  if (t.preexisting != 0) {
+    const replay::DriverFloor f =
+        replay::preexisting_driver_floor(t, p.page_size, driver::CostModel::get_default());
+    j["preexisting_driver_floor"] = {{"blocks", f.blocks}, {"modeled_driver_seconds", f.seconds}};
+  }
   j["passes"] = Json::array();
   for (const replay::PassResult& pass : p.passes) {
     j["passes"].push_back({{"ooms", pass.ooms},
@@ -159,6 +166,13 @@ std::string replay_text(const ReplayReport& r) {
   o << "\n";
   o << "driver       " << calls_text(p.stats) << ", modeled "
     << fixed(p.stats.modeled_driver_ns * 1e-9, 3) << " s\n";
+  if (t.preexisting != 0) {
+    const replay::DriverFloor f =
+        replay::preexisting_driver_floor(t, p.page_size, driver::CostModel::get_default());
+    o << "floor        " << fixed(f.seconds, 3) << " s modeled, whatever the placement, to back "
+      << f.blocks << " block" << (f.blocks == 1 ? "" : "s")
+      << " of 2+ pages live at the start without sharing a handle (invariant 1)\n";
+  }
   if (p.passes.size() > 1) {
     for (size_t i = 0; i < p.passes.size(); ++i) {
       const replay::PassResult& pass = p.passes[i];

@@ -1,0 +1,97 @@
+// The driver-time floor invariant 1 puts under the blocks a trace starts with: what it counts,
+// and that expanse's own first pass never comes in under it (if it did, the floor's argument or
+// the accounting would be wrong).
+#include "replay/driver_floor.hpp"
+#include "replay/replay.hpp"
+
+#include "api/config.hpp"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace expanse::test {
+namespace {
+
+using driver::CostModel;
+using driver::EntryPoint;
+using replay::Trace;
+using replay::TraceOp;
+
+constexpr uint64_t MiB = uint64_t{1} << 20;
+constexpr uint64_t GiB = uint64_t{1} << 30;
+constexpr uint64_t P = 2 * MiB;
+
+Trace preexisting_trace(const std::vector<uint64_t>& sizes, uint64_t recorded_after) {
+  Trace t;
+  t.path = "made.pickle";
+  t.format = "pytorch-snapshot";
+  t.streams = {0};
+  for (uint64_t s : sizes) {
+    t.ops.push_back({TraceOp::Type::alloc, 0, t.blocks++, s});
+    t.preexisting_bytes += s;
+  }
+  t.preexisting = sizes.size();
+  t.ops.push_back({TraceOp::Type::alloc, 0, t.blocks++, recorded_after});
+  t.allocs = 1;
+  t.peak_live_bytes = t.preexisting_bytes + recorded_after;
+  return t;
+}
+
+double one_handle_s(const CostModel& c, size_t bytes) {
+  return (c.cost_ns(EntryPoint::mem_create, bytes) + c.cost_ns(EntryPoint::mem_map, bytes) +
+          c.cost_ns(EntryPoint::mem_set_access, bytes)) *
+         1e-9;
+}
+
+TEST(DriverFloor, CountsPreexistingBlocksOfTwoPagesOrMoreByTheirWholePages) {
+  // 1 page and 2 pages - 1 byte may hold no whole page; 2 pages hold at least 1, 10.5 at least 9.
+  // The recorded allocation after them (50 pages) is not counted: memory freed by then may serve.
+  const Trace t = preexisting_trace({P, 2 * P - 1, 2 * P, 10 * P + P / 2}, 50 * P);
+  const CostModel& c = CostModel::h100();
+  const replay::DriverFloor f = replay::preexisting_driver_floor(t, P, c);
+  EXPECT_EQ(f.blocks, 2u);
+  EXPECT_DOUBLE_EQ(f.seconds, one_handle_s(c, P) + one_handle_s(c, 9 * P));
+  // The default table: create 28 us, map 3.3 us, set access 59 us per call, and per MiB.
+  EXPECT_NEAR(one_handle_s(c, P), (28 + 3.3 + 59 + 2 * (0.24 + 0.015 + 0.18)) * 1e-6, 1e-9);
+  EXPECT_EQ(replay::preexisting_driver_floor(t, 0, c).blocks, 0u) << "no page size, no floor";
+}
+
+TEST(DriverFloor, ExpanseFirstPassNeverComesInUnderIt) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<uint64_t> sizes;
+    const int n = 5 + static_cast<int>(rng() % 60);
+    for (int i = 0; i < n; ++i) {
+      // Mostly multi-page blocks at any byte offset, some sub-page ones between them.
+      sizes.push_back(rng() % 4 == 0 ? 1 + rng() % P : P + rng() % (40 * P));
+    }
+    const Trace t = preexisting_trace(sizes, 1 + rng() % (8 * P));
+    const replay::ReplayResult r = replay::replay_trace(t, api::parse_config(""), 16 * GiB);
+    ASSERT_EQ(r.ooms, 0u);
+    const replay::DriverFloor f =
+        replay::preexisting_driver_floor(t, r.page_size, CostModel::get_default());
+    EXPECT_GT(f.blocks, 0u);
+    EXPECT_GE(r.passes.front().modeled_driver_seconds, f.seconds) << "trial " << trial;
+  }
+}
+
+TEST(DriverFloor, BlocksOfWholePagesComeWithinAPageEachOfIt) {
+  // Blocks of whole pages back to back: expanse backs each with one handle of its k pages, the
+  // floor prices k - 1; the gap is a page's per-byte cost per block, the recorded sub-page block
+  // (one handle of one page) and the bookkeeping calls (context queries, ~0.5 us each).
+  std::vector<uint64_t> sizes;
+  for (int i = 0; i < 30; ++i) sizes.push_back(static_cast<uint64_t>(2 + i % 7) * P);
+  const Trace t = preexisting_trace(sizes, P / 4);
+  const replay::ReplayResult r = replay::replay_trace(t, api::parse_config(""), 16 * GiB);
+  const CostModel& c = CostModel::get_default();
+  const replay::DriverFloor f = replay::preexisting_driver_floor(t, r.page_size, c);
+  ASSERT_EQ(f.blocks, 30u);
+  const double page_bytes_s = one_handle_s(c, P) - one_handle_s(c, 0);
+  const double gap = r.passes.front().modeled_driver_seconds - f.seconds;
+  EXPECT_GE(gap, 30 * page_bytes_s);
+  EXPECT_LE(gap, 30 * page_bytes_s + one_handle_s(c, P) + 31 * 3 * 0.5e-6);
+}
+
+}  // namespace
+}  // namespace expanse::test
