@@ -68,6 +68,12 @@ Json driver_calls_json(const core::DeviceStats& s) {
   return j;
 }
 
+// The floor is a bound only for a first pass that placed every preexisting block: one that ran
+// out of memory on some paid nothing for them.
+static bool floor_applies(const ReplayReport& r) {
+  return r.trace.preexisting != 0 && !r.replay.passes.empty() && r.replay.passes.front().ooms == 0;
+}
+
 Json replay_json(const ReplayReport& r) {
   const Trace& t = r.trace;
   const ReplayResult& p = r.replay;
@@ -102,7 +108,7 @@ Json replay_json(const ReplayReport& r) {
   j["driver_calls"] = driver_calls_json(p.stats);
   j["driver_calls_total"] = p.stats.total_driver_calls();
   j["modeled_driver_seconds"] = p.stats.modeled_driver_ns * 1e-9;
-  if (t.preexisting != 0) {
+  if (floor_applies(r)) {
     const replay::DriverFloor f =
         replay::preexisting_driver_floor(t, p.page_size, driver::CostModel::get_default());
     j["preexisting_driver_floor"] = {{"blocks", f.blocks}, {"modeled_driver_seconds", f.seconds}};
@@ -166,7 +172,7 @@ std::string replay_text(const ReplayReport& r) {
   o << "\n";
   o << "driver       " << calls_text(p.stats) << ", modeled "
     << fixed(p.stats.modeled_driver_ns * 1e-9, 3) << " s\n";
-  if (t.preexisting != 0) {
+  if (floor_applies(r)) {
     const replay::DriverFloor f =
         replay::preexisting_driver_floor(t, p.page_size, driver::CostModel::get_default());
     o << "floor        " << fixed(f.seconds, 3) << " s modeled, whatever the placement, to back "

@@ -1,6 +1,7 @@
 // plan_handles_periodic against a brute-force statement of what it promises, over many shapes:
-// the slots tile the range in order, none is longer than max_pages, and a page where a predicted
-// block would begin inside it is a slot alone while no longer slot holds such a page.
+// the slots tile the range in order, none is longer than max_pages, a page where one of the
+// kPredictedBlocks predicted blocks would begin or end inside it is a slot alone while no longer
+// slot holds such a page, and no slot is cut anywhere else.
 #include "core/handle_plan.hpp"
 
 #include <gtest/gtest.h>
@@ -29,13 +30,16 @@ TEST(HandlePlanTest, PeriodicPlanTilesTheRangeAndIsolatesEveryPredictedBoundaryP
     // Pages where a block of the sequence starts inside the page (not at its first byte).
     std::set<size_t> boundary;
     if (bytes >= page) {
-      for (size_t k = 1;; ++k) {
+      for (size_t k = 1; k <= kPredictedBlocks + 1; ++k) {
         const size_t pos = off0 + k * bytes;
         const size_t pk = first + pos / page;
         if (pk >= e) break;
         if (pos % page != 0) boundary.insert(pk);
       }
     }
+    // At most two slots per predicted block, then the rest in runs of max_pages.
+    ASSERT_LE(out.size(), 2 * (kPredictedBlocks + 1) + (e - s + max_pages - 1) / max_pages + 1)
+        << "iter " << iter;
     size_t at = s;
     for (const HandleSlot& h : out) {
       ASSERT_EQ(h.page, at) << "iter " << iter << ": gap or overlap";
@@ -61,11 +65,12 @@ TEST(HandlePlanTest, PeriodicPlanTilesTheRangeAndIsolatesEveryPredictedBoundaryP
       const bool cut = h.count == max_pages || boundary.count(next) != 0 ||
                        boundary.count(h.page) != 0 ||
                        (bytes >= page && [&] {  // a block begins exactly at page `next`
-                         for (size_t k = 1;; ++k) {
+                         for (size_t k = 1; k <= kPredictedBlocks + 1; ++k) {
                            const size_t pos = off0 + k * bytes;
                            if (first + pos / page > next) return false;
                            if (pos % page == 0 && first + pos / page == next) return true;
                          }
+                         return false;
                        }());
       if (bytes >= page) {
         ASSERT_TRUE(cut) << "iter " << iter << ": slot at page " << h.page

@@ -20,7 +20,7 @@ uint64_t calls(const core::DeviceStats& s, EntryPoint e) {
   return s.driver_calls[static_cast<size_t>(e)];
 }
 
-// FAILS at dd4b768 (a cost regression, not a correctness bug). A freed 1 GiB handle; one block of
+// Failed at dd4b768 (a cost regression, not a correctness bug; fixed by kPredictedBlocks). A freed 1 GiB handle; one block of
 // a page and a bit lands at its start; then one large block of another size. The rest of the handle becomes one-page handles wherever a (never coming) block
 // of the first size would begin mid-page.
 TEST_F(PeriodicReviewTest, OneOddBlockInAFreedGiBHandle) {

@@ -3,6 +3,8 @@
 // the accounting would be wrong).
 #include "replay/driver_floor.hpp"
 #include "replay/replay.hpp"
+#include "replay/report.hpp"
+#include "report.hpp"
 
 #include "api/config.hpp"
 
@@ -99,18 +101,30 @@ TEST(DriverFloor, BlocksOfWholePagesComeWithinAPageEachOfIt) {
 namespace expanse::test {
 namespace {
 
-// Review of df7e763: the floor counts every preexisting block, placed or not. On a device too
-// small for them the replay OOMs on most, pays nothing for those, and its first pass comes in
-// under the "whatever the placement" floor the report prints beside it. FAILS at df7e763.
-TEST(DriverFloorReview, ARunThatOomsOnPreexistingBlocksComesInUnderTheFloor) {
+// Review of df7e763: the floor is a bound only for a first pass that placed every preexisting
+// block. On a device too small for them the replay OOMs on most and pays nothing for those, and
+// came in under the "whatever the placement" floor the report printed beside it; the report now
+// leaves the floor out when the first pass ran out of memory.
+TEST(DriverFloorReview, ARunThatOomsOnPreexistingBlocksReportsNoFloor) {
   std::vector<uint64_t> sizes(40, 100 * MiB + 512);
   const Trace t = preexisting_trace(sizes, P / 4);
-  const replay::ReplayResult r = replay::replay_trace(t, api::parse_config(""), 1 * GiB);
-  ASSERT_GT(r.ooms, 0u);
+  replay::ReplayReport small{t, replay::replay_trace(t, api::parse_config(""), 1 * GiB), {}, 0, 0};
+  ASSERT_GT(small.replay.ooms, 0u);
   const replay::DriverFloor f =
-      replay::preexisting_driver_floor(t, r.page_size, CostModel::get_default());
-  EXPECT_GE(r.passes.front().modeled_driver_seconds, f.seconds)
-      << f.blocks << " blocks counted, " << r.ooms << " of them never placed";
+      replay::preexisting_driver_floor(t, small.replay.page_size, CostModel::get_default());
+  ASSERT_LT(small.replay.passes.front().modeled_driver_seconds, f.seconds)
+      << "the run this guards against: fewer blocks placed than the floor counts";
+  EXPECT_FALSE(tools::replay_json(small).contains("preexisting_driver_floor"));
+  EXPECT_EQ(tools::replay_text(small).find("floor "), std::string::npos);
+
+  replay::ReplayReport big{t, replay::replay_trace(t, api::parse_config(""), 16 * GiB), {}, 0, 0};
+  ASSERT_EQ(big.replay.ooms, 0u);
+  const auto j = tools::replay_json(big);
+  ASSERT_TRUE(j.contains("preexisting_driver_floor"));
+  EXPECT_EQ(j["preexisting_driver_floor"]["blocks"], 40u);
+  EXPECT_DOUBLE_EQ(j["preexisting_driver_floor"]["modeled_driver_seconds"].get<double>(), f.seconds);
+  EXPECT_GE(big.replay.passes.front().modeled_driver_seconds, f.seconds);
+  EXPECT_NE(tools::replay_text(big).find("floor "), std::string::npos);
 }
 
 }  // namespace
