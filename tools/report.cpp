@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -68,11 +69,17 @@ Json driver_calls_json(const core::DeviceStats& s) {
   return j;
 }
 
-// The floor is a bound only for a first pass that placed every preexisting block: one that ran
-// out of memory on some paid nothing for them.
-static bool floor_applies(const ReplayReport& r) {
-  return r.trace.preexisting != 0 && !r.replay.passes.empty() && r.replay.passes.front().ooms == 0;
+namespace {
+
+// The floor under the preexisting blocks, where it is a bound: only for a first pass that placed
+// every one of them (one that ran out of memory on some paid nothing for those).
+std::optional<replay::DriverFloor> preexisting_floor(const ReplayReport& r) {
+  const ReplayResult& p = r.replay;
+  if (r.trace.preexisting == 0 || p.passes.empty() || p.passes.front().ooms != 0) return {};
+  return replay::preexisting_driver_floor(r.trace, p.page_size, driver::CostModel::get_default());
 }
+
+}  // namespace
 
 Json replay_json(const ReplayReport& r) {
   const Trace& t = r.trace;
@@ -108,10 +115,8 @@ Json replay_json(const ReplayReport& r) {
   j["driver_calls"] = driver_calls_json(p.stats);
   j["driver_calls_total"] = p.stats.total_driver_calls();
   j["modeled_driver_seconds"] = p.stats.modeled_driver_ns * 1e-9;
-  if (floor_applies(r)) {
-    const replay::DriverFloor f =
-        replay::preexisting_driver_floor(t, p.page_size, driver::CostModel::get_default());
-    j["preexisting_driver_floor"] = {{"blocks", f.blocks}, {"modeled_driver_seconds", f.seconds}};
+  if (const auto f = preexisting_floor(r)) {
+    j["preexisting_driver_floor"] = {{"blocks", f->blocks}, {"modeled_driver_seconds", f->seconds}};
   }
   j["passes"] = Json::array();
   for (const replay::PassResult& pass : p.passes) {
@@ -172,11 +177,9 @@ std::string replay_text(const ReplayReport& r) {
   o << "\n";
   o << "driver       " << calls_text(p.stats) << ", modeled "
     << fixed(p.stats.modeled_driver_ns * 1e-9, 3) << " s\n";
-  if (floor_applies(r)) {
-    const replay::DriverFloor f =
-        replay::preexisting_driver_floor(t, p.page_size, driver::CostModel::get_default());
-    o << "floor        " << fixed(f.seconds, 3) << " s modeled, whatever the placement, to back "
-      << f.blocks << " block" << (f.blocks == 1 ? "" : "s")
+  if (const auto f = preexisting_floor(r)) {
+    o << "floor        " << fixed(f->seconds, 3) << " s modeled, whatever the placement, to back "
+      << f->blocks << " block" << (f->blocks == 1 ? "" : "s")
       << " of 2+ pages live at the start without sharing a handle (invariant 1)\n";
   }
   if (p.passes.size() > 1) {

@@ -51,7 +51,6 @@ inline void plan_handles(size_t s, size_t e, size_t lo, size_t hi, size_t max_pa
   }
 }
 
-
 // How many blocks plan_handles_periodic predicts: enough for a freed block refilled by a few of
 // another size (cs336b: 98 MiB blocks refilled by four of 24.5 MiB), few enough that a wrong guess
 // costs at most ~2 x 8 small handles more than one remainder handle would (a block of one page
@@ -82,8 +81,10 @@ inline void plan_handles_periodic(size_t s, size_t e, size_t first, size_t off0,
     const size_t pos = off0 + k * bytes;
     const size_t pk = first + pos / page;
     const size_t cut = pk < e ? pk : e;
-    if (cut > s) plan_handles(s, cut, s, cut, max_pages, out);
-    if (cut > s) s = cut;
+    if (cut > s) {
+      plan_handles(s, cut, s, cut, max_pages, out);
+      s = cut;
+    }
     if (s < e && pk == s && pos % page != 0) {
       out.push_back({s, 1});
       ++s;
