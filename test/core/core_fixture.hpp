@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace expanse::test {
@@ -64,6 +65,27 @@ class CoreTest : public ::testing::Test {
       EXPECT_EQ(o.mappings, 0u) << sim::describe_outstanding();
     }
     drv_.reset();
+  }
+
+  // "" when the allocator's books hold together (check_invariants) and agree with what the driver
+  // holds: mapped, physical and reserved bytes; otherwise what disagrees. sim::outstanding()
+  // walks every mapping, so loops call this every few dozen steps, not every step.
+  std::string books_vs_driver() const {
+    const std::string inv = alloc_->check_invariants();
+    if (!inv.empty()) return inv;
+    const core::DeviceStats st = alloc_->stats();
+    const sim::Outstanding o = sim::outstanding();
+    std::string out;
+    auto cmp = [&out](const char* what, uint64_t books, uint64_t driver) {
+      if (books != driver) {
+        out += std::string(out.empty() ? "" : "; ") + what + ": books " + std::to_string(books) +
+               ", driver " + std::to_string(driver);
+      }
+    };
+    cmp("mapped bytes", st.mapped_bytes, o.mapped_bytes);
+    cmp("physical bytes", st.physical_bytes, o.physical_bytes);
+    cmp("reserved VA bytes", st.va_reserved_bytes, o.reserved_bytes);
+    return out;
   }
 
   // A new stream on device 0 (created in its primary context).

@@ -14,6 +14,21 @@
 namespace expanse::core {
 namespace {
 
+// The slots tile [s, e) in order, each of 1 .. max_pages pages.
+::testing::AssertionResult tiles(const std::vector<HandleSlot>& out, size_t s, size_t e,
+                                 size_t max_pages) {
+  size_t at = s;
+  for (const HandleSlot& h : out) {
+    if (h.page != at) return ::testing::AssertionFailure() << "gap or overlap at page " << at;
+    if (h.count < 1 || h.count > max_pages) {
+      return ::testing::AssertionFailure() << "a " << h.count << "-page slot at page " << h.page;
+    }
+    at += h.count;
+  }
+  if (at != e) return ::testing::AssertionFailure() << "the slots end at " << at << ", not " << e;
+  return ::testing::AssertionSuccess();
+}
+
 TEST(HandlePlanTest, PeriodicPlanTilesTheRangeAndIsolatesEveryPredictedBoundaryPage) {
   std::mt19937_64 rng(7);
   const size_t page = 64;  // small pages keep the brute force cheap; the plan is unit-free
@@ -40,24 +55,15 @@ TEST(HandlePlanTest, PeriodicPlanTilesTheRangeAndIsolatesEveryPredictedBoundaryP
     // At most two slots per predicted block, then the rest in runs of max_pages.
     ASSERT_LE(out.size(), 2 * (kPredictedBlocks + 1) + (e - s + max_pages - 1) / max_pages + 1)
         << "iter " << iter;
-    size_t at = s;
+    ASSERT_TRUE(tiles(out, s, e, max_pages)) << "iter " << iter;
     for (const HandleSlot& h : out) {
-      ASSERT_EQ(h.page, at) << "iter " << iter << ": gap or overlap";
-      ASSERT_GE(h.count, 1u);
-      ASSERT_LE(h.count, max_pages);
-      if (bytes < page) {
-        at += h.count;
-        continue;
-      }
       for (size_t p = h.page; p < h.page + h.count; ++p) {
         if (boundary.count(p) != 0) {
           ASSERT_EQ(h.count, 1u) << "iter " << iter << ": boundary page " << p << " in a "
                                  << h.count << "-page slot";
         }
       }
-      at += h.count;
     }
-    ASSERT_EQ(at, e) << "iter " << iter << ": the slots do not reach the end";
     // Fewest slots: every slot ends at a boundary page, the range's end or max_pages.
     for (size_t i = 0; i + 1 < out.size(); ++i) {
       const HandleSlot& h = out[i];
@@ -77,6 +83,25 @@ TEST(HandlePlanTest, PeriodicPlanTilesTheRangeAndIsolatesEveryPredictedBoundaryP
                          << " was cut for no reason";
       }
     }
+  }
+}
+
+// Near the books' limits (first page up to 2^31, blocks up to 64 GiB, handles of 1 .. 600 pages):
+// the arithmetic neither overflows nor loops, and the slots still tile the range.
+TEST(HandlePlanTest, PeriodicPlanTilesAtHugeSizes) {
+  const size_t P = size_t{2} << 20;
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 2000; ++i) {
+    const size_t first = rng() % (size_t{1} << 31);
+    const size_t off0 = rng() % P;
+    const size_t bytes = (rng() % 3 == 0) ? (size_t{1} << 30) * (1 + rng() % 64) + rng() % P
+                                          : P + rng() % (64 * P);
+    const size_t s = first + (off0 + bytes - 1) / P + 1;  // the page after the placed block
+    const size_t e = s + 1 + rng() % 4096;
+    const size_t max_pages = 1 + rng() % 600;
+    std::vector<HandleSlot> out;
+    plan_handles_periodic(s, e, first, off0, bytes, P, max_pages, out);
+    ASSERT_TRUE(tiles(out, s, e, max_pages)) << "case " << i;
   }
 }
 

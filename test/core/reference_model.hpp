@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <random>
+#include <string>
 #include <unordered_map>
 
 namespace expanse::test {
@@ -54,6 +55,17 @@ class ReferenceModel {
       if (prev->first + prev->second.size > addr) return true;
     }
     return false;
+  }
+  // "" when a block of `size` bytes placed at addr keeps invariant 1 and overlaps no live block,
+  // `avail` being avail() before the request; otherwise what it breaks.
+  std::string placement_error(uintptr_t addr, size_t size, size_t avail) const {
+    if (overlaps(addr, size)) return "overlaps a live block";
+    const size_t fresh = new_pages(addr, size);
+    if (fresh > avail) {
+      return "touches " + std::to_string(fresh) + " new pages, " + std::to_string(avail) +
+             " exist";
+    }
+    return "";
   }
   void add(uintptr_t addr, const ModelBlock& b) {
     live_.emplace(addr, b);

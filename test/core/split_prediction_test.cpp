@@ -1,5 +1,7 @@
-// Review of dd4b768 (plan_handles_periodic): what the periodic cut costs when its prediction is
-// wrong, and checks of the cut at extreme sizes.
+// A split handle's rest cut where more blocks of the new block's size would fall
+// (plan_handles_periodic, from a review of dd4b768): what the cut costs when its prediction is
+// wrong, failures among its many handles, and a few-sizes workload against the reference model.
+// The plan itself is tested in handle_plan_test.cpp.
 #include "core/handle_plan.hpp"
 #include "core_fixture.hpp"
 #include "expanse/errors.hpp"
@@ -67,33 +69,6 @@ TEST_F(PeriodicReviewTest, OneOddBlockInAFreedGiBHandle) {
   alloc_->deallocate(guard, nullptr);
 }
 
-// The cut at sizes near the books' limits: slots tile [s, e) and stay inside it.
-TEST(PeriodicPlanReview, HugeSizesTileAndTerminate) {
-  const size_t P = size_t{2} << 20;
-  std::mt19937_64 rng(3);
-  for (int i = 0; i < 2000; ++i) {
-    const size_t first = rng() % (size_t{1} << 31);
-    const size_t off0 = rng() % P;
-    const size_t bytes = (rng() % 3 == 0) ? (size_t{1} << 30) * (1 + rng() % 64) + rng() % P
-                                          : P + rng() % (64 * P);
-    const size_t last = first + (off0 + bytes - 1) / P;
-    const size_t s = last + 1;
-    const size_t e = s + 1 + rng() % 4096;
-    const size_t maxp = 1 + rng() % 600;
-    std::vector<core::HandleSlot> out;
-    core::plan_handles_periodic(s, e, first, off0, bytes, P, maxp, out);
-    size_t at = s;
-    for (const auto& h : out) {
-      ASSERT_EQ(h.page, at);
-      ASSERT_GE(h.count, 1u);
-      ASSERT_LE(h.count, maxp);
-      at += h.count;
-    }
-    ASSERT_EQ(at, e);
-  }
-}
-
-
 // Failures injected while the many `extra` handles of a periodic cut are created, mapped and
 // granted: the allocator stays consistent, holds nothing the driver does not, and serves again.
 class PeriodicFailureReviewTest : public CoreTest,
@@ -117,11 +92,7 @@ TEST_P(PeriodicFailureReviewTest, FailureAmongManyExtraHandles) {
         ++failures;
       }
       sim::clear_injections();
-      ASSERT_EQ(alloc_->check_invariants(), "") << "nth " << nth;
-      core::DeviceStats st = alloc_->stats();
-      sim::Outstanding o = sim::outstanding();
-      ASSERT_EQ(st.mapped_bytes, o.mapped_bytes) << "nth " << nth;
-      ASSERT_EQ(st.physical_bytes, o.physical_bytes) << "nth " << nth;
+      ASSERT_EQ(books_vs_driver(), "") << "nth " << nth;
       ASSERT_EQ(check_pattern(g, 3 * MiB, 7), SIZE_MAX) << "nth " << nth;
       if (b == nullptr) b = alloc_->allocate(P + 512, nullptr);
       fill_pattern(b, P + 512, 8);
@@ -142,7 +113,7 @@ TEST_P(PeriodicFailureReviewTest, FailureAmongManyExtraHandles) {
       TearDown();
     }
   }
-  std::printf("failures %zu\n", failures);
+  EXPECT_GT(failures, 0u) << "the injected failure never hit the split";
 }
 
 INSTANTIATE_TEST_SUITE_P(DriverEntryPoints, PeriodicFailureReviewTest,
@@ -200,8 +171,7 @@ TEST_P(FewSizesReviewTest, RandomOpsOverAFewSizes) {
         }
         auto a = reinterpret_cast<uintptr_t>(p);
         const size_t sz = (n + 511) / 512 * 512;
-        ASSERT_FALSE(model.overlaps(a, sz)) << "step " << step;
-        ASSERT_LE(model.new_pages(a, sz), avail) << "step " << step;
+        ASSERT_EQ(model.placement_error(a, sz, avail), "") << "step " << step << ": " << p;
         fill_pattern(p, n, step * 8 + r);
         model.add(a, ModelBlock{n, sz, s, step * 8 + r});
       }
@@ -227,9 +197,7 @@ TEST_P(FewSizesReviewTest, RandomOpsOverAFewSizes) {
     ASSERT_EQ(st.touched_bytes, model.touched() * P) << "step " << step;
     ASSERT_LE(st.physical_bytes, capacity);
     if (step % 64 == 0) {
-      sim::Outstanding o = sim::outstanding();
-      ASSERT_EQ(st.mapped_bytes, o.mapped_bytes) << "step " << step;
-      ASSERT_EQ(st.physical_bytes, o.physical_bytes) << "step " << step;
+      ASSERT_EQ(books_vs_driver(), "") << "step " << step;
       for (const auto& [a, b] : model.live())
         ASSERT_EQ(check_pattern(reinterpret_cast<void*>(a), b.requested, b.seed, 3), SIZE_MAX)
             << "step " << step;
