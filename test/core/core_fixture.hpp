@@ -44,6 +44,17 @@ inline uint64_t work_calls() {
   return n;
 }
 
+// The entry points splitting a free handle calls (unmap, release, create, map, set access):
+// failure tests inject a failure into each in turn, and name each instance after it.
+inline std::vector<driver::EntryPoint> split_entry_points() {
+  return {driver::EntryPoint::mem_unmap, driver::EntryPoint::mem_release,
+          driver::EntryPoint::mem_create, driver::EntryPoint::mem_map,
+          driver::EntryPoint::mem_set_access};
+}
+inline std::string entry_point_param_name(const ::testing::TestParamInfo<driver::EntryPoint>& p) {
+  return driver::entry_point_name(p.param);
+}
+
 class CoreTest : public ::testing::Test {
  protected:
   void make(const sim::SimConfig& cfg, const core::AllocatorOptions& opts = {}) {

@@ -152,12 +152,7 @@ TEST_P(SplitFailureTest, FailureAnywhereInASplitLeavesAConsistentAllocator) {
 }
 
 INSTANTIATE_TEST_SUITE_P(DriverEntryPoints, SplitFailureTest,
-                         ::testing::Values(EntryPoint::mem_unmap, EntryPoint::mem_release,
-                                           EntryPoint::mem_create, EntryPoint::mem_map,
-                                           EntryPoint::mem_set_access),
-                         [](const ::testing::TestParamInfo<EntryPoint>& p) {
-                           return std::string(driver::entry_point_name(p.param));
-                         });
+                         ::testing::ValuesIn(split_entry_points()), entry_point_param_name);
 
 }  // namespace
 }  // namespace expanse::test

@@ -117,12 +117,7 @@ TEST_P(PeriodicFailureReviewTest, FailureAmongManyExtraHandles) {
 }
 
 INSTANTIATE_TEST_SUITE_P(DriverEntryPoints, PeriodicFailureReviewTest,
-                         ::testing::Values(EntryPoint::mem_unmap, EntryPoint::mem_release,
-                                           EntryPoint::mem_create, EntryPoint::mem_map,
-                                           EntryPoint::mem_set_access),
-                         [](const ::testing::TestParamInfo<EntryPoint>& p) {
-                           return std::string(driver::entry_point_name(p.param));
-                         });
+                         ::testing::ValuesIn(split_entry_points()), entry_point_param_name);
 
 // Few sizes, repeated: large blocks freed and refilled by smaller ones of one size, so splits
 // with periodic cuts happen often; invariant 1 both ways, no overlap, data kept, books checked
