@@ -17,30 +17,21 @@ import ctypes
 EXPANSE_OK = 0
 
 
-class Stats(ctypes.Structure):
-    """The leading fields of expanse_stats (include/expanse/expanse.h). expanse writes no field
-    past struct_size, so declaring a prefix is fine; add fields in order when you need them."""
+_C_TYPES = {"size_t": ctypes.c_size_t, "uint32_t": ctypes.c_uint32, "uint64_t": ctypes.c_uint64,
+            "double": ctypes.c_double}
 
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("requested_bytes", ctypes.c_uint64),
-        ("allocated_bytes", ctypes.c_uint64),
-        ("touched_bytes", ctypes.c_uint64),
-        ("mapped_bytes", ctypes.c_uint64),
-        ("cached_bytes", ctypes.c_uint64),
-        ("pooled_bytes", ctypes.c_uint64),
-        ("physical_bytes", ctypes.c_uint64),
-        ("va_reserved_bytes", ctypes.c_uint64),
-        ("peak_requested_bytes", ctypes.c_uint64),
-        ("peak_allocated_bytes", ctypes.c_uint64),
-        ("peak_mapped_bytes", ctypes.c_uint64),
-        ("peak_physical_bytes", ctypes.c_uint64),
-        ("peak_va_reserved_bytes", ctypes.c_uint64),
-        ("live_blocks", ctypes.c_uint64),
-        ("num_allocs", ctypes.c_uint64),
-        ("num_frees", ctypes.c_uint64),
-        ("num_ooms", ctypes.c_uint64),
-    ]
+
+def stats_struct(lib):
+    """expanse_stats (include/expanse/expanse.h) as a ctypes class, laid out from the field names
+    and C types the library lists ("uint64_t", "uint64_t[64]"), so it never falls out of step."""
+    for f in (lib.expanse_stats_field_name, lib.expanse_stats_field_type):
+        f.argtypes, f.restype = [ctypes.c_int], ctypes.c_char_p
+    fields = []
+    while (name := lib.expanse_stats_field_name(len(fields))) is not None:
+        base, _, length = lib.expanse_stats_field_type(len(fields)).decode().partition("[")
+        ctype = _C_TYPES[base] * int(length[:-1]) if length else _C_TYPES[base]
+        fields.append((name.decode(), ctype))
+    return type("Stats", (ctypes.Structure,), {"_fields_": fields})
 
 
 class ExpanseError(RuntimeError):
@@ -52,7 +43,8 @@ class Expanse:
         self.path = path
         self.lib = ctypes.CDLL(path)
         lib = self.lib
-        lib.expanse_get_stats.argtypes = [ctypes.c_int, ctypes.POINTER(Stats)]
+        self.Stats = stats_struct(lib)
+        lib.expanse_get_stats.argtypes = [ctypes.c_int, ctypes.POINTER(self.Stats)]
         lib.expanse_get_stats.restype = ctypes.c_int
         lib.expanse_release_cached.argtypes = [ctypes.c_int]
         lib.expanse_release_cached.restype = ctypes.c_int
@@ -79,8 +71,8 @@ class Expanse:
         return d.decode()
 
     def stats(self, device=0):
-        s = Stats()
-        s.struct_size = ctypes.sizeof(Stats)
+        s = self.Stats()
+        s.struct_size = ctypes.sizeof(self.Stats)
         self._check(self.lib.expanse_get_stats(device, ctypes.byref(s)), "expanse_get_stats")
         return s
 

@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "expanse/stats_fields.h"
+
 #if defined(_WIN32)
 #define EXPANSE_C_API
 #else
@@ -66,47 +68,26 @@ EXPANSE_C_API int expanse_capture_end(struct CUstream_st* stream);
 /* Caps the physical memory expanse holds on device (bytes; SIZE_MAX removes the cap). */
 EXPANSE_C_API int expanse_set_limit(int device, size_t bytes);
 
-#define EXPANSE_MAX_ENTRY_POINTS 64
-
 /* Per-device statistics. Set struct_size = sizeof(expanse_stats) before the call: fields past the
- * caller's struct_size are not written, so the struct can grow without breaking old callers. */
+ * caller's struct_size are not written, so the struct can grow without breaking old callers. The
+ * fields, in order, and what each counts: expanse/stats_fields.h. */
+#define EXPANSE_STATS_MEMBER_(type, name, doc) type name;
+#define EXPANSE_STATS_ARRAY_MEMBER_(type, name, length, doc) type name[length];
 typedef struct expanse_stats {
-  size_t struct_size;
-  uint64_t requested_bytes;   /* live bytes as asked */
-  uint64_t allocated_bytes;   /* live bytes as carved (512 B granularity) */
-  uint64_t touched_bytes;     /* pages touched by live blocks */
-  uint64_t mapped_bytes;      /* pages mapped */
-  uint64_t cached_bytes;      /* mapped, touched by no live block */
-  uint64_t pooled_bytes;      /* physical pages held unmapped */
-  uint64_t physical_bytes;    /* mapped + pooled */
-  uint64_t va_reserved_bytes;
-  uint64_t peak_requested_bytes;
-  uint64_t peak_allocated_bytes;
-  uint64_t peak_mapped_bytes;
-  uint64_t peak_physical_bytes;
-  uint64_t peak_va_reserved_bytes;
-  uint64_t live_blocks;
-  uint64_t num_allocs;
-  uint64_t num_frees;
-  uint64_t num_ooms;
-  uint64_t num_reclaimed_pages;
-  uint64_t num_created_pages;
-  uint64_t num_released_pages;
-  uint64_t driver_calls_total;
-  double modeled_driver_seconds;
-  uint64_t page_size;
-  uint64_t capacity_bytes;
-  uint64_t limit_bytes;       /* UINT64_MAX when none */
-  uint32_t num_entry_points;  /* valid entries of driver_calls */
-  uint64_t driver_calls[EXPANSE_MAX_ENTRY_POINTS]; /* per entry point, see expanse_entry_point_name */
-  uint64_t num_free_size_mismatches; /* expanse_torch_free calls whose size disagreed (freed) */
-  uint64_t num_unknown_frees;        /* expanse_torch_free calls with a pointer not live (ignored) */
+  EXPANSE_STATS_FIELDS(EXPANSE_STATS_MEMBER_, EXPANSE_STATS_MEMBER_, EXPANSE_STATS_ARRAY_MEMBER_)
 } expanse_stats;
+#undef EXPANSE_STATS_MEMBER_
+#undef EXPANSE_STATS_ARRAY_MEMBER_
 
 EXPANSE_C_API int expanse_get_stats(int device, expanse_stats* out);
 EXPANSE_C_API int expanse_reset_peak_stats(int device);
 /* "cuMemMap" for index i of expanse_stats.driver_calls, NULL past the end. */
 EXPANSE_C_API const char* expanse_entry_point_name(int i);
+/* Field i of expanse_stats (0: struct_size), for bindings that lay the struct out at run time:
+ * its name ("requested_bytes") and its C type ("size_t", "uint32_t", "uint64_t", "double", or
+ * for an array the element type and length, "uint64_t[64]"). NULL past the last field. */
+EXPANSE_C_API const char* expanse_stats_field_name(int i);
+EXPANSE_C_API const char* expanse_stats_field_type(int i);
 
 /* The calling thread's last error message ("" if none). Valid until the thread's next call. */
 EXPANSE_C_API const char* expanse_last_error(void);

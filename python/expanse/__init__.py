@@ -14,7 +14,7 @@ import ctypes
 import os
 import sys
 
-from ._lib import ExpanseError, Stats, check, last_error, library, library_path
+from ._lib import ExpanseError, check, last_error, library, library_path, stats_type
 
 __all__ = [
     "ExpanseError", "init", "shutdown", "driver_description", "device_count", "library",
@@ -67,8 +67,9 @@ def _device(device):
 
 
 def _raw_stats(device):
-    s = Stats()
-    s.struct_size = ctypes.sizeof(Stats)
+    stats = stats_type()
+    s = stats()
+    s.struct_size = ctypes.sizeof(stats)
     check(library().expanse_get_stats(device, ctypes.byref(s)), f"expanse stats of device {device}")
     return s
 
@@ -102,7 +103,7 @@ def memory_stats(device=None):
         "num_device_alloc": s.num_created_pages,
         "num_device_free": s.num_released_pages,
     }
-    for name, _ in Stats._fields_:
+    for name, _ in type(s)._fields_:
         if name in ("struct_size", "driver_calls", "num_entry_points"):
             continue
         out["expanse." + name] = getattr(s, name)

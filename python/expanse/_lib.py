@@ -3,8 +3,6 @@ import ctypes
 import ctypes.util
 import os
 
-_MAX_ENTRY_POINTS = 64
-
 # Error codes of expanse.h.
 OK, EINVAL, ENOMEM, EDRIVER = 0, 1, 2, 3
 
@@ -17,41 +15,31 @@ class ExpanseError(RuntimeError):
         self.code = code
 
 
-class Stats(ctypes.Structure):
-    """expanse_stats of expanse.h, field for field."""
+# C types as expanse_stats_field_type spells them.
+_C_TYPES = {"size_t": ctypes.c_size_t, "uint32_t": ctypes.c_uint32, "uint64_t": ctypes.c_uint64,
+            "double": ctypes.c_double}
 
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("requested_bytes", ctypes.c_uint64),
-        ("allocated_bytes", ctypes.c_uint64),
-        ("touched_bytes", ctypes.c_uint64),
-        ("mapped_bytes", ctypes.c_uint64),
-        ("cached_bytes", ctypes.c_uint64),
-        ("pooled_bytes", ctypes.c_uint64),
-        ("physical_bytes", ctypes.c_uint64),
-        ("va_reserved_bytes", ctypes.c_uint64),
-        ("peak_requested_bytes", ctypes.c_uint64),
-        ("peak_allocated_bytes", ctypes.c_uint64),
-        ("peak_mapped_bytes", ctypes.c_uint64),
-        ("peak_physical_bytes", ctypes.c_uint64),
-        ("peak_va_reserved_bytes", ctypes.c_uint64),
-        ("live_blocks", ctypes.c_uint64),
-        ("num_allocs", ctypes.c_uint64),
-        ("num_frees", ctypes.c_uint64),
-        ("num_ooms", ctypes.c_uint64),
-        ("num_reclaimed_pages", ctypes.c_uint64),
-        ("num_created_pages", ctypes.c_uint64),
-        ("num_released_pages", ctypes.c_uint64),
-        ("driver_calls_total", ctypes.c_uint64),
-        ("modeled_driver_seconds", ctypes.c_double),
-        ("page_size", ctypes.c_uint64),
-        ("capacity_bytes", ctypes.c_uint64),
-        ("limit_bytes", ctypes.c_uint64),
-        ("num_entry_points", ctypes.c_uint32),
-        ("driver_calls", ctypes.c_uint64 * _MAX_ENTRY_POINTS),
-        ("num_free_size_mismatches", ctypes.c_uint64),
-        ("num_unknown_frees", ctypes.c_uint64),
-    ]
+
+def _ctype(spelling):
+    """The ctypes type of "uint64_t", or of an array such as "uint64_t[64]"."""
+    base, bracket, length = spelling.partition("[")
+    if base not in _C_TYPES or (bracket and not length.endswith("]")):
+        raise ExpanseError(f"expanse: libexpanse describes a stats field as {spelling!r}, "
+                           "which this package does not know; is it older than the library?")
+    return _C_TYPES[base] * int(length[:-1]) if bracket else _C_TYPES[base]
+
+
+def _stats_struct(lib):
+    """expanse_stats laid out as the loaded library lays it out, from its own list of fields
+    (expanse/stats_fields.h): one class per library, never a copy of the list to keep in step."""
+    fields = []
+    while True:
+        name = lib.expanse_stats_field_name(len(fields))
+        if name is None:
+            break
+        fields.append((name.decode(), _ctype(lib.expanse_stats_field_type(len(fields)).decode())))
+    return type("Stats", (ctypes.Structure,), {
+        "__doc__": "expanse_stats of the loaded libexpanse, field for field.", "_fields_": fields})
 
 
 def _candidates():
@@ -77,10 +65,16 @@ def _candidates():
 
 _lib = None
 _path = None
+_stats = None  # the Stats class of _lib
 
 
 def _declare(lib):
+    global _stats
     c = ctypes
+    for name in ("expanse_stats_field_name", "expanse_stats_field_type"):
+        getattr(lib, name).restype = c.c_char_p
+        getattr(lib, name).argtypes = [c.c_int]
+    _stats = _stats_struct(lib)
     stream = c.c_void_p
     sigs = {
         "expanse_malloc": (c.c_void_p, [c.c_size_t, c.c_int, stream]),
@@ -91,7 +85,7 @@ def _declare(lib):
         "expanse_capture_begin": (c.c_int, [stream]),
         "expanse_capture_end": (c.c_int, [stream]),
         "expanse_set_limit": (c.c_int, [c.c_int, c.c_size_t]),
-        "expanse_get_stats": (c.c_int, [c.c_int, c.POINTER(Stats)]),
+        "expanse_get_stats": (c.c_int, [c.c_int, c.POINTER(_stats)]),
         "expanse_reset_peak_stats": (c.c_int, [c.c_int]),
         "expanse_entry_point_name": (c.c_char_p, [c.c_int]),
         "expanse_last_error": (c.c_char_p, []),
@@ -132,6 +126,12 @@ def library():
         return _lib
     how = "EXPANSE_LIBRARY" if explicit else "next to the package, then on the loader path"
     raise ExpanseError(f"expanse: cannot load libexpanse.so ({how}): " + "; ".join(errors))
+
+
+def stats_type():
+    """The ctypes class of expanse_stats for the loaded library (loading it if needed)."""
+    library()
+    return _stats
 
 
 def library_path():

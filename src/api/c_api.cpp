@@ -3,6 +3,7 @@
 #include "api/errors.hpp"
 #include "api/history.hpp"
 #include "api/runtime.hpp"
+#include "api/stats.hpp"
 #include "core/capture_announcements.hpp"
 #include "expanse/expanse.h"
 
@@ -92,6 +93,14 @@ EXPANSE_C_API int expanse_reset_peak_stats(int device) {
 EXPANSE_C_API const char* expanse_entry_point_name(int i) {
   if (i < 0 || i >= expanse::driver::kEntryPointCount) return nullptr;
   return expanse::driver::entry_point_name(static_cast<expanse::driver::EntryPoint>(i));
+}
+
+EXPANSE_C_API const char* expanse_stats_field_name(int i) {
+  return expanse::api::stats_field_name(i);
+}
+
+EXPANSE_C_API const char* expanse_stats_field_type(int i) {
+  return expanse::api::stats_field_type(i);
 }
 
 EXPANSE_C_API const char* expanse_last_error(void) { return expanse::api::last_error().c_str(); }

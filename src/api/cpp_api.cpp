@@ -1,6 +1,7 @@
 // The C++ facade: the same operations as the C ABI, with exceptions.
 #include "api/errors.hpp"
 #include "api/runtime.hpp"
+#include "api/stats.hpp"
 #include "expanse/expanse.hpp"
 
 namespace expanse {

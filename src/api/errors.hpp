@@ -45,6 +45,5 @@ int guarded(F&& f) noexcept {
 void free_on_device(void* ptr, size_t size, int device, CUstream stream);
 // The allocator that holds ptr as a live block; throws usage_error naming `what` otherwise.
 core::DeviceAllocator& owner_of(void* ptr, const char* what);
-void fill_stats(int device, expanse_stats* out);
 
 }  // namespace expanse::api

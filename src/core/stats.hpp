@@ -1,7 +1,8 @@
-// Per-device accounting. Every figure is exact (DESIGN.md invariant 5).
+// Per-device accounting. Every figure is exact (docs/design.md, invariant 5).
 #pragma once
 
 #include "driver/entry_points.hpp"
+#include "expanse/stats_fields.h"
 
 #include <array>
 #include <cstdint>
@@ -9,29 +10,16 @@
 namespace expanse::core {
 
 struct DeviceStats {
-  uint64_t requested_bytes = 0;   // sum of live requests, as asked
-  uint64_t allocated_bytes = 0;   // sum of live blocks (512-byte rounded)
-  uint64_t touched_bytes = 0;     // pages touched by live blocks x page size
-  uint64_t mapped_bytes = 0;      // pages mapped into VA
-  uint64_t cached_bytes = 0;      // mapped but touched by no live block
-  uint64_t pooled_bytes = 0;      // physical pages held unmapped, ready to map
-  uint64_t physical_bytes = 0;    // mapped + pooled: all physical memory held
-  uint64_t va_reserved_bytes = 0;
+  // The allocator's figures of expanse_stats (KEPT in expanse/stats_fields.h), same names, same
+  // types: requested_bytes, mapped_bytes, the peaks, num_allocs, ...
+#define EXPANSE_KEPT_MEMBER_(type, name, doc) type name = 0;
+#define EXPANSE_IGNORE_(...)
+  EXPANSE_STATS_FIELDS(EXPANSE_KEPT_MEMBER_, EXPANSE_IGNORE_, EXPANSE_IGNORE_)
+#undef EXPANSE_KEPT_MEMBER_
+#undef EXPANSE_IGNORE_
 
-  uint64_t peak_requested_bytes = 0;
-  uint64_t peak_allocated_bytes = 0;
-  uint64_t peak_mapped_bytes = 0;
-  uint64_t peak_physical_bytes = 0;
-  uint64_t peak_va_reserved_bytes = 0;
-
-  uint64_t live_blocks = 0;
-  uint64_t num_allocs = 0;
-  uint64_t num_frees = 0;
-  uint64_t num_ooms = 0;
-  uint64_t num_reclaimed_pages = 0;  // pages unmapped under free blocks and mapped elsewhere
-  uint64_t num_created_pages = 0;
-  uint64_t num_released_pages = 0;
-
+  // Driver calls per entry point and their modeled cost (expanse_stats: driver_calls and
+  // modeled_driver_seconds, converted when read).
   std::array<uint64_t, driver::kEntryPointCount> driver_calls{};
   double modeled_driver_ns = 0;
   // Read-only stream lookups (cuStreamGetId, cuStreamGetCtx, cuStreamIsCapturing, capture-mode

@@ -40,6 +40,22 @@ def test_memory_stats_follow_allocations(ex, lib):
     assert s["allocation.all.freed"] == 2
 
 
+def test_stats_struct_is_laid_out_from_the_librarys_list(ex, lib):
+    stats = expanse._lib.stats_type()
+    names = [name for name, _ in stats._fields_]
+    assert names[:2] == ["struct_size", "requested_bytes"]
+    assert lib.expanse_stats_field_name(len(names)) is None
+    # Offered more room than the class takes, the library answers with its own sizeof.
+    room = (ctypes.c_char * (ctypes.sizeof(stats) + 64))()
+    s = stats.from_buffer(room)
+    s.struct_size = len(room)
+    assert lib.expanse_get_stats(0, ctypes.byref(s)) == 0
+    assert s.struct_size == ctypes.sizeof(stats)
+    listed = {k[len("expanse."):] for k in expanse.memory_stats()
+              if k.startswith("expanse.") and not k.startswith("expanse.driver_calls.")}
+    assert listed == set(names) - {"struct_size", "driver_calls", "num_entry_points"}
+
+
 def test_device_arguments(ex):
     assert expanse.memory_stats("cuda:0") == expanse.memory_stats(0) == expanse.memory_stats()
     with pytest.raises(expanse.ExpanseError, match="device 3 does not exist"):
