@@ -1,5 +1,5 @@
 // EXPANSE_CONF parsing: sizes, keys, values; every error names what is wrong.
-#include "api/config.hpp"
+#include "conf/config.hpp"
 #include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 
@@ -40,7 +40,7 @@ TEST(ConfigParse, PairsAndKeys) {
 }
 
 TEST(ConfigParse, LibraryOptions) {
-  api::Config c = api::parse_config(
+  conf::Config c = conf::parse_config(
       "driver:sim,page_size:4MiB,limit:10GiB,release_threshold:1GiB,va_size:1TiB,va_budget:4TiB");
   EXPECT_EQ(c.allocator.page_size, size_t{4} << 20);
   EXPECT_EQ(c.allocator.limit, size_t{10} << 30);
@@ -48,13 +48,13 @@ TEST(ConfigParse, LibraryOptions) {
   EXPECT_EQ(c.allocator.va_size, size_t{1} << 40);
   EXPECT_EQ(c.allocator.va_budget, size_t{4} << 40);
   EXPECT_FALSE(c.allocator.reclaim_before_create);
-  EXPECT_TRUE(api::parse_config("reclaim_first:true").allocator.reclaim_before_create);
-  EXPECT_THROW(api::parse_config("reclaim_first:maybe"), usage_error);
-  api::Config f = api::parse_config("limit:0.25");
-  EXPECT_EQ(api::options_for_device(f, size_t{8} << 30).limit, size_t{2} << 30);
-  EXPECT_THROW(api::parse_config("page_size:0"), usage_error);
-  EXPECT_THROW(api::parse_config("limit:0.0"), usage_error);
-  EXPECT_THROW(api::parse_config("sim_devices:lots"), usage_error);
+  EXPECT_TRUE(conf::parse_config("reclaim_first:true").allocator.reclaim_before_create);
+  EXPECT_THROW(conf::parse_config("reclaim_first:maybe"), usage_error);
+  conf::Config f = conf::parse_config("limit:0.25");
+  EXPECT_EQ(conf::options_for_device(f, size_t{8} << 30).limit, size_t{2} << 30);
+  EXPECT_THROW(conf::parse_config("page_size:0"), usage_error);
+  EXPECT_THROW(conf::parse_config("limit:0.0"), usage_error);
+  EXPECT_THROW(conf::parse_config("sim_devices:lots"), usage_error);
 }
 
 TEST(ConfigParse, FormatSize) {
