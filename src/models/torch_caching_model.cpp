@@ -104,6 +104,17 @@ TorchCachingModel::Block* TorchCachingModel::new_block() {
   return &storage_.back();
 }
 
+TorchCachingModel::Block* TorchCachingModel::new_piece(Pool& pool, const Block* b, uint64_t ptr,
+                                                       uint64_t size) {
+  Block* p = new_block();
+  p->ptr = ptr;
+  p->size = size;
+  p->stream = b->stream;
+  p->pool = &pool;
+  p->segment = b->segment;
+  return p;
+}
+
 void TorchCachingModel::delete_block(Block* b) { spare_.push_back(b); }
 
 void TorchCachingModel::event(TorchSegmentEvent::Kind k, uint64_t addr, uint64_t size) {
@@ -254,12 +265,7 @@ bool TorchCachingModel::map_block(Block* b, uint64_t size) {
   pool.unmapped.erase(b);
   b->mapped = true;
   if (mapped < b->size) {
-    Block* rest = new_block();
-    rest->ptr = b->ptr + mapped;
-    rest->size = b->size - mapped;
-    rest->stream = b->stream;
-    rest->pool = &pool;
-    rest->segment = b->segment;
+    Block* rest = new_piece(pool, b, b->ptr + mapped, b->size - mapped);
     rest->mapped = false;
     splice(rest, b, b->next);
     pool.unmapped.insert(rest);
@@ -294,23 +300,13 @@ void TorchCachingModel::unmap_block(Block* b) {
   pool.blocks.erase(b);
   const uint64_t before = range.ptr - b->ptr;
   if (before > 0) {  // partial page at the front stays mapped and free
-    Block* f = new_block();
-    f->ptr = b->ptr;
-    f->size = before;
-    f->stream = b->stream;
-    f->pool = &pool;
-    f->segment = b->segment;
+    Block* f = new_piece(pool, b, b->ptr, before);
     splice(f, b->prev, b);
     pool.insert(f);
   }
   const uint64_t after = b->size - before - range.size;
   if (after > 0) {
-    Block* f = new_block();
-    f->ptr = range.ptr + range.size;
-    f->size = after;
-    f->stream = b->stream;
-    f->pool = &pool;
-    f->segment = b->segment;
+    Block* f = new_piece(pool, b, range.ptr + range.size, after);
     splice(f, b, b->next);
     pool.insert(f);
   }
@@ -442,12 +438,7 @@ bool TorchCachingModel::should_split(const Block* b, uint64_t size) const {
 TorchCachingModel::Block* TorchCachingModel::split_and_take(Pool& pool, Block* b, uint64_t size,
                                                             bool split) {
   if (split) {
-    Block* front = new_block();
-    front->ptr = b->ptr;
-    front->size = size;
-    front->stream = b->stream;
-    front->pool = &pool;
-    front->segment = b->segment;
+    Block* front = new_piece(pool, b, b->ptr, size);
     splice(front, b->prev, b);
     b->ptr += size;
     b->size -= size;

@@ -107,6 +107,8 @@ class TorchCachingModel {
  private:
   Pool& pool_for(uint64_t rounded, bool small);
   Block* new_block();
+  // A new block for [ptr, ptr + size) of b's segment, on b's stream, in pool (not linked yet).
+  Block* new_piece(Pool& pool, const Block* b, uint64_t ptr, uint64_t size);
   void delete_block(Block* b);
   bool get_free_block(Pool& pool, uint64_t stream, uint64_t size, Block** out);
   bool alloc_block(Pool& pool, uint64_t stream, uint64_t size, uint64_t alloc_size, Block** out);

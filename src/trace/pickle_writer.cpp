@@ -87,29 +87,22 @@ void Writer::str(std::string_view s) {
   value_done();
 }
 
-void Writer::begin_dict() {
-  op(EMPTY_DICT);
+void Writer::open(uint8_t empty, bool list) {
+  op(empty);
   op(MARK);
-  levels_.push_back({false, 0});
+  levels_.push_back({list, 0});
 }
 
-void Writer::end_dict() {
-  op(SETITEMS);
+void Writer::close(uint8_t add_items) {
+  op(add_items);
   levels_.pop_back();
   value_done();
 }
 
-void Writer::begin_list() {
-  op(EMPTY_LIST);
-  op(MARK);
-  levels_.push_back({true, 0});
-}
-
-void Writer::end_list() {
-  op(APPENDS);
-  levels_.pop_back();
-  value_done();
-}
+void Writer::begin_dict() { open(EMPTY_DICT, false); }
+void Writer::end_dict() { close(SETITEMS); }
+void Writer::begin_list() { open(EMPTY_LIST, true); }
+void Writer::end_list() { close(APPENDS); }
 
 void Writer::int_pair(int64_t a, int64_t b) {
   levels_.push_back({false, 0});  // the two items are not list items

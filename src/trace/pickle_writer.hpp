@@ -41,6 +41,9 @@ class Writer {
     size_t pending;  // list: items since the last APPENDS
   };
   void op(uint8_t code) { out_.push_back(static_cast<char>(code)); }
+  // A container: its empty opcode and MARK; then the opcode that adds the items marked since.
+  void open(uint8_t empty, bool list);
+  void close(uint8_t add_items);
   void le(uint64_t v, int bytes);
   void value_done();
 
