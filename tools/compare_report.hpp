@@ -1,7 +1,7 @@
 // `expanse replay --compare`: its JSON object ("compare") and its text table.
 #pragma once
 
-#include "replay/compare.hpp"
+#include "report/compare.hpp"
 
 #include <nlohmann/json.hpp>
 

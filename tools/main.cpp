@@ -11,13 +11,13 @@
 #include "progress.hpp"
 #include "report.hpp"
 #include "selftest.hpp"
-#include "replay/stress.hpp"
+#include "workloads/stress.hpp"
 
-#include "api/config.hpp"
+#include "conf/config.hpp"
 #include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
-#include "replay/memory_plot.hpp"
-#include "replay/report.hpp"
+#include "report/memory_plot.hpp"
+#include "report/replay_report.hpp"
 
 #include <CLI/CLI.hpp>
 
@@ -105,7 +105,7 @@ int cmd_replay(const ReplayArgs& a) {
   replay::ReplayRequest req;
   req.path = a.file;
   req.device = a.device;
-  req.conf = api::parse_config(conf::from_environment());
+  req.conf = conf::parse_config(conf::from_environment());
   req.min_capacity = a.min_capacity;
   req.repeat = a.repeat;
   const size_t g = replay::replay_granularity(req.conf);
@@ -126,7 +126,7 @@ int cmd_replay(const ReplayArgs& a) {
   const bool compare = a.compare || !a.plot.empty() || !a.torch_conf.empty();
   if (!a.torch_conf.empty()) {
     try {
-      creq.torch_conf = replay::parse_torch_conf(a.torch_conf);
+      creq.torch_conf = trace::parse_torch_conf(a.torch_conf);
     } catch (const std::invalid_argument& e) {
       throw usage_error(std::string("replay: --torch-conf: ") + e.what());
     }
@@ -292,7 +292,7 @@ int run(int argc, char** argv) {
     if (*stress) return cmd_stress(sa);
     if (*replay_cmd) return cmd_replay(ra);
     if (*selftest_cmd) return cmd_selftest(ta);
-  } catch (const replay::input_error& e) {
+  } catch (const trace::input_error& e) {
     print_error("", e.what());
     return kUsage;
   } catch (const usage_error& e) {

@@ -2,7 +2,7 @@
 
 #include "driver/cost_model.hpp"
 #include "driver/entry_points.hpp"
-#include "replay/driver_floor.hpp"
+#include "report/driver_floor.hpp"
 #include "conf/env_config.hpp"
 
 #include <algorithm>
@@ -19,7 +19,7 @@ using Json = nlohmann::ordered_json;
 using replay::MinCapacity;
 using replay::ReplayReport;
 using replay::ReplayResult;
-using replay::Trace;
+using trace::Trace;
 
 std::string fixed(double v, int digits) {
   char buf[64];

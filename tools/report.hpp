@@ -1,8 +1,8 @@
 // The CLI's reports: one JSON object per command (--json) or text for a terminal.
 #pragma once
 
-#include "replay/report.hpp"
-#include "replay/stress.hpp"
+#include "report/replay_report.hpp"
+#include "workloads/stress.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -8,7 +8,7 @@
 #pragma once
 
 #include "cost_table_json.hpp"
-#include "replay/stress.hpp"
+#include "workloads/stress.hpp"
 
 #include "driver/driver.hpp"
 

@@ -1,22 +1,14 @@
-// The library's reading of EXPANSE_CONF: driver choice plus allocator options.
+// api/'s names for the library's reading of EXPANSE_CONF (parsed in conf/config.hpp) and for the
+// allocator options it yields (core/options.hpp).
 #pragma once
 
+#include "conf/config.hpp"
 #include "core/options.hpp"
-
-#include <string>
 
 namespace expanse::api {
 
-struct Config {
-  std::string text;  // the EXPANSE_CONF string itself (the driver loader reads driver/sim keys)
-  core::AllocatorOptions allocator;
-  double limit_fraction = 0;  // limit:0.8 → 80% of each device's capacity (0: not a fraction)
-};
-
-// Parses and validates every key; throws expanse::usage_error naming a bad key or value.
-Config parse_config(const std::string& text);
-
-// Options for one device once its capacity is known (resolves a fractional limit).
-core::AllocatorOptions options_for_device(const Config& c, size_t capacity);
+using conf::Config;
+using conf::options_for_device;
+using conf::parse_config;
 
 }  // namespace expanse::api

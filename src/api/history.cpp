@@ -1,8 +1,8 @@
 #include "api/history.hpp"
 
-#include "api/pickle_writer.hpp"
 #include "api/runtime.hpp"
 #include "expanse/errors.hpp"
+#include "trace/pickle_writer.hpp"
 
 #include <cerrno>
 #include <chrono>
@@ -125,7 +125,7 @@ int History::devices_traced() const {
 
 namespace {
 
-void write_segment(PickleWriter& w, int device, const core::SegmentView& seg) {
+void write_segment(trace::pickle::Writer& w, int device, const core::SegmentView& seg) {
   size_t allocated = 0, active = 0, requested = 0;
   for (const auto& b : seg.blocks) {
     if (b.state == core::BlockView::State::live) {
@@ -184,7 +184,7 @@ void write_segment(PickleWriter& w, int device, const core::SegmentView& seg) {
   w.end_dict();
 }
 
-void write_entry(PickleWriter& w, const TraceEntry& e) {
+void write_entry(trace::pickle::Writer& w, const TraceEntry& e) {
   w.begin_dict();
   w.str("action");
   w.str(action_name(e.action));
@@ -208,7 +208,7 @@ std::string snapshot_pickle() {
   Runtime& rt = Runtime::get();
   History& h = History::get();
   const int devices = std::max(rt.device_count(), h.devices_traced());
-  PickleWriter w;
+  trace::pickle::Writer w;
   w.begin_dict();
   w.str("segments");
   w.begin_list();

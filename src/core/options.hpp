@@ -1,42 +1,15 @@
-// Per-device allocator tuning. Zero means "derive from the device".
+// Per-device allocator tuning (the option set itself lives in conf/allocator_options.hpp, where
+// EXPANSE_CONF is parsed) and the allocator's fixed carving granularity.
 #pragma once
 
+#include "conf/allocator_options.hpp"
+
 #include <cstddef>
-#include <cstdint>
 
 namespace expanse::core {
 
-inline constexpr size_t kBlockAlignment = 512;          // every block is carved at this granularity
-inline constexpr size_t kNoLimit = SIZE_MAX;
-
-struct AllocatorOptions {
-  size_t page_size = 0;          // physical page (handle) size; 0 = device granularity
-  size_t limit = kNoLimit;       // most physical memory held (mapped + pooled), bytes
-  size_t release_threshold = kNoLimit;  // cached memory above this is returned to the driver
-  size_t small_max = size_t{1} << 20;   // requests up to this size go to the small-block arena
-  size_t va_size = 0;            // VA per large-arena reservation; 0 = 2 x capacity
-  size_t small_va_size = 0;      // VA per small-arena reservation; 0 = capacity / 4 (>= 1 GiB)
-  size_t va_budget = 0;          // most VA reserved on this device; 0 = 64 x capacity
-  size_t lifo_depth = 16;        // per stream: places of recent frees kept for exact-size reuse
-  // Where a request's missing pages come from once the pool is empty. false (default): new pages
-  // while the device and the limit allow, pages reclaimed from under free memory after that — a
-  // repeated workload settles into zero driver calls. true: reclaim first, so physical memory
-  // stays as close as possible to live memory, at the cost of remapping in steady state.
-  bool reclaim_before_create = false;
-  // Every device for which cuDeviceCanAccessPeer says it can gets READWRITE access to every
-  // mapping (EXPANSE_CONF peer_access:auto|none); expanse_enable_peer_access adds one explicitly.
-  bool peer_access_auto = true;
-  // cuMemCreate asks for GPUDirect RDMA capability where the device supports it (rdma:auto|off).
-  bool rdma = true;
-  // Largest handle (one cuMemCreate) backing a block's inner pages, rounded down to a whole number
-  // of pages; anything up to the page size gives one handle per page.
-  size_t max_handle_size = size_t{1} << 30;
-  // Physical memory may exceed the most pages ever touched by live blocks by touched/256 plus
-  // this much before pages are reclaimed from under free memory rather than created. kNoLimit
-  // (default): no high-water mark, create while the device allows. Measured on the shared
-  // traces, a mark keeps the footprint nearer the live set (cs336a train 1.066 -> 1.024 x live)
-  // but the reclaiming never settles: thousands of driver calls in every later repeat.
-  size_t high_water_slack = kNoLimit;
-};
+inline constexpr size_t kBlockAlignment = 512;  // every block is carved at this granularity
+inline constexpr size_t kNoLimit = conf::kNoLimit;
+using AllocatorOptions = conf::AllocatorOptions;
 
 }  // namespace expanse::core

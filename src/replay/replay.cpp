@@ -25,11 +25,11 @@ double seconds_since(Clock::time_point t0) {
 
 }  // namespace
 
-size_t replay_granularity(const api::Config& conf) {
+size_t replay_granularity(const conf::Config& conf) {
   return sim::sim_config_from_string(conf.text).granularity;
 }
 
-ReplayResult replay_trace(const Trace& t, const api::Config& conf, size_t capacity,
+ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_t capacity,
                           bool stop_at_first_oom, const ReplayProgress& progress, int passes,
                           bool record_mapped) {
   const auto t0 = Clock::now();
@@ -50,7 +50,7 @@ ReplayResult replay_trace(const Trace& t, const api::Config& conf, size_t capaci
   const uint64_t total = t.ops.size() * static_cast<uint64_t>(passes);
   {
     DeviceStreams streams(*drv, 0, t.streams);
-    core::DeviceAllocator alloc(*drv, 0, api::options_for_device(conf, capacity));
+    core::DeviceAllocator alloc(*drv, 0, conf::options_for_device(conf, capacity));
     r.page_size = alloc.page_size();
     std::vector<void*> ptr(t.blocks, nullptr);
     std::vector<uint32_t> stream_of(passes > 1 ? t.blocks : 0, 0);  // each block's alloc stream
@@ -60,8 +60,8 @@ ReplayResult replay_trace(const Trace& t, const api::Config& conf, size_t capaci
       const core::DeviceStats before = alloc.stats();
       PassResult pr;
       for (uint64_t i = 0; i < t.ops.size(); ++i) {
-        const TraceOp& op = t.ops[i];
-        if (op.type == TraceOp::Type::alloc) {
+        const trace::TraceOp& op = t.ops[i];
+        if (op.type == trace::TraceOp::Type::alloc) {
           std::string failure;
           try {
             ptr[op.block] = alloc.allocate(op.size, streams[op.stream]);
@@ -126,7 +126,7 @@ ReplayResult replay_trace(const Trace& t, const api::Config& conf, size_t capaci
   return r;
 }
 
-MinCapacity find_min_capacity(const Trace& t, const api::Config& conf, size_t start,
+MinCapacity find_min_capacity(const trace::Trace& t, const conf::Config& conf, size_t start,
                               const SearchProgress& progress) {
   const auto t0 = Clock::now();
   const size_t g = replay_granularity(conf);
@@ -155,7 +155,7 @@ MinCapacity find_min_capacity(const Trace& t, const api::Config& conf, size_t st
   const size_t max_units = kMaxReplayCapacity / g;
   size_t lo = static_cast<size_t>(t.peak_live_bytes / g + (t.peak_live_bytes % g != 0));
   if (lo > max_units) {
-    throw input_error(t.path + ": the trace's peak of live bytes, " +
+    throw trace::input_error(t.path + ": the trace's peak of live bytes, " +
                       conf::format_size(t.peak_live_bytes) + ", is more than the largest device " +
                       "replay models (" + conf::format_size(kMaxReplayCapacity) + ")");
   }
@@ -166,7 +166,7 @@ MinCapacity find_min_capacity(const Trace& t, const api::Config& conf, size_t st
   while (at_hi.ooms != 0) {
     lo = hi;
     if (hi >= cap_units) {
-      throw input_error(t.path + ": the trace does not replay with no OOM even on " +
+      throw trace::input_error(t.path + ": the trace does not replay with no OOM even on " +
                         conf::format_size(hi * g) + " (" + at_hi.first_oom + ")");
     }
     hi = std::min(hi * 2, cap_units);

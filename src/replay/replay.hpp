@@ -3,9 +3,9 @@
 // a trace with no OOM.
 #pragma once
 
-#include "api/config.hpp"
+#include "conf/config.hpp"
 #include "core/stats.hpp"
-#include "replay/trace.hpp"
+#include "trace/trace.hpp"
 
 #include <cstdint>
 #include <functional>
@@ -28,7 +28,7 @@ struct ReplayResult {
   size_t page_size = 0;  // the allocator's page
   uint64_t ops_done = 0;      // over all passes
   uint64_t ooms = 0;          // over all passes
-  uint64_t first_oom_op = 0;  // index into Trace::ops
+  uint64_t first_oom_op = 0;  // index into trace::Trace::ops
   int first_oom_pass = 0;     // 1-based; 0 when there was none
   std::string first_oom;      // the allocator's message
   core::DeviceStats stats;    // at the end of the replay (peaks and counts over all passes)
@@ -46,14 +46,14 @@ constexpr size_t kMaxReplayCapacity = size_t{64} << 40;
 using ReplayProgress = std::function<void(uint64_t done, uint64_t total)>;
 
 // The sim device's granularity under conf (sim_granularity), and capacity rounded down to it.
-size_t replay_granularity(const api::Config& conf);
+size_t replay_granularity(const conf::Config& conf);
 
 // Replays t on one sim device of `capacity` bytes (a multiple of replay_granularity) with the
 // allocator options of conf, `passes` times back to back on the same allocator (so that steady
 // state shows): the blocks a pass leaves live are freed before the next one. An OOM is counted
 // and its block's free skipped; with stop_at_first_oom the replay ends there. Throws driver /
 // usage errors from the allocator, and usage_error for a capacity above kMaxReplayCapacity.
-ReplayResult replay_trace(const Trace& t, const api::Config& conf, size_t capacity,
+ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_t capacity,
                           bool stop_at_first_oom = false,
                           const ReplayProgress& progress = {}, int passes = 1,
                           bool record_mapped = false);
@@ -72,8 +72,8 @@ using SearchProgress =
 // Binary search, in units of the granularity, between ceil(peak live) (anything smaller cannot
 // hold the trace) and a capacity that replays with no OOM (start, doubled until one does, up to
 // 64 x start). Each probe is a fresh sim and allocator. Assumes that a trace that replays on a
-// device replays on any larger one. Throws input_error if even 64 x start is not enough.
-MinCapacity find_min_capacity(const Trace& t, const api::Config& conf, size_t start,
+// device replays on any larger one. Throws trace::input_error if even 64 x start is not enough.
+MinCapacity find_min_capacity(const trace::Trace& t, const conf::Config& conf, size_t start,
                               const SearchProgress& progress = {});
 
 }  // namespace expanse::replay

@@ -1,6 +1,7 @@
 // EXPANSE_CONF parsing: sizes, keys, values; every error names what is wrong.
-#include "api/config.hpp"
+#include "conf/config.hpp"
 #include "conf/env_config.hpp"
+#include "conf/sim_options.hpp"
 #include "expanse/errors.hpp"
 
 #include <gtest/gtest.h>
@@ -40,7 +41,7 @@ TEST(ConfigParse, PairsAndKeys) {
 }
 
 TEST(ConfigParse, LibraryOptions) {
-  api::Config c = api::parse_config(
+  conf::Config c = conf::parse_config(
       "driver:sim,page_size:4MiB,limit:10GiB,release_threshold:1GiB,va_size:1TiB,va_budget:4TiB");
   EXPECT_EQ(c.allocator.page_size, size_t{4} << 20);
   EXPECT_EQ(c.allocator.limit, size_t{10} << 30);
@@ -48,13 +49,65 @@ TEST(ConfigParse, LibraryOptions) {
   EXPECT_EQ(c.allocator.va_size, size_t{1} << 40);
   EXPECT_EQ(c.allocator.va_budget, size_t{4} << 40);
   EXPECT_FALSE(c.allocator.reclaim_before_create);
-  EXPECT_TRUE(api::parse_config("reclaim_first:true").allocator.reclaim_before_create);
-  EXPECT_THROW(api::parse_config("reclaim_first:maybe"), usage_error);
-  api::Config f = api::parse_config("limit:0.25");
-  EXPECT_EQ(api::options_for_device(f, size_t{8} << 30).limit, size_t{2} << 30);
-  EXPECT_THROW(api::parse_config("page_size:0"), usage_error);
-  EXPECT_THROW(api::parse_config("limit:0.0"), usage_error);
-  EXPECT_THROW(api::parse_config("sim_devices:lots"), usage_error);
+  EXPECT_TRUE(conf::parse_config("reclaim_first:true").allocator.reclaim_before_create);
+  EXPECT_THROW(conf::parse_config("reclaim_first:maybe"), usage_error);
+  conf::Config f = conf::parse_config("limit:0.25");
+  EXPECT_EQ(conf::options_for_device(f, size_t{8} << 30).limit, size_t{2} << 30);
+  EXPECT_THROW(conf::parse_config("page_size:0"), usage_error);
+  EXPECT_THROW(conf::parse_config("limit:0.0"), usage_error);
+  EXPECT_THROW(conf::parse_config("sim_devices:lots"), usage_error);
+}
+
+// The sim_* keys: EXPANSE_CONF is checked whole where it is read, so a bad sim value fails
+// parse_config with the message the sim itself gives.
+TEST(ConfigParse, SimKeys) {
+  const conf::SimOptions d = conf::parse_sim_options("");
+  EXPECT_EQ(d.devices, 1);
+  EXPECT_EQ(d.capacity, size_t{80} << 30);
+  EXPECT_EQ(d.granularity, size_t{2} << 20);
+  const conf::SimOptions c = conf::parse_sim_options(
+      "sim_devices:4,sim_capacity:16GiB,sim_granularity:64KiB,sim_backing:false,"
+      "sim_driver_version:12020,sim_peer_access:false,sim_posix_fd:0,sim_rdma:wsl,page_size:2MiB");
+  EXPECT_EQ(c.devices, 4);
+  EXPECT_EQ(c.capacity, size_t{16} << 30);
+  EXPECT_EQ(c.granularity, size_t{64} << 10);
+  EXPECT_FALSE(c.backing);
+  EXPECT_EQ(c.driver_version, 12020);
+  EXPECT_FALSE(c.peer_access);
+  EXPECT_FALSE(c.posix_fd);
+  EXPECT_TRUE(c.rdma);
+  EXPECT_TRUE(c.rdma_wsl);
+  const std::pair<const char*, const char*> bad[] = {
+      {"sim_devices:65", "EXPANSE_CONF: key 'sim_devices': '65' is not an integer in [0, 64]"},
+      {"sim_capacity:0", "EXPANSE_CONF: key 'sim_capacity': '0' must be more than 0"},
+      {"sim_capacity:3MiB",
+       "EXPANSE_CONF: key 'sim_capacity': 3 MiB is not a multiple of sim_granularity 2 MiB"},
+      {"sim_granularity:64GiB",
+       "EXPANSE_CONF: key 'sim_capacity': 80 GiB (the default) is not a multiple of "
+       "sim_granularity 64 GiB"},
+      {"sim_granularity:2KiB",
+       "EXPANSE_CONF: key 'sim_granularity': '2KiB' is not a power of two of at least 4096 bytes "
+       "(and the host page size)"},
+      {"sim_backing:maybe", "EXPANSE_CONF: key 'sim_backing': 'maybe' is not true or false"},
+  };
+  for (const auto& [text, message] : bad) {
+    for (bool whole : {false, true}) {
+      try {
+        if (whole) {
+          conf::parse_config(text);
+        } else {
+          conf::parse_sim_options(text);
+        }
+        ADD_FAILURE() << text << " was accepted";
+      } catch (const usage_error& e) {
+        EXPECT_TRUE(whole) << text;
+        EXPECT_EQ(std::string(e.what()), message);
+      } catch (const std::invalid_argument& e) {
+        EXPECT_FALSE(whole) << text;
+        EXPECT_EQ(std::string(e.what()), message);
+      }
+    }
+  }
 }
 
 TEST(ConfigParse, FormatSize) {

@@ -1,13 +1,13 @@
 // The pickle reader on any bytes: a Document or a parse_error, never a crash, and every node it
 // returns is well formed (items name nodes that exist).
-#include "replay/pickle.hpp"
+#include "trace/pickle_reader.hpp"
 
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
 
-namespace pickle = expanse::replay::pickle;
+namespace pickle = expanse::trace::pickle;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view in(reinterpret_cast<const char*>(data), size);

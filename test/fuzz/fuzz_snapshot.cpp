@@ -1,7 +1,7 @@
 // The snapshot interpreter on any bytes (mostly pickles mutated from real snapshots): a Trace or
 // an input_error, never a crash; a Trace is consistent (blocks allocated once, freed at most
 // once after their allocation, streams named by index, peak live as the ops say).
-#include "replay/trace.hpp"
+#include "trace/trace.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -13,10 +13,10 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view in(reinterpret_cast<const char*>(data), size);
   try {
-    if (!expanse::fuzz::trace_problem(expanse::replay::load_snapshot("fuzz.pickle", in)).empty()) {
+    if (!expanse::fuzz::trace_problem(expanse::trace::load_snapshot("fuzz.pickle", in)).empty()) {
       std::abort();
     }
-  } catch (const expanse::replay::input_error&) {
+  } catch (const expanse::trace::input_error&) {
   }
   return 0;
 }

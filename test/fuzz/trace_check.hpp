@@ -4,7 +4,7 @@
 // violation, for libFuzzer to report) and the unit test that replays the regression inputs.
 #pragma once
 
-#include "replay/trace.hpp"
+#include "trace/trace.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -14,17 +14,17 @@
 namespace expanse::fuzz {
 
 // "" when t is consistent, else what is wrong.
-inline std::string trace_problem(const replay::Trace& t) {
+inline std::string trace_problem(const trace::Trace& t) {
   if (t.streams.empty()) return "no streams";
   std::vector<uint8_t> state(t.blocks, 0);  // 0 never allocated, 1 live, 2 freed
   std::vector<uint64_t> size(t.blocks, 0);
   uint64_t live = 0, peak = 0, allocs = 0;
   for (size_t i = 0; i < t.ops.size(); ++i) {
-    const replay::TraceOp& op = t.ops[i];
+    const trace::TraceOp& op = t.ops[i];
     const std::string at = "op " + std::to_string(i) + ": ";
     if (op.block >= t.blocks) return at + "block id out of range";
     if (op.stream >= t.streams.size()) return at + "stream index out of range";
-    if (op.type == replay::TraceOp::Type::alloc) {
+    if (op.type == trace::TraceOp::Type::alloc) {
       if (state[op.block] != 0) return at + "block allocated twice";
       state[op.block] = 1;
       size[op.block] = op.size;

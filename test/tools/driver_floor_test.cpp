@@ -1,12 +1,12 @@
 // The driver-time floor invariant 1 puts under the blocks a trace starts with: what it counts,
-// and that expanse's own first pass never comes in under it (if it did, the floor's argument or
-// the accounting would be wrong).
-#include "replay/driver_floor.hpp"
+// that expanse's own first pass never comes in under it (if it did, the floor's argument or the
+// accounting would be wrong), and when the replay report shows it.
+#include "report/driver_floor.hpp"
 #include "replay/replay.hpp"
-#include "replay/report.hpp"
+#include "report/replay_report.hpp"
 #include "report.hpp"
 
-#include "api/config.hpp"
+#include "conf/config.hpp"
 
 #include <gtest/gtest.h>
 
@@ -17,8 +17,8 @@ namespace {
 
 using driver::CostModel;
 using driver::EntryPoint;
-using replay::Trace;
-using replay::TraceOp;
+using trace::Trace;
+using trace::TraceOp;
 
 constexpr uint64_t MiB = uint64_t{1} << 20;
 constexpr uint64_t GiB = uint64_t{1} << 30;
@@ -69,7 +69,7 @@ TEST(DriverFloor, ExpanseFirstPassNeverComesInUnderIt) {
       sizes.push_back(rng() % 4 == 0 ? 1 + rng() % P : P + rng() % (40 * P));
     }
     const Trace t = preexisting_trace(sizes, 1 + rng() % (8 * P));
-    const replay::ReplayResult r = replay::replay_trace(t, api::parse_config(""), 16 * GiB);
+    const replay::ReplayResult r = replay::replay_trace(t, conf::parse_config(""), 16 * GiB);
     ASSERT_EQ(r.ooms, 0u);
     const replay::DriverFloor f =
         replay::preexisting_driver_floor(t, r.page_size, CostModel::get_default());
@@ -85,7 +85,7 @@ TEST(DriverFloor, BlocksOfWholePagesComeWithinAPageEachOfIt) {
   std::vector<uint64_t> sizes;
   for (int i = 0; i < 30; ++i) sizes.push_back(static_cast<uint64_t>(2 + i % 7) * P);
   const Trace t = preexisting_trace(sizes, P / 4);
-  const replay::ReplayResult r = replay::replay_trace(t, api::parse_config(""), 16 * GiB);
+  const replay::ReplayResult r = replay::replay_trace(t, conf::parse_config(""), 16 * GiB);
   const CostModel& c = CostModel::get_default();
   const replay::DriverFloor f = replay::preexisting_driver_floor(t, r.page_size, c);
   ASSERT_EQ(f.blocks, 30u);
@@ -95,20 +95,13 @@ TEST(DriverFloor, BlocksOfWholePagesComeWithinAPageEachOfIt) {
   EXPECT_LE(gap, 30 * page_bytes_s + one_handle_s(c, P) + 31 * 3 * 0.5e-6);
 }
 
-}  // namespace
-}  // namespace expanse::test
-
-namespace expanse::test {
-namespace {
-
-// Review of df7e763: the floor is a bound only for a first pass that placed every preexisting
-// block. On a device too small for them the replay OOMs on most and pays nothing for those, and
-// came in under the "whatever the placement" floor the report printed beside it; the report now
-// leaves the floor out when the first pass ran out of memory.
-TEST(DriverFloorReview, ARunThatOomsOnPreexistingBlocksReportsNoFloor) {
+// The floor is a bound only for a first pass that placed every preexisting block. On a device too
+// small for them the replay runs out of memory on most and pays nothing for those, coming in under
+// a floor that holds whatever the placement; the report leaves the floor out for such a run.
+TEST(DriverFloorReport, LeftOutWhenTheFirstPassRanOutOfMemory) {
   std::vector<uint64_t> sizes(40, 100 * MiB + 512);
   const Trace t = preexisting_trace(sizes, P / 4);
-  replay::ReplayReport small{t, replay::replay_trace(t, api::parse_config(""), 1 * GiB), {}, 0, 0};
+  replay::ReplayReport small{t, replay::replay_trace(t, conf::parse_config(""), 1 * GiB), {}, 0, 0};
   ASSERT_GT(small.replay.ooms, 0u);
   const replay::DriverFloor f =
       replay::preexisting_driver_floor(t, small.replay.page_size, CostModel::get_default());
@@ -117,7 +110,7 @@ TEST(DriverFloorReview, ARunThatOomsOnPreexistingBlocksReportsNoFloor) {
   EXPECT_FALSE(tools::replay_json(small).contains("preexisting_driver_floor"));
   EXPECT_EQ(tools::replay_text(small).find("floor "), std::string::npos);
 
-  replay::ReplayReport big{t, replay::replay_trace(t, api::parse_config(""), 16 * GiB), {}, 0, 0};
+  replay::ReplayReport big{t, replay::replay_trace(t, conf::parse_config(""), 16 * GiB), {}, 0, 0};
   ASSERT_EQ(big.replay.ooms, 0u);
   const auto j = tools::replay_json(big);
   ASSERT_TRUE(j.contains("preexisting_driver_floor"));

@@ -1,8 +1,8 @@
 // Every input under test/fuzz/regressions/ (and the fuzzers' seeds), through the reader its
 // folder names: a consistent trace (test/fuzz/trace_check.hpp) or the reader's own error, never
 // a crash or another exception. Under the ASan+UBSan build of CI this is the fuzzers' check.
-#include "replay/pickle.hpp"
-#include "replay/trace.hpp"
+#include "trace/pickle_reader.hpp"
+#include "trace/trace.hpp"
 #include "tools_test_util.hpp"
 
 #include "../fuzz/trace_check.hpp"
@@ -37,9 +37,9 @@ TEST(FuzzRegressions, Pickle) {
   for (const std::string& f : files) {
     const std::string data = read_file(f);
     try {
-      const replay::pickle::Document d = replay::pickle::parse(data);
+      const trace::pickle::Document d = trace::pickle::parse(data);
       EXPECT_LT(d.root(), d.size()) << f;
-    } catch (const replay::pickle::parse_error& e) {
+    } catch (const trace::pickle::parse_error& e) {
       EXPECT_LE(e.offset(), data.size()) << f;
     }
   }
@@ -49,10 +49,10 @@ void check_trace_files(const std::vector<std::string>& files, bool snapshot) {
   for (const std::string& f : files) {
     const std::string data = read_file(f);
     try {
-      const replay::Trace t =
-          snapshot ? replay::load_snapshot(f, data) : replay::load_rmm_csv(f, data);
+      const trace::Trace t =
+          snapshot ? trace::load_snapshot(f, data) : trace::load_rmm_csv(f, data);
       EXPECT_EQ(fuzz::trace_problem(t), "") << f;
-    } catch (const replay::input_error& e) {
+    } catch (const trace::input_error& e) {
       EXPECT_EQ(std::string(e.what()).rfind(f, 0), 0u) << "the message names the file: " << f;
     }
   }

@@ -1,6 +1,6 @@
 // The pickle reader: CPython's own output (committed fixtures, protocols 2 to 5), and every way
 // a pickle can be bad — each an error naming the byte offset, never a crash.
-#include "replay/pickle.hpp"
+#include "trace/pickle_reader.hpp"
 #include "tools_test_util.hpp"
 
 #include <gtest/gtest.h>
@@ -10,11 +10,11 @@
 namespace expanse::test {
 namespace {
 
-using replay::pickle::Document;
-using replay::pickle::Kind;
-using replay::pickle::Node;
-using replay::pickle::parse;
-using replay::pickle::parse_error;
+using trace::pickle::Document;
+using trace::pickle::Kind;
+using trace::pickle::Node;
+using trace::pickle::parse;
+using trace::pickle::parse_error;
 
 const Node& at(const Document& d, const Node& dict, const char* key) {
   const Node* n = d.find(dict, key);

@@ -12,9 +12,9 @@
 namespace expanse::test {
 namespace {
 
-using replay::load_rmm_csv;
-using replay::load_snapshot;
-using replay::Trace;
+using trace::load_rmm_csv;
+using trace::load_snapshot;
+using trace::Trace;
 
 constexpr uint64_t MiB = uint64_t{1} << 20;
 constexpr uint64_t GiB = uint64_t{1} << 30;
@@ -40,7 +40,7 @@ std::string sample_csv() {
   return csv;
 }
 
-api::Config sim_conf() { return api::parse_config(""); }
+conf::Config sim_conf() { return conf::parse_config(""); }
 
 TEST(Replay, SmallTraceReplaysWithoutOom) {
   Trace t = load_rmm_csv("sample.csv", sample_csv());
@@ -143,7 +143,7 @@ TEST(Replay, APeakNoDeviceHoldsIsAnInputErrorForTheSearch) {
   try {
     replay::find_min_capacity(t, sim_conf(), 80 * GiB);
     ADD_FAILURE() << "no error";
-  } catch (const replay::input_error& e) {
+  } catch (const trace::input_error& e) {
     EXPECT_NE(std::string(e.what()).find("more than the largest device replay models"),
               std::string::npos)
         << e.what();
@@ -175,7 +175,7 @@ TEST(Replay, ARequestNoDeviceCanHoldIsAnOom) {
   EXPECT_EQ(r.ooms, 1u);
   EXPECT_EQ(r.first_oom_op, 1u);
   EXPECT_EQ(r.ops_done, 4u);
-  EXPECT_THROW(replay::find_min_capacity(t, sim_conf(), 1 * GiB), replay::input_error);
+  EXPECT_THROW(replay::find_min_capacity(t, sim_conf(), 1 * GiB), trace::input_error);
 }
 
 TEST(Replay, MinCapacityIsTheBoundary) {

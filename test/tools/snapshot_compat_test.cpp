@@ -3,9 +3,9 @@
 // user-defined events, segments with segment_type and frames in their blocks, blocks without an
 // address (older versions), allocator_settings, several devices. A field replay does not need
 // never makes a snapshot unreadable; one it needs is an error only when its value does not fit.
-#include "replay/pickle.hpp"
+#include "trace/pickle_reader.hpp"
 #include "replay/replay.hpp"
-#include "replay/trace.hpp"
+#include "trace/trace.hpp"
 #include "tools_test_util.hpp"
 
 #include "conf/env_config.hpp"
@@ -18,10 +18,10 @@
 namespace expanse::test {
 namespace {
 
-using replay::input_error;
-using replay::load_snapshot;
-using replay::Trace;
-namespace pickle = replay::pickle;
+using trace::input_error;
+using trace::load_snapshot;
+using trace::Trace;
+namespace pickle = trace::pickle;
 
 constexpr uint64_t kLineUnknown = UINT64_MAX;  // what PyTorch records for a frame with no line
 
@@ -204,7 +204,7 @@ TEST(SnapshotCompat, EveryVersionsKeysAndStates) {
 
 TEST(SnapshotCompat, ReplaysOnTheSim) {
   Trace t = load_snapshot("modern.pickle", modern_snapshot());
-  const api::Config conf = api::parse_config("");
+  const conf::Config conf = conf::parse_config("");
   replay::ReplayResult r = replay::replay_trace(t, conf, 1024 * M);
   EXPECT_EQ(r.ooms, 0u);
   EXPECT_EQ(r.ops_done, t.ops.size());
@@ -226,7 +226,7 @@ TEST(SnapshotCompat, ANeededFieldIsAnErrorOnlyWhenItDoesNotFit) {
   // 2^64 - 1 fits a uint64_t: read, and an OOM when replayed (no device holds it), no crash.
   Trace t = load_snapshot("max.pickle", one_alloc([](PickleWriter& w) { w.uinteger(UINT64_MAX); }));
   EXPECT_EQ(t.peak_live_bytes, UINT64_MAX);
-  const api::Config conf = api::parse_config("");
+  const conf::Config conf = conf::parse_config("");
   EXPECT_EQ(replay::replay_trace(t, conf, 64 * M).ooms, 1u);
 
   // 2^64 does not: the error names the record, the key and the value.

@@ -1,8 +1,8 @@
 // The models of PyTorch's caching allocator on small hand-made sequences whose outcome follows
 // from PyTorch's rules (CUDACachingAllocator.cpp), and properties over random sequences.
-#include "replay/torch_caching_model.hpp"
-#include "replay/torch_model_run.hpp"
-#include "replay/torch_settings.hpp"
+#include "models/torch_caching_model.hpp"
+#include "models/torch_model_run.hpp"
+#include "trace/torch_settings.hpp"
 
 #include <gtest/gtest.h>
 
@@ -15,6 +15,13 @@ namespace {
 constexpr uint64_t KiB = uint64_t{1} << 10;
 constexpr uint64_t MiB = uint64_t{1} << 20;
 constexpr uint64_t kNoLimit = uint64_t{1} << 50;
+
+using trace::parse_torch_conf;
+using trace::torch_allocation_size;
+using trace::torch_round_size;
+using trace::TorchSettings;
+using trace::Trace;
+using trace::TraceOp;
 using Kind = TorchSegmentEvent::Kind;
 
 std::vector<std::pair<Kind, uint64_t>> events(const TorchCachingModel& m) {

@@ -1,6 +1,6 @@
 // Reading traces: PyTorch snapshots (peak live with blocks from before recording, PyTorch's
 // reserved memory from its segments) and RMM log CSVs, and every bad input naming where it is.
-#include "replay/trace.hpp"
+#include "trace/trace.hpp"
 #include "tools_test_util.hpp"
 
 #include <gtest/gtest.h>
@@ -10,12 +10,12 @@
 namespace expanse::test {
 namespace {
 
-using replay::input_error;
-using replay::load_rmm_csv;
-using replay::load_snapshot;
-using replay::load_trace;
-using replay::Trace;
-using replay::TraceOp;
+using trace::input_error;
+using trace::load_rmm_csv;
+using trace::load_snapshot;
+using trace::load_trace;
+using trace::Trace;
+using trace::TraceOp;
 
 std::string error_of(const std::function<void()>& f) {
   try {

@@ -1,0 +1,24 @@
+// The library's reading of EXPANSE_CONF: the allocator options, checked together with every other
+// key (driver choice, sim_*), so that a bad string fails where it is read.
+#pragma once
+
+#include "conf/allocator_options.hpp"
+
+#include <cstddef>
+#include <string>
+
+namespace expanse::conf {
+
+struct Config {
+  std::string text;  // the EXPANSE_CONF string itself (the driver loader reads driver/sim keys)
+  AllocatorOptions allocator;
+  double limit_fraction = 0;  // limit:0.8 → 80% of each device's capacity (0: not a fraction)
+};
+
+// Parses and validates every key; throws expanse::usage_error naming a bad key or value.
+Config parse_config(const std::string& text);
+
+// Options for one device once its capacity is known (resolves a fractional limit).
+AllocatorOptions options_for_device(const Config& c, size_t capacity);
+
+}  // namespace expanse::conf

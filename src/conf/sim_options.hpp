@@ -1,0 +1,35 @@
+// The software driver's options as EXPANSE_CONF sets them (the sim_* keys): a plain struct and its
+// parser, below every layer, so that the library checks a whole EXPANSE_CONF string when it reads
+// it (conf/config.hpp) without calling into the sim.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace expanse::conf {
+
+inline constexpr int kMaxSimDevices = 64;
+
+struct SimOptions {
+  int devices = 1;
+  size_t capacity = size_t{80} << 30;    // physical bytes per device
+  size_t granularity = size_t{2} << 20;  // minimum == recommended granularity
+  // false: physical pages have no host memory behind them and mapped VA stays PROT_NONE, so a
+  // trace peaking at 55 GiB replays on a small host (replay never touches the memory).
+  bool backing = true;
+  // cuDriverGetVersion's answer; cuGetProcAddress refuses variants newer than it.
+  int driver_version = 13000;
+  bool peer_access = true;  // cuDeviceCanAccessPeer between distinct devices
+  bool posix_fd = true;     // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+  bool rdma = true;         // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
+  // sim_rdma:wsl (implies rdma): WSL2's driver, which says attribute 110 is 1 and lets
+  // cuMemCreate/cuMemMap take gpuDirectRDMACapable, then fails cuMemSetAccess on such memory
+  // with CUDA_ERROR_UNKNOWN (pytorch/pytorch#192330).
+  bool rdma_wsl = false;
+};
+
+// Parses the sim_* keys of an EXPANSE_CONF string (other known keys are accepted and ignored;
+// unknown keys and bad values throw std::invalid_argument naming them).
+SimOptions parse_sim_options(const std::string& conf);
+
+}  // namespace expanse::conf

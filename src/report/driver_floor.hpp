@@ -1,0 +1,35 @@
+// The least modeled driver time any allocator that keeps invariant 1 exact must spend placing the
+// blocks a trace starts with (those live before recording began, allocated first and with no free
+// between them).
+//
+// Invariant 1 (docs/design.md, invariant 1) lets no handle lie under two live blocks, since a free
+// page under a handle that a live block also covers could never be unmapped. So every page wholly
+// inside a block is backed by handles of that block alone. A block of k >= 2 pages holds at least
+// k - 1 whole pages wherever it starts; none of them can be mapped before the block is allocated by
+// any handle that another block also needs, and the block must be accessible when allocate returns.
+// Hence at least one cuMemCreate, one cuMemMap and one cuMemSetAccess over k - 1 pages per such
+// block: with costs linear in bytes and a positive per-call part (the default table), one handle is
+// the cheapest way to back them, and the default table prices cuMemSetAccess per mapping, so
+// granting several blocks' handles at once saves nothing. A measured table (--cost-table) that is
+// not linear may make the figure a little high; it is then an estimate, not a bound.
+//
+// PyTorch's expandable segments are not bound by it: their 20 MiB pages lie under many blocks.
+// The figure says how much of a gap between expanse and them invariant 1 alone forces.
+#pragma once
+
+#include "driver/cost_model.hpp"
+#include "trace/trace.hpp"
+
+#include <cstdint>
+
+namespace expanse::replay {
+
+struct DriverFloor {
+  uint64_t blocks = 0;  // preexisting blocks of at least two pages
+  double seconds = 0;   // their least modeled driver time
+};
+
+DriverFloor preexisting_driver_floor(const trace::Trace& t, uint64_t page,
+                                     const driver::CostModel& costs);
+
+}  // namespace expanse::replay

@@ -1,0 +1,62 @@
+// Recorded allocation traces, read into one replayable form: a PyTorch memory snapshot pickle
+// (torch.cuda.memory._snapshot() / _dump_snapshot()) or an RMM log CSV
+// (Thread,Time,Action,Pointer,Size,Stream, as rmm::mr::logging_resource_adaptor writes it).
+#pragma once
+
+#include "trace/torch_recording.hpp"
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace expanse::trace {
+
+// Bad input. The message names the file and where in it: "f.csv:17: ..." (line),
+// "f.pickle: byte 1234 (device_traces[0][56]): ..." (byte offset and record).
+class input_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct TraceOp {
+  enum class Type : uint8_t { alloc, free };
+  Type type = Type::alloc;
+  uint32_t stream = 0;  // index into Trace::streams
+  uint32_t block = 0;   // block id, 0 .. Trace::blocks - 1; each block is allocated once
+  uint64_t size = 0;    // bytes (alloc only)
+};
+
+struct Trace {
+  std::string path;
+  std::string format;  // "pytorch-snapshot" or "rmm-csv"
+  int device = 0;      // snapshot: the device_traces entry replayed
+  int devices_with_events = 0;
+  uint64_t events = 0;       // records of the trace read (snapshot: events of that device;
+                             // CSV: data rows)
+  uint64_t allocs = 0;       // recorded allocations
+  uint64_t frees = 0;        // recorded frees (free_completed / free rows)
+  uint64_t preexisting = 0;  // blocks allocated before recording began (allocated first)
+  uint64_t preexisting_bytes = 0;
+  uint64_t failed_allocs = 0;  // RMM "allocate failure" rows (not replayed)
+  uint64_t peak_live_bytes = 0;
+  uint64_t live_at_end_bytes = 0;
+  std::optional<uint64_t> torch_peak_reserved_bytes;  // snapshots: PyTorch's own segments
+  std::vector<uint64_t> streams;  // the trace's stream ids (0 = the legacy default stream)
+  std::vector<TraceOp> ops;       // preexisting allocations first, then the trace in order
+  uint32_t blocks = 0;
+  // Snapshots: what PyTorch's caching allocator itself did (segments, their events, settings).
+  std::optional<TorchRecording> torch;
+};
+
+// Reads a trace file, choosing the format from its content. device: the snapshot device to
+// replay (-1: the one with the most allocations). Throws input_error.
+Trace load_trace(const std::string& path, int device = -1);
+
+// The same from bytes already read (path is only used in messages).
+Trace load_snapshot(const std::string& path, std::string_view data, int device = -1);
+Trace load_rmm_csv(const std::string& path, std::string_view data);
+
+}  // namespace expanse::trace
