@@ -1,7 +1,7 @@
 #include "report.hpp"
 
-#include "driver/cost_model.hpp"
-#include "driver/entry_points.hpp"
+#include "driver_api/cost_model.hpp"
+#include "driver_api/entry_points.hpp"
 #include "replay/driver_floor.hpp"
 #include "conf/env_config.hpp"
 

@@ -1,7 +1,7 @@
 // Per-device accounting. Every figure is exact (DESIGN.md invariant 5).
 #pragma once
 
-#include "driver/entry_points.hpp"
+#include "driver_api/entry_points.hpp"
 
 #include <array>
 #include <cstdint>

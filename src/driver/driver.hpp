@@ -1,7 +1,7 @@
 // Choosing and loading a driver: the real libcuda.so.1 or the in-process sim.
 #pragma once
 
-#include "driver/driver_table.hpp"
+#include "driver_api/driver_table.hpp"
 #include "sim/sim.hpp"
 
 #include <memory>

@@ -78,7 +78,7 @@ DriverTable traced_table(const DriverTable& real, TraceMode mode) {
   g_mode.store(static_cast<int>(mode), std::memory_order_relaxed);
   if (mode == TraceMode::off) return real;
   DriverTable out = real;
-#define EXPANSE_X(field, base, symbol, version, need)                                         \
+#define EXPANSE_X(field, base, symbol, version, need, ...)                                         \
   if (real.field != nullptr) {                                                               \
     using T = Traced<static_cast<int>(EntryPoint::field), decltype(&::symbol)>;              \
     T::real = real.field;                                                                    \

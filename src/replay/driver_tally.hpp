@@ -3,7 +3,7 @@
 // expanse are compared on one scale.
 #pragma once
 
-#include "driver/entry_points.hpp"
+#include "driver_api/entry_points.hpp"
 
 #include <cstdint>
 #include <map>

@@ -15,8 +15,8 @@
 #include <cstdint>
 #include <string>
 
-#include "driver/cost_model.hpp"
-#include "driver/driver_table.hpp"
+#include "driver_api/cost_model.hpp"
+#include "driver_api/driver_table.hpp"
 
 namespace expanse::sim {
 
@@ -68,7 +68,7 @@ void inject_failure(driver::EntryPoint e, uint64_t nth, CUresult code);
 void clear_injections();
 
 // --- modeled GPU driver time -----------------------------------------------------------------
-// A per-call and a per-byte part per entry point (driver/cost_model.hpp); ranges of several
+// A per-call and a per-byte part per entry point (driver_api/cost_model.hpp); ranges of several
 // mappings cost one call per mapping unless the table has a range curve; cuMemSetAccess counts
 // once per descriptor. Default: driver::CostModel::get_default() at start-up (the H100 table).
 using CostTable = driver::CostModel;

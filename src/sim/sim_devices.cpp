@@ -7,7 +7,7 @@
 // table, before any state changes.
 #include "sim/sim_call.hpp"
 #include "sim/sim_entry.hpp"
-#include "sim/sim_errors.hpp"
+#include "driver_api/error_names.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -128,7 +128,7 @@ bool device_attribute(int attr, int* value) {
 CUresult sim_get_error_name(CUresult error, const char** str) {
   return run(EntryPoint::get_error_name, false, [&](State&, CallSize&) {
     if (str == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    *str = detail::error_name(detail::bits(error));
+    *str = driver::error_name(detail::bits(error));
     return *str == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
   });
 }
@@ -136,7 +136,7 @@ CUresult sim_get_error_name(CUresult error, const char** str) {
 CUresult sim_get_error_string(CUresult error, const char** str) {
   return run(EntryPoint::get_error_string, false, [&](State&, CallSize&) {
     if (str == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    *str = detail::error_string(detail::bits(error));
+    *str = driver::error_string(detail::bits(error));
     return *str == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
   });
 }

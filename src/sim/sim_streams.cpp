@@ -4,7 +4,6 @@
 // calls themselves).
 #include "sim/sim_call.hpp"
 #include "sim/sim_entry.hpp"
-#include "sim/sim_errors.hpp"
 
 #include <algorithm>
 #include <climits>

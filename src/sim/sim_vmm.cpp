@@ -2,7 +2,6 @@
 // (spec: shared/reference/cuda_vmm_spec.md §5-§7, policies §10).
 #include "sim/sim_call.hpp"
 #include "sim/sim_entry.hpp"
-#include "sim/sim_errors.hpp"
 
 #include <algorithm>
 #include <climits>

@@ -2,7 +2,7 @@
 // They need a dlopen'ed library: sim_dlopen, and the real driver when there is one.
 #include "conformance.hpp"
 
-#include "driver/entry_points.hpp"
+#include "driver_api/entry_points.hpp"
 
 #include <vector>
 

@@ -1,4 +1,4 @@
-#include "driver/cost_model.hpp"
+#include "driver_api/cost_model.hpp"
 
 #include <algorithm>
 #include <atomic>

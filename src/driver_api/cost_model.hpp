@@ -11,7 +11,7 @@
 // `--cost-table FILE` reads one (its JSON form lives with the CLI, not in this layer).
 #pragma once
 
-#include "driver/entry_points.hpp"
+#include "driver_api/entry_points.hpp"
 
 #include <cstddef>
 #include <vector>
