@@ -121,6 +121,14 @@ bool device_attribute(int attr, int* value) {
   }
 }
 
+// The device of ctx (NULL: the calling thread's current context), or -1 when there is none or
+// its primary context is not retained.
+int context_device(State& s, CUcontext ctx) {
+  if (ctx == nullptr) return detail::current_device(s);
+  const Context* c = detail::find_context(s, ctx);
+  return c != nullptr && device(s, c->device).primary_refs > 0 ? c->device : -1;
+}
+
 }  // namespace
 
 // ---- errors, init, version ----------------------------------------------------------------------
@@ -295,24 +303,11 @@ CUresult sim_ctx_pop_current(CUcontext* ctx) {
   });
 }
 
-CUresult sim_ctx_synchronize() {
-  return run(EntryPoint::ctx_synchronize, true, [&](State& s, CallSize&) {
-    const int d = detail::current_device(s);
-    if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    if (const CUresult c = detail::context_sync_check(s, d); c != CUDA_SUCCESS) return c;
-    detail::complete_device(s, d);
-    return CUDA_SUCCESS;
-  });
-}
+CUresult sim_ctx_synchronize() { return sim_ctx_synchronize_v2(nullptr); }
 
 CUresult sim_ctx_synchronize_v2(CUcontext ctx) {
   return run(EntryPoint::ctx_synchronize, true, [&](State& s, CallSize&) {
-    int d = -1;
-    if (ctx == nullptr) {
-      d = detail::current_device(s);
-    } else if (Context* c = detail::find_context(s, ctx); c != nullptr) {
-      d = device(s, c->device).primary_refs > 0 ? c->device : -1;
-    }
+    const int d = context_device(s, ctx);
     if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (const CUresult c = detail::context_sync_check(s, d); c != CUDA_SUCCESS) return c;
     detail::complete_device(s, d);
@@ -376,25 +371,12 @@ CUresult sim_device_can_access_peer(int* can, CUdevice dev, CUdevice peer) {
   });
 }
 
-CUresult sim_ctx_get_device(CUdevice* dev) {
-  return run(EntryPoint::ctx_get_device, true, [&](State& s, CallSize&) {
-    if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    const int d = detail::current_device(s);
-    if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    *dev = detail::device_handle(d);
-    return CUDA_SUCCESS;
-  });
-}
+CUresult sim_ctx_get_device(CUdevice* dev) { return sim_ctx_get_device_v2(dev, nullptr); }
 
 CUresult sim_ctx_get_device_v2(CUdevice* dev, CUcontext ctx) {
   return run(EntryPoint::ctx_get_device, true, [&](State& s, CallSize&) {
     if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    int d = -1;
-    if (ctx == nullptr) {
-      d = detail::current_device(s);
-    } else if (Context* c = detail::find_context(s, ctx); c != nullptr) {
-      d = device(s, c->device).primary_refs > 0 ? c->device : -1;
-    }
+    const int d = context_device(s, ctx);
     if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
     *dev = detail::device_handle(d);
     return CUDA_SUCCESS;

@@ -79,30 +79,30 @@ CUresult lookup(const char* symbol, int cuda_version, cuuint64_t flags, const Va
   return CUDA_SUCCESS;
 }
 
-}  // namespace
-
-CUresult sim_get_proc_address(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
-                              CUdriverProcAddressQueryResult* status) {
-  if (pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+// lookup, answering with what `field` holds of the chosen variant (nullptr for none).
+template <class T>
+CUresult answer(const char* symbol, T Variant::*field, T* out, int cuda_version, cuuint64_t flags,
+                CUdriverProcAddressQueryResult* status) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const Variant* v = nullptr;
   CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
   const CUresult r = lookup(symbol, cuda_version, flags, &v, &st);
   if (r != CUDA_SUCCESS) return r;
-  *pfn = v != nullptr ? v->fn : nullptr;
+  *out = v != nullptr ? v->*field : nullptr;
   if (status != nullptr) *status = st;
   return CUDA_SUCCESS;
 }
 
+}  // namespace
+
+CUresult sim_get_proc_address(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
+                              CUdriverProcAddressQueryResult* status) {
+  return answer(symbol, &Variant::fn, pfn, cuda_version, flags, status);
+}
+
 CUresult sim_get_proc_symbol(const char* symbol, const char** exported, int cuda_version,
                              cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
-  if (exported == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  const Variant* v = nullptr;
-  CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-  const CUresult r = lookup(symbol, cuda_version, flags, &v, &st);
-  if (r != CUDA_SUCCESS) return r;
-  *exported = v != nullptr ? v->symbol : nullptr;
-  if (status != nullptr) *status = st;
-  return CUDA_SUCCESS;
+  return answer(symbol, &Variant::symbol, exported, cuda_version, flags, status);
 }
 
 // The CUDA 11.3 ABI had no status argument and reported a missing symbol (or variant) as

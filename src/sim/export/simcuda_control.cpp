@@ -25,17 +25,33 @@ std::mutex g_configure_mutex;
 thread_local std::string t_last_error;
 thread_local std::string t_description;
 
+// The entry point a control function names by base or exported name; false (with the reason in
+// expanse_sim_last_error) for any other name.
 bool entry_point_by_name(const char* name, driver::EntryPoint* out) {
-  if (name == nullptr) return false;
-  for (int i = 0; i < driver::kEntryPointCount; ++i) {
-    const auto e = static_cast<driver::EntryPoint>(i);
-    if (std::strcmp(driver::entry_point_name(e), name) == 0 ||
-        std::strcmp(driver::entry_point_symbol(e), name) == 0) {
-      *out = e;
-      return true;
+  if (name != nullptr) {
+    for (int i = 0; i < driver::kEntryPointCount; ++i) {
+      const auto e = static_cast<driver::EntryPoint>(i);
+      if (std::strcmp(driver::entry_point_name(e), name) == 0 ||
+          std::strcmp(driver::entry_point_symbol(e), name) == 0) {
+        *out = e;
+        return true;
+      }
     }
   }
+  t_last_error = std::string("not a driver entry point: ") + (name != nullptr ? name : "(null)");
   return false;
+}
+
+// Runs f; an exception it throws becomes expanse_sim_last_error's message (false).
+template <class F>
+bool reporting_failure(F&& f) {
+  try {
+    f();
+    return true;
+  } catch (const std::exception& e) {
+    t_last_error = e.what();
+    return false;
+  }
 }
 
 }  // namespace
@@ -61,17 +77,15 @@ void ensure_configured() noexcept {
 }  // namespace expanse::sim::exported
 
 using expanse::sim::exported::ensure_configured;
+using expanse::sim::exported::entry_point_by_name;
+using expanse::sim::exported::reporting_failure;
 namespace sim = expanse::sim;
 
 EXPANSE_EXPORT int expanse_sim_configure(const char* conf) {
   using namespace expanse::sim::exported;
   std::lock_guard<std::mutex> lock(g_configure_mutex);
-  try {
-    sim::reset(sim::sim_config_from_string(conf != nullptr ? conf : ""));
-  } catch (const std::exception& e) {
-    t_last_error = e.what();
-    return 1;
-  }
+  const std::string text = conf != nullptr ? conf : "";
+  if (!reporting_failure([&] { sim::reset(sim::sim_config_from_string(text)); })) return 1;
   g_configured.store(true, std::memory_order_release);
   t_last_error.clear();
   return 0;
@@ -84,11 +98,7 @@ EXPANSE_EXPORT const char* expanse_sim_last_error(void) {
 EXPANSE_EXPORT unsigned long long expanse_sim_call_count(const char* base_name) {
   ensure_configured();
   expanse::driver::EntryPoint e{};
-  if (!expanse::sim::exported::entry_point_by_name(base_name, &e)) {
-    expanse::sim::exported::t_last_error =
-        std::string("not a driver entry point: ") + (base_name != nullptr ? base_name : "(null)");
-    return 0;
-  }
+  if (!entry_point_by_name(base_name, &e)) return 0;
   return sim::call_count(e);
 }
 
@@ -106,18 +116,10 @@ EXPANSE_EXPORT int expanse_sim_inject_failure(const char* base_name, unsigned lo
                                               int code) {
   ensure_configured();
   expanse::driver::EntryPoint e{};
-  if (!expanse::sim::exported::entry_point_by_name(base_name, &e)) {
-    expanse::sim::exported::t_last_error =
-        std::string("not a driver entry point: ") + (base_name != nullptr ? base_name : "(null)");
-    return 1;
-  }
-  try {
-    sim::inject_failure(e, nth, static_cast<CUresult>(code));
-  } catch (const std::exception& ex) {
-    expanse::sim::exported::t_last_error = ex.what();
-    return 1;
-  }
-  return 0;
+  if (!entry_point_by_name(base_name, &e)) return 1;
+  const bool injected =
+      reporting_failure([&] { sim::inject_failure(e, nth, static_cast<CUresult>(code)); });
+  return injected ? 0 : 1;
 }
 
 EXPANSE_EXPORT void expanse_sim_clear_injections(void) {
@@ -132,20 +134,12 @@ EXPANSE_EXPORT double expanse_sim_modeled_seconds(void) {
 
 EXPANSE_EXPORT void expanse_sim_hold_stream(void* stream) {
   ensure_configured();
-  try {
-    sim::hold_stream(static_cast<CUstream>(stream));
-  } catch (const std::exception& e) {
-    expanse::sim::exported::t_last_error = e.what();
-  }
+  reporting_failure([&] { sim::hold_stream(static_cast<CUstream>(stream)); });
 }
 
 EXPANSE_EXPORT void expanse_sim_release_stream(void* stream) {
   ensure_configured();
-  try {
-    sim::release_stream(static_cast<CUstream>(stream));
-  } catch (const std::exception& e) {
-    expanse::sim::exported::t_last_error = e.what();
-  }
+  reporting_failure([&] { sim::release_stream(static_cast<CUstream>(stream)); });
 }
 
 EXPANSE_EXPORT void expanse_sim_release_all(void) {
