@@ -28,7 +28,7 @@ class CostModel {
   // Every entry point 0.5 us flat (bookkeeping calls), no range curves.
   CostModel();
 
-  // The H100 figures of reference/driver_costs.md (the built-in default).
+  // Published H100 80GB measurements (the built-in default; see cost_model.cpp).
   static const CostModel& h100() noexcept;
 
   // The process-wide model used by the allocator's stats and the sim unless told otherwise.

@@ -1,4 +1,4 @@
-// sim/ — a software CUDA driver for the VMM subset (see ../shared/reference/cuda_vmm_spec.md).
+// sim/ — a software CUDA driver for the VMM subset of the CUDA Driver API (cuda.h 13.0).
 //
 // Same C signatures and the same CUresult codes for the same misuse as the real driver. Physical
 // pages are host memory (one sparse memfd per device): a device pointer is readable and writable
@@ -124,7 +124,7 @@ std::string describe_outstanding();
 // Bytes of host RAM behind the physical pages of device (-1: all): what the memfds hold now.
 size_t resident_bytes(int device = -1);
 
-// Strictness switches for undocumented corners (spec §10). Defaults are the strict policies.
+// Strictness switches for corners the CUDA documentation leaves undefined. Defaults are strict.
 struct Policy {
   bool free_with_mappings_is_error = true;  // cuMemAddressFree over live mappings → INVALID_VALUE
   // One mapping over adjacent reservations: allowed, as the real driver does (measured on H100,

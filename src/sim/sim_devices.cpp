@@ -1,10 +1,9 @@
-// The sim's entry points for errors, cuInit, devices, contexts and cuMemGetInfo
-// (spec: shared/reference/cuda_vmm_spec.md §3-§4).
+// The sim's entry points for errors, cuInit, devices, contexts and cuMemGetInfo.
 //
 // Every entry point runs through detail::run (sim_call.hpp): under the global lock it counts the
 // call, fires an injected failure if one is due (no side effects), checks cuInit, runs its body
-// and, on success, adds its modeled cost. Misuse is answered with the code of the spec's misuse
-// table, before any state changes.
+// and, on success, adds its modeled cost. Misuse is answered with the code the CUDA Driver API
+// documents for it (or a real driver was seen to answer), before any state changes.
 #include "sim/sim_call.hpp"
 #include "sim/sim_entry.hpp"
 #include "driver_api/error_names.hpp"

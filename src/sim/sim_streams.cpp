@@ -1,7 +1,6 @@
-// The sim's streams and events: ordered work items, held streams, waits and synchronization
-// (spec: shared/reference/cuda_vmm_spec.md §4), their contexts, per-thread default streams,
-// recycled handle values, and what stream capture forbids (sim_capture.cpp has the capture
-// calls themselves).
+// The sim's streams and events: ordered work items, held streams, waits and synchronization,
+// their contexts, per-thread default streams, recycled handle values, and what stream capture
+// forbids (sim_capture.cpp has the capture calls themselves).
 #include "sim/sim_call.hpp"
 #include "sim/sim_entry.hpp"
 
