@@ -1,7 +1,6 @@
 #include "report.hpp"
 
-#include "driver_api/cost_model.hpp"
-#include "driver_api/entry_points.hpp"
+#include "driver/driver.hpp"
 #include "replay/driver_floor.hpp"
 #include "conf/env_config.hpp"
 

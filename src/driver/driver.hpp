@@ -1,10 +1,11 @@
 // The driver interface: choosing and loading a driver (the real libcuda.so.1 or the in-process
-// sim), and what was loaded. The one driver header that core/ and everything above it (tools'
-// `info` and `selftest`, bench/) use: it brings the driver vocabulary with it (the entry points
-// and the DriverTable of driver_api/), and names the sim's configuration as SimConfig, so that
-// no caller includes sim/ to load or describe a sim.
+// sim), and what was loaded. The one driver header that tools/ (`info`, `selftest`, the cost
+// table and report code) and bench/ use: it brings the driver vocabulary of driver_api/ with it
+// (the entry points, the DriverTable, the cost model), and names the sim's configuration as
+// SimConfig, so that no caller includes sim/ to load or describe a sim.
 #pragma once
 
+#include "driver_api/cost_model.hpp"
 #include "driver_api/driver_table.hpp"
 #include "sim/sim.hpp"
 
