@@ -182,8 +182,8 @@ TEST_P(Conformance, ReleaseWhileMappedIsDeferred) {
   EXPECT_CU(CUDA_SUCCESS, address_free(b.ptr, b.size));
 }
 
-// Sim policy (undefined behaviour on the real driver): releasing an unknown
-// or already-released handle is INVALID_VALUE.
+// Sim policy (undefined behaviour on the real driver): releasing an unknown or already-released
+// handle is INVALID_VALUE.
 TEST_P(Conformance, DoubleReleaseIsInvalidValue) {
   CONFORMANCE_REQUIRE_SIM("undefined behaviour on the real driver");
   const CUmemGenericAllocationHandle h = create(gran());

@@ -149,10 +149,10 @@ TEST_P(Conformance, ProcAddressResolvesEveryEntryPoint) {
   }
 }
 
-// cuGetProcAddress hands out the library's
-// exported functions — base name at a version resolves to the same pointer as dlsym of that
-// variant's exported symbol (cuMemGetInfo@3020 == dlsym("cuMemGetInfo_v2"), @2000 ==
-// dlsym("cuMemGetInfo")), so both lookup paths reach the same code.
+// libexpanse_simcuda.so's cuGetProcAddress hands out the library's exported functions — base
+// name at a version resolves to the same pointer as dlsym of that variant's exported symbol
+// (cuMemGetInfo@3020 == dlsym("cuMemGetInfo_v2"), @2000 == dlsym("cuMemGetInfo")), so both
+// lookup paths reach the same code.
 TEST_P(Conformance, ProcAddressReturnsTheExportedSymbols) {
   CONFORMANCE_REQUIRE_LIBRARY();
   CONFORMANCE_REQUIRE_SIM("the real driver may hand out internal entry points");
