@@ -7,7 +7,6 @@
 //   stream identity (cuStreamGetId per call) costs there; the sim's version takes a global lock)
 #include "core/device_allocator.hpp"
 #include "driver/driver.hpp"
-#include "sim/sim.hpp"
 
 #include <benchmark/benchmark.h>
 
@@ -32,7 +31,7 @@ struct Fixture {
     if (conf != nullptr && *conf != '\0') {
       drv = expanse::driver::select_driver(conf, /*allow_sim_fallback=*/false);
     } else {
-      expanse::sim::SimConfig cfg;
+      expanse::driver::SimConfig cfg;
       cfg.capacity = size_t{80} << 30;
       cfg.backing = false;  // the hot path never reaches the driver; no host memory needed
       drv = expanse::driver::load_sim(cfg, "benchmark");

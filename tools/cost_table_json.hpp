@@ -12,7 +12,7 @@
 // Entry points the file leaves out keep the built-in (H100) figures.
 #pragma once
 
-#include "driver/cost_model.hpp"
+#include "driver/driver.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -4,7 +4,6 @@
 #include "driver/driver.hpp"
 #include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
-#include "sim/sim.hpp"
 
 #include <algorithm>
 #include <sstream>
@@ -67,8 +66,8 @@ Json gather_info(const std::string& conf_text) {
   int version = 0;
   drv->check(t.driver_get_version(&version), EntryPoint::driver_get_version);
   d["version"] = version_text(version);
-  if (sim) {
-    const sim::SimConfig& c = sim::config();
+  if (const driver::SimConfig* sim_config = drv->sim_config(); sim_config != nullptr) {
+    const driver::SimConfig& c = *sim_config;
     d["sim"] = {{"devices", c.devices},
                 {"capacity_bytes", c.capacity},
                 {"granularity_bytes", c.granularity},

@@ -1,7 +1,6 @@
 #include "report.hpp"
 
-#include "driver/cost_model.hpp"
-#include "driver/entry_points.hpp"
+#include "driver/driver.hpp"
 #include "report/driver_floor.hpp"
 #include "conf/env_config.hpp"
 

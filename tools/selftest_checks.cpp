@@ -1,5 +1,5 @@
-// The rules expanse relies on, each checked at run time on the driver in use (see
-// ../shared/reference/cuda_vmm_spec.md for where each comes from). Only documented or observed
+// The rules expanse relies on, each checked at run time on the driver in use (each is documented
+// in cuda.h's Virtual Memory Management section or was observed on a real driver). Only that
 // behaviour is checked, and no check provokes a sticky error (no access to unmapped memory), so
 // a failed check never poisons the ones after it.
 #include "selftest_checks.hpp"

@@ -6,7 +6,7 @@
 #pragma once
 
 #include "core/stats.hpp"
-#include "driver/cost_model.hpp"
+#include "driver_api/cost_model.hpp"
 #include "driver/driver.hpp"
 
 #include <cstddef>

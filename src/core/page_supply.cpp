@@ -1,7 +1,7 @@
 // Where physical pages come from and where they go: the pool, new handles, pages reclaimed from
 // under free memory (compaction in VA space), and giving memory back to the driver.
 #include "core/allocator_internal.hpp"
-#include "driver/cost_model.hpp"
+#include "driver_api/cost_model.hpp"
 #include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 

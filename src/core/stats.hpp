@@ -1,7 +1,7 @@
 // Per-device accounting. Every figure is exact (docs/design.md, invariant 5).
 #pragma once
 
-#include "driver/entry_points.hpp"
+#include "driver_api/entry_points.hpp"
 #include "expanse/stats_fields.h"
 
 #include <array>

@@ -1,10 +1,16 @@
-// Choosing and loading a driver: the real libcuda.so.1 or the in-process sim.
+// The driver interface: choosing and loading a driver (the real libcuda.so.1 or the in-process
+// sim), and what was loaded. The one driver header that tools/ (`info`, `selftest`, the cost
+// table and report code) and bench/ use: it brings the driver vocabulary of driver_api/ with it
+// (the entry points, the DriverTable, the cost model), and names the sim's configuration as
+// SimConfig, so that no caller includes sim/ to load or describe a sim.
 #pragma once
 
-#include "driver/driver_table.hpp"
+#include "driver_api/cost_model.hpp"
+#include "driver_api/driver_table.hpp"
 #include "sim/sim.hpp"
 
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -12,6 +18,9 @@
 namespace expanse::driver {
 
 enum class DriverKind { cuda, sim };
+
+// The sim's devices and behaviour (sim/sim.hpp): what load_sim takes and sim_config() reports.
+using SimConfig = sim::SimConfig;
 
 // A failing driver call: names the entry point and the CUresult's name and description.
 class driver_error : public std::runtime_error {
@@ -27,12 +36,13 @@ class driver_error : public std::runtime_error {
 class LoadedDriver {
  public:
   LoadedDriver(DriverTable table, DriverKind kind, std::string description, void* dl_handle,
-               int driver_version = 0)
+               int driver_version = 0, std::optional<SimConfig> sim = std::nullopt)
       : table_(table),
         kind_(kind),
         description_(std::move(description)),
         dl_(dl_handle),
-        driver_version_(driver_version) {}
+        driver_version_(driver_version),
+        sim_(std::move(sim)) {}
   ~LoadedDriver();
   LoadedDriver(const LoadedDriver&) = delete;
   LoadedDriver& operator=(const LoadedDriver&) = delete;
@@ -43,6 +53,8 @@ class LoadedDriver {
   const std::string& description() const noexcept { return description_; }
   // cuDriverGetVersion's answer (12020 for a 12.2 driver); 0 if it could not be read.
   int driver_version() const noexcept { return driver_version_; }
+  // The configuration the in-process sim was loaded with; nullptr for any other driver.
+  const SimConfig* sim_config() const noexcept { return sim_ ? &*sim_ : nullptr; }
 
   // Whether entry point e was loaded. Required ones always are; an optional one is null where
   // the driver is older than the entry point's version or does not provide it.
@@ -61,6 +73,7 @@ class LoadedDriver {
   std::string description_;
   void* dl_;
   int driver_version_;
+  std::optional<SimConfig> sim_;
 };
 
 // Opens a libcuda-compatible library with dlopen (default "libcuda.so.1"), resolves every entry
@@ -73,7 +86,7 @@ std::unique_ptr<LoadedDriver> load_cuda(const std::string& library = "libcuda.so
 // Resets the in-process sim with cfg and returns its table (cuInit already called). As for a
 // real driver, optional entry points newer than cfg.driver_version are left null, and one
 // older than a required entry point throws driver_error.
-std::unique_ptr<LoadedDriver> load_sim(const sim::SimConfig& cfg, const std::string& why);
+std::unique_ptr<LoadedDriver> load_sim(const SimConfig& cfg, const std::string& why);
 
 // EXPANSE_CONF's driver selection. mode: "auto" | "cuda" | "sim". With "auto", a working
 // libcuda.so.1 is used; otherwise, if allow_sim_fallback, the sim (the CLI's choice, which it

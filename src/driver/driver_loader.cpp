@@ -99,7 +99,7 @@ std::unique_ptr<LoadedDriver> load_cuda(const std::string& library) {
       dl, driver_version);
 }
 
-std::unique_ptr<LoadedDriver> load_sim(const sim::SimConfig& cfg, const std::string& why) {
+std::unique_ptr<LoadedDriver> load_sim(const SimConfig& cfg, const std::string& why) {
   // The sim's table has everything; a driver of cfg.driver_version would lack what is newer.
   const TraceMode trace = trace_mode_from_env();
   DriverTable table = sim::table();
@@ -127,10 +127,10 @@ std::unique_ptr<LoadedDriver> load_sim(const sim::SimConfig& cfg, const std::str
                      (cfg.devices == 1 ? "" : "s") + " x " + conf::format_size(cfg.capacity) +
                      ", granularity " + conf::format_size(cfg.granularity);
   if (!cfg.backing) desc += ", no host memory behind pages";
-  if (cfg.driver_version != sim::SimConfig{}.driver_version)
+  if (cfg.driver_version != SimConfig{}.driver_version)
     desc += ", driver " + version_text(cfg.driver_version);
   return std::make_unique<LoadedDriver>(traced_table(table, trace), DriverKind::sim, desc, nullptr,
-                                        cfg.driver_version);
+                                        cfg.driver_version, cfg);
 }
 
 std::unique_ptr<LoadedDriver> select_driver(const std::string& conf, bool allow_sim_fallback) {

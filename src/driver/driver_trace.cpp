@@ -78,11 +78,11 @@ DriverTable traced_table(const DriverTable& real, TraceMode mode) {
   g_mode.store(static_cast<int>(mode), std::memory_order_relaxed);
   if (mode == TraceMode::off) return real;
   DriverTable out = real;
-#define EXPANSE_X(field, base, symbol, version, need)                                         \
-  if (real.field != nullptr) {                                                               \
-    using T = Traced<static_cast<int>(EntryPoint::field), decltype(&::symbol)>;              \
-    T::real = real.field;                                                                    \
-    out.field = &T::call;                                                                    \
+#define EXPANSE_X(field, base, symbol, ...)                                                 \
+  if (real.field != nullptr) {                                                              \
+    using T = Traced<static_cast<int>(EntryPoint::field), decltype(&::symbol)>;             \
+    T::real = real.field;                                                                   \
+    out.field = &T::call;                                                                   \
   }
   EXPANSE_DRIVER_ENTRY_POINTS(EXPANSE_X)
 #undef EXPANSE_X

@@ -7,7 +7,7 @@
 //   EXPANSE_DRIVER_TRACE=all      every call, written before it is made (a crash names its call)
 #pragma once
 
-#include "driver/driver_table.hpp"
+#include "driver_api/driver_table.hpp"
 
 namespace expanse::driver {
 

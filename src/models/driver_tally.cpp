@@ -1,6 +1,6 @@
 #include "models/driver_tally.hpp"
 
-#include "driver/cost_model.hpp"
+#include "driver_api/cost_model.hpp"
 
 namespace expanse::replay {
 

@@ -1,9 +1,9 @@
 // Driver calls a model of an allocator would have made, counted by name and priced with
-// expanse's driver cost model (src/driver/cost_model.hpp), so that PyTorch's allocators and
+// expanse's driver cost model (src/driver_api/cost_model.hpp), so that PyTorch's allocators and
 // expanse are compared on one scale.
 #pragma once
 
-#include "driver/entry_points.hpp"
+#include "driver_api/entry_points.hpp"
 
 #include <cstdint>
 #include <map>

@@ -17,7 +17,7 @@
 // The figure says how much of a gap between expanse and them invariant 1 alone forces.
 #pragma once
 
-#include "driver/cost_model.hpp"
+#include "driver_api/cost_model.hpp"
 #include "trace/trace.hpp"
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// sim/ — a software CUDA driver for the VMM subset (see ../shared/reference/cuda_vmm_spec.md).
+// sim/ — a software CUDA driver for the VMM subset of the CUDA Driver API (cuda.h 13.0).
 //
 // Same C signatures and the same CUresult codes for the same misuse as the real driver. Physical
 // pages are host memory (one sparse memfd per device): a device pointer is readable and writable
@@ -15,32 +15,19 @@
 #include <cstdint>
 #include <string>
 
-#include "driver/cost_model.hpp"
-#include "driver/driver_table.hpp"
+#include "conf/sim_options.hpp"
+#include "driver_api/cost_model.hpp"
+#include "driver_api/driver_table.hpp"
 
 namespace expanse::sim {
 
-struct SimConfig {
-  int devices = 1;
-  size_t capacity = size_t{80} << 30;    // physical bytes per device
-  size_t granularity = size_t{2} << 20;  // minimum == recommended granularity
-  // false: physical pages have no host memory behind them and mapped VA stays PROT_NONE, so a
-  // trace peaking at 55 GiB replays on a small host (replay never touches the memory).
-  bool backing = true;
-  // cuDriverGetVersion's answer; cuGetProcAddress refuses variants newer than it.
-  int driver_version = 13000;
-  bool peer_access = true;  // cuDeviceCanAccessPeer between distinct devices
-  bool posix_fd = true;     // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
-  bool rdma = true;         // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
-  // sim_rdma:wsl (implies rdma): WSL2's driver, which says attribute 110 is 1 and lets
-  // cuMemCreate/cuMemMap take gpuDirectRDMACapable, then fails cuMemSetAccess on such memory
-  // with CUDA_ERROR_UNKNOWN (pytorch/pytorch#192330).
-  bool rdma_wsl = false;
-};
+// The sim's configuration: the sim_* keys of EXPANSE_CONF (conf/sim_options.hpp parses them).
+using SimConfig = conf::SimOptions;
 
-// Parses the sim_* keys of an EXPANSE_CONF string (other known keys are accepted and ignored;
-// unknown keys and bad values throw std::invalid_argument naming them).
-SimConfig sim_config_from_string(const std::string& conf);
+// Parses the sim_* keys of an EXPANSE_CONF string (conf::parse_sim_options).
+inline SimConfig sim_config_from_string(const std::string& conf) {
+  return conf::parse_sim_options(conf);
+}
 
 // Replaces the whole sim state with a fresh one using cfg. Everything outstanding (reservations,
 // handles, mappings, contexts, streams, events, counters, injections) is dropped, and the policy
@@ -68,7 +55,7 @@ void inject_failure(driver::EntryPoint e, uint64_t nth, CUresult code);
 void clear_injections();
 
 // --- modeled GPU driver time -----------------------------------------------------------------
-// A per-call and a per-byte part per entry point (driver/cost_model.hpp); ranges of several
+// A per-call and a per-byte part per entry point (driver_api/cost_model.hpp); ranges of several
 // mappings cost one call per mapping unless the table has a range curve; cuMemSetAccess counts
 // once per descriptor. Default: driver::CostModel::get_default() at start-up (the H100 table).
 using CostTable = driver::CostModel;
@@ -124,7 +111,7 @@ std::string describe_outstanding();
 // Bytes of host RAM behind the physical pages of device (-1: all): what the memfds hold now.
 size_t resident_bytes(int device = -1);
 
-// Strictness switches for undocumented corners (spec §10). Defaults are the strict policies.
+// Strictness switches for corners the CUDA documentation leaves undefined. Defaults are strict.
 struct Policy {
   bool free_with_mappings_is_error = true;  // cuMemAddressFree over live mappings → INVALID_VALUE
   // One mapping over adjacent reservations: allowed, as the real driver does (measured on H100,

@@ -1,13 +1,12 @@
-// The sim's entry points for errors, cuInit, devices, contexts and cuMemGetInfo
-// (spec: shared/reference/cuda_vmm_spec.md §3-§4).
+// The sim's entry points for errors, cuInit, devices, contexts and cuMemGetInfo.
 //
 // Every entry point runs through detail::run (sim_call.hpp): under the global lock it counts the
 // call, fires an injected failure if one is due (no side effects), checks cuInit, runs its body
-// and, on success, adds its modeled cost. Misuse is answered with the code of the spec's misuse
-// table, before any state changes.
+// and, on success, adds its modeled cost. Misuse is answered with the code the CUDA Driver API
+// documents for it (or a real driver was seen to answer), before any state changes.
 #include "sim/sim_call.hpp"
 #include "sim/sim_entry.hpp"
-#include "sim/sim_errors.hpp"
+#include "driver_api/error_names.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -121,6 +120,14 @@ bool device_attribute(int attr, int* value) {
   }
 }
 
+// The device of ctx (NULL: the calling thread's current context), or -1 when there is none or
+// its primary context is not retained.
+int context_device(State& s, CUcontext ctx) {
+  if (ctx == nullptr) return detail::current_device(s);
+  const Context* c = detail::find_context(s, ctx);
+  return c != nullptr && device(s, c->device).primary_refs > 0 ? c->device : -1;
+}
+
 }  // namespace
 
 // ---- errors, init, version ----------------------------------------------------------------------
@@ -128,7 +135,7 @@ bool device_attribute(int attr, int* value) {
 CUresult sim_get_error_name(CUresult error, const char** str) {
   return run(EntryPoint::get_error_name, false, [&](State&, CallSize&) {
     if (str == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    *str = detail::error_name(detail::bits(error));
+    *str = driver::error_name(detail::bits(error));
     return *str == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
   });
 }
@@ -136,7 +143,7 @@ CUresult sim_get_error_name(CUresult error, const char** str) {
 CUresult sim_get_error_string(CUresult error, const char** str) {
   return run(EntryPoint::get_error_string, false, [&](State&, CallSize&) {
     if (str == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    *str = detail::error_string(detail::bits(error));
+    *str = driver::error_string(detail::bits(error));
     return *str == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
   });
 }
@@ -295,24 +302,11 @@ CUresult sim_ctx_pop_current(CUcontext* ctx) {
   });
 }
 
-CUresult sim_ctx_synchronize() {
-  return run(EntryPoint::ctx_synchronize, true, [&](State& s, CallSize&) {
-    const int d = detail::current_device(s);
-    if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    if (const CUresult c = detail::context_sync_check(s, d); c != CUDA_SUCCESS) return c;
-    detail::complete_device(s, d);
-    return CUDA_SUCCESS;
-  });
-}
+CUresult sim_ctx_synchronize() { return sim_ctx_synchronize_v2(nullptr); }
 
 CUresult sim_ctx_synchronize_v2(CUcontext ctx) {
   return run(EntryPoint::ctx_synchronize, true, [&](State& s, CallSize&) {
-    int d = -1;
-    if (ctx == nullptr) {
-      d = detail::current_device(s);
-    } else if (Context* c = detail::find_context(s, ctx); c != nullptr) {
-      d = device(s, c->device).primary_refs > 0 ? c->device : -1;
-    }
+    const int d = context_device(s, ctx);
     if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (const CUresult c = detail::context_sync_check(s, d); c != CUDA_SUCCESS) return c;
     detail::complete_device(s, d);
@@ -376,25 +370,12 @@ CUresult sim_device_can_access_peer(int* can, CUdevice dev, CUdevice peer) {
   });
 }
 
-CUresult sim_ctx_get_device(CUdevice* dev) {
-  return run(EntryPoint::ctx_get_device, true, [&](State& s, CallSize&) {
-    if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    const int d = detail::current_device(s);
-    if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    *dev = detail::device_handle(d);
-    return CUDA_SUCCESS;
-  });
-}
+CUresult sim_ctx_get_device(CUdevice* dev) { return sim_ctx_get_device_v2(dev, nullptr); }
 
 CUresult sim_ctx_get_device_v2(CUdevice* dev, CUcontext ctx) {
   return run(EntryPoint::ctx_get_device, true, [&](State& s, CallSize&) {
     if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    int d = -1;
-    if (ctx == nullptr) {
-      d = detail::current_device(s);
-    } else if (Context* c = detail::find_context(s, ctx); c != nullptr) {
-      d = device(s, c->device).primary_refs > 0 ? c->device : -1;
-    }
+    const int d = context_device(s, ctx);
     if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
     *dev = detail::device_handle(d);
     return CUDA_SUCCESS;

@@ -21,7 +21,7 @@
 
 namespace expanse::sim::detail {
 
-constexpr int kMaxDevices = 64;
+constexpr int kMaxDevices = conf::kMaxSimDevices;
 
 // The value of an enum-typed argument as the caller passed it. A C caller may pass any int, which
 // C++ may not even load as the enum (UBSan: "not a valid value for type"), so read its bits.

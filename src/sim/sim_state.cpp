@@ -252,50 +252,6 @@ using detail::state_mutex;
 
 // ---- configuration ------------------------------------------------------------------------------
 
-SimConfig sim_config_from_string(const std::string& conf) {
-  SimConfig cfg;
-  bool capacity_given = false;
-  for (const auto& [key, value] : conf::parse_pairs(conf)) {
-    if (key == "sim_devices") {
-      cfg.devices = static_cast<int>(conf::parse_int_for(key, value, 0, detail::kMaxDevices));
-    } else if (key == "sim_capacity") {
-      cfg.capacity = conf::parse_size_for(key, value);
-      if (cfg.capacity == 0) {
-        throw std::invalid_argument("EXPANSE_CONF: key 'sim_capacity': '" + value +
-                                    "' must be more than 0");
-      }
-      capacity_given = true;
-    } else if (key == "sim_granularity") {
-      cfg.granularity = conf::parse_size_for(key, value);
-      if (!detail::is_power_of_two(cfg.granularity) || cfg.granularity < 4096 ||
-          cfg.granularity < detail::host_page_size()) {
-        throw std::invalid_argument("EXPANSE_CONF: key 'sim_granularity': '" + value +
-                                    "' is not a power of two of at least 4096 bytes (and the "
-                                    "host page size)");
-      }
-    } else if (key == "sim_backing") {
-      cfg.backing = conf::parse_bool_for(key, value);
-    } else if (key == "sim_driver_version") {
-      // CUDA 10.2 (VMM's first release) .. 99.9, as 1000 * major + 10 * minor.
-      cfg.driver_version = static_cast<int>(conf::parse_int_for(key, value, 10020, 99990));
-    } else if (key == "sim_peer_access") {
-      cfg.peer_access = conf::parse_bool_for(key, value);
-    } else if (key == "sim_posix_fd") {
-      cfg.posix_fd = conf::parse_bool_for(key, value);
-    } else if (key == "sim_rdma") {
-      cfg.rdma_wsl = value == "wsl";
-      cfg.rdma = cfg.rdma_wsl || conf::parse_bool_for(key, value);
-    }
-  }
-  if (cfg.capacity % cfg.granularity != 0) {
-    throw std::invalid_argument(
-        std::string("EXPANSE_CONF: key 'sim_capacity': ") + conf::format_size(cfg.capacity) +
-        (capacity_given ? "" : " (the default)") + " is not a multiple of sim_granularity " +
-        conf::format_size(cfg.granularity));
-  }
-  return cfg;
-}
-
 void reset(const SimConfig& cfg) {
   detail::validate(cfg);
   std::lock_guard<std::mutex> lock(state_mutex());

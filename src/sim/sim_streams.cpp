@@ -1,10 +1,8 @@
-// The sim's streams and events: ordered work items, held streams, waits and synchronization
-// (spec: shared/reference/cuda_vmm_spec.md §4), their contexts, per-thread default streams,
-// recycled handle values, and what stream capture forbids (sim_capture.cpp has the capture
-// calls themselves).
+// The sim's streams and events: ordered work items, held streams, waits and synchronization,
+// their contexts, per-thread default streams, recycled handle values, and what stream capture
+// forbids (sim_capture.cpp has the capture calls themselves).
 #include "sim/sim_call.hpp"
 #include "sim/sim_entry.hpp"
-#include "sim/sim_errors.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -49,6 +47,19 @@ CUresult stream_arg(State& s, CUstream h, Stream** out) {
   return CUDA_SUCCESS;
 }
 
+// An entry point about one stream: the stream is resolved first, then the caller's answer
+// pointers are checked (answers_given: none of them null), then body(s, stream) runs.
+template <class Body>
+CUresult on_stream(EntryPoint e, CUstream stream, bool answers_given, Body&& body) {
+  return run(e, true, [&](State& s, CallSize&) {
+    Stream* st = nullptr;
+    const CUresult r = stream_arg(s, stream, &st);
+    if (r != CUDA_SUCCESS) return r;
+    if (!answers_given) return CUDA_ERROR_INVALID_VALUE;
+    return body(s, *st);
+  });
+}
+
 // Resolves an event argument (nullptr: *code says why).
 Event* event_arg(State& s, CUevent h, CUresult* code) {
   const auto raw = reinterpret_cast<uintptr_t>(h);
@@ -57,6 +68,14 @@ Event* event_arg(State& s, CUevent h, CUresult* code) {
   auto dead = s.dead_events.find(raw);
   *code = dead != s.dead_events.end() ? dead->second : CUDA_ERROR_INVALID_HANDLE;
   return nullptr;
+}
+
+// Resolves an event argument, then a stream argument.
+CUresult event_and_stream_args(State& s, CUevent event, CUstream stream, Event** e, Stream** st) {
+  CUresult code = CUDA_SUCCESS;
+  *e = event_arg(s, event, &code);
+  if (*e == nullptr) return code;
+  return stream_arg(s, stream, st);
 }
 
 // Work for a stream: queued as a work item, or captured when the stream is capturing. The
@@ -199,26 +218,18 @@ CUresult sim_stream_destroy(CUstream stream) {
 }
 
 CUresult sim_stream_synchronize(CUstream stream) {
-  return run(EntryPoint::stream_synchronize, true, [&](State& s, CallSize&) {
-    Stream* st = nullptr;
-    CUresult r = stream_arg(s, stream, &st);
-    if (r != CUDA_SUCCESS) return r;
-    r = host_wait_check(s, *st);
-    if (r != CUDA_SUCCESS) return r;
-    detail::force_complete(s, *st, st->last_seq());
+  return on_stream(EntryPoint::stream_synchronize, stream, true, [&](State& s, Stream& st) {
+    if (const CUresult r = host_wait_check(s, st); r != CUDA_SUCCESS) return r;
+    detail::force_complete(s, st, st.last_seq());
     detail::progress(s);
     return CUDA_SUCCESS;
   });
 }
 
 CUresult sim_stream_query(CUstream stream) {
-  return run(EntryPoint::stream_query, true, [&](State& s, CallSize&) {
-    Stream* st = nullptr;
-    CUresult r = stream_arg(s, stream, &st);
-    if (r != CUDA_SUCCESS) return r;
-    r = host_wait_check(s, *st);
-    if (r != CUDA_SUCCESS) return r;
-    return st->pending.empty() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+  return on_stream(EntryPoint::stream_query, stream, true, [&](State& s, Stream& st) {
+    if (const CUresult r = host_wait_check(s, st); r != CUDA_SUCCESS) return r;
+    return st.pending.empty() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
   });
 }
 
@@ -226,11 +237,9 @@ CUresult sim_stream_wait_event(CUstream stream, CUevent event, unsigned int flag
   return run(EntryPoint::stream_wait_event, true, [&](State& s, CallSize&) {
     if ((flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL)) != 0)
       return CUDA_ERROR_INVALID_VALUE;
-    CUresult code = CUDA_SUCCESS;
-    Event* e = event_arg(s, event, &code);
-    if (e == nullptr) return code;
+    Event* e = nullptr;
     Stream* st = nullptr;
-    const CUresult r = stream_arg(s, stream, &st);
+    const CUresult r = event_and_stream_args(s, event, stream, &e, &st);
     if (r != CUDA_SUCCESS) return r;
     return detail::wait_event(s, *st, *e, flags);
   });
@@ -319,11 +328,9 @@ CUresult sim_event_destroy(CUevent event) {
 
 CUresult sim_event_record(CUevent event, CUstream stream) {
   return run(EntryPoint::event_record, true, [&](State& s, CallSize&) {
-    CUresult code = CUDA_SUCCESS;
-    Event* e = event_arg(s, event, &code);
-    if (e == nullptr) return code;
+    Event* e = nullptr;
     Stream* st = nullptr;
-    const CUresult r = stream_arg(s, stream, &st);
+    const CUresult r = event_and_stream_args(s, event, stream, &e, &st);
     if (r != CUDA_SUCCESS) return r;
     if (st->device != e->device) return CUDA_ERROR_INVALID_HANDLE;  // different contexts
     return detail::record_event(s, *st, *e);
@@ -348,8 +355,13 @@ CUresult detail::record_event(State& s, Stream& st, Event& e) {
   return CUDA_SUCCESS;
 }
 
-CUresult sim_event_query(CUevent event) {
-  return run(EntryPoint::event_query, true, [&](State& s, CallSize&) {
+namespace {
+
+// A host wait on an event (query, synchronize): the event is resolved, must not be a captured
+// one, and the call must be safe in the capture modes in force; then body(s, event) runs.
+template <class Body>
+CUresult host_wait_on_event(EntryPoint ep, CUevent event, Body&& body) {
+  return run(ep, true, [&](State& s, CallSize&) {
     CUresult code = CUDA_SUCCESS;
     Event* e = event_arg(s, event, &code);
     if (e == nullptr) return code;
@@ -357,21 +369,22 @@ CUresult sim_event_query(CUevent event) {
     if (r != CUDA_SUCCESS) return r;
     r = detail::check_unsafe_call(s);
     if (r != CUDA_SUCCESS) return r;
-    return e->complete() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    return body(s, *e);
+  });
+}
+
+}  // namespace
+
+CUresult sim_event_query(CUevent event) {
+  return host_wait_on_event(EntryPoint::event_query, event, [&](State&, Event& e) {
+    return e.complete() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
   });
 }
 
 CUresult sim_event_synchronize(CUevent event) {
-  return run(EntryPoint::event_synchronize, true, [&](State& s, CallSize&) {
-    CUresult code = CUDA_SUCCESS;
-    Event* e = event_arg(s, event, &code);
-    if (e == nullptr) return code;
-    CUresult r = captured_event_check(*e);
-    if (r != CUDA_SUCCESS) return r;
-    r = detail::check_unsafe_call(s);
-    if (r != CUDA_SUCCESS) return r;
-    if (e->stream) {
-      detail::force_complete(s, *e->stream, e->seq);
+  return host_wait_on_event(EntryPoint::event_synchronize, event, [&](State& s, Event& e) {
+    if (e.stream) {
+      detail::force_complete(s, *e.stream, e.seq);
       detail::progress(s);
     }
     return CUDA_SUCCESS;
@@ -381,23 +394,16 @@ CUresult sim_event_synchronize(CUevent event) {
 // ---- stream properties --------------------------------------------------------------------------
 
 CUresult sim_stream_get_ctx(CUstream stream, CUcontext* ctx) {
-  return run(EntryPoint::stream_get_ctx, true, [&](State& s, CallSize&) {
-    Stream* st = nullptr;
-    const CUresult r = stream_arg(s, stream, &st);
-    if (r != CUDA_SUCCESS) return r;
-    if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    *ctx = reinterpret_cast<CUcontext>(&device(s, st->device).ctx);
+  return on_stream(EntryPoint::stream_get_ctx, stream, ctx != nullptr, [&](State& s, Stream& st) {
+    *ctx = reinterpret_cast<CUcontext>(&device(s, st.device).ctx);
     return CUDA_SUCCESS;
   });
 }
 
 CUresult sim_stream_get_ctx_v2(CUstream stream, CUcontext* ctx, CUgreenCtx* green) {
-  return run(EntryPoint::stream_get_ctx, true, [&](State& s, CallSize&) {
-    Stream* st = nullptr;
-    const CUresult r = stream_arg(s, stream, &st);
-    if (r != CUDA_SUCCESS) return r;
-    if (ctx == nullptr || green == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    *ctx = reinterpret_cast<CUcontext>(&device(s, st->device).ctx);
+  const bool given = ctx != nullptr && green != nullptr;
+  return on_stream(EntryPoint::stream_get_ctx, stream, given, [&](State& s, Stream& st) {
+    *ctx = reinterpret_cast<CUcontext>(&device(s, st.device).ctx);
     *green = nullptr;  // the sim has no green contexts
     return CUDA_SUCCESS;
   });
@@ -405,42 +411,31 @@ CUresult sim_stream_get_ctx_v2(CUstream stream, CUcontext* ctx, CUgreenCtx* gree
 
 CUresult sim_stream_get_id(CUstream stream, unsigned long long* id) {
   if (detail::fast_stream_id(stream, id)) return CUDA_SUCCESS;  // sim_fast_path.cpp
-  return run(EntryPoint::stream_get_id, true, [&](State& s, CallSize&) {
-    Stream* st = nullptr;
-    const CUresult r = stream_arg(s, stream, &st);
-    if (r != CUDA_SUCCESS) return r;
-    if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (st->capture != nullptr) {
+  return on_stream(EntryPoint::stream_get_id, stream, id != nullptr, [&](State&, Stream& st) {
+    if (st.capture != nullptr) {
       // Measured (H100, driver 580.159.04, torch.cuda.graph in every capture_error_mode):
       // cuStreamGetId of a capturing stream is CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the
       // capture is invalidated. cuStreamIsCapturing / GetCaptureInfo are the legal questions.
-      detail::invalidate(*st->capture);
+      detail::invalidate(*st.capture);
       return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
-    *id = st->id;
-    detail::remember_stream_id(stream, st->id);
+    *id = st.id;
+    detail::remember_stream_id(stream, st.id);
     return CUDA_SUCCESS;
   });
 }
 
 CUresult sim_stream_get_flags(CUstream stream, unsigned int* flags) {
-  return run(EntryPoint::stream_get_flags, true, [&](State& s, CallSize&) {
-    Stream* st = nullptr;
-    const CUresult r = stream_arg(s, stream, &st);
-    if (r != CUDA_SUCCESS) return r;
-    if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    *flags = st->flags;
+  const bool given = flags != nullptr;
+  return on_stream(EntryPoint::stream_get_flags, stream, given, [&](State&, Stream& st) {
+    *flags = st.flags;
     return CUDA_SUCCESS;
   });
 }
 
 CUresult sim_stream_get_device(CUstream stream, CUdevice* dev) {
-  return run(EntryPoint::stream_get_device, true, [&](State& s, CallSize&) {
-    Stream* st = nullptr;
-    const CUresult r = stream_arg(s, stream, &st);
-    if (r != CUDA_SUCCESS) return r;
-    if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    *dev = detail::device_handle(st->device);
+  return on_stream(EntryPoint::stream_get_device, stream, dev != nullptr, [&](State&, Stream& st) {
+    *dev = detail::device_handle(st.device);
     return CUDA_SUCCESS;
   });
 }

@@ -1,8 +1,7 @@
-// The sim's VMM entry points: reservations, physical allocations, mappings and access
-// (spec: shared/reference/cuda_vmm_spec.md §5-§7, policies §10).
+// The sim's VMM entry points: reservations, physical allocations, mappings and access, with the
+// codes cuda.h documents for misuse and the strict policies of sim::Policy where it is silent.
 #include "sim/sim_call.hpp"
 #include "sim/sim_entry.hpp"
-#include "sim/sim_errors.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -148,8 +147,8 @@ bool accessible(State& s, uintptr_t lo, uintptr_t hi, int dev, int need) {
   return true;
 }
 
-// cuMemcpyHtoD / cuMemcpyDtoH (spec inference: the header documents the signatures and that the
-// copy is synchronous for pageable memory, not the codes of misuse). Checks, in order: a current
+// cuMemcpyHtoD / cuMemcpyDtoH (inferred: cuda.h documents the signatures and that the copy is
+// synchronous for pageable memory, not the codes of misuse). Checks, in order: a current
 // context (INVALID_CONTEXT), ByteCount 0 is a no-op (SUCCESS), a NULL host pointer
 // (INVALID_VALUE), the device range wholly in mappings the current context's device may read
 // (DtoH) or read and write (HtoD), possibly spanning adjacent mappings (else INVALID_VALUE; the
@@ -291,8 +290,8 @@ CUresult sim_mem_create(CUmemGenericAllocationHandle* handle, size_t size,
         return CUDA_ERROR_INVALID_VALUE;
     }
     if (!aligned(size, s.cfg.granularity)) return CUDA_ERROR_INVALID_VALUE;
-    // What the device does not support (spec §10: NOT_SUPPORTED, a documented code of
-    // cuMemCreate): POSIX file descriptors unless sim_posix_fd (attr 103), RDMA unless sim_rdma
+    // What the device does not support (NOT_SUPPORTED, a documented code of cuMemCreate):
+    // POSIX file descriptors unless sim_posix_fd (attr 103), RDMA unless sim_rdma
     // (attr 110); Windows handles, fabric handles (attrs 104/105/128), tile pools and hardware
     // decompression never.
     const unsigned supported =

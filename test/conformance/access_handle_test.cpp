@@ -1,5 +1,5 @@
-// Rules for cuMemSetAccess / cuMemGetAccess (spec §6.8, §6.9, §7 #26-#29) and for handles:
-// cuMemRetainAllocationHandle, cuMemGetAllocationPropertiesFromHandle (§6.12, §6.13, §7 #30).
+// Rules for cuMemSetAccess / cuMemGetAccess and for handles:
+// cuMemRetainAllocationHandle, cuMemGetAllocationPropertiesFromHandle.
 #include "conformance.hpp"
 
 #include "support/fault_probe.hpp"
@@ -11,7 +11,7 @@ constexpr unsigned long long kNone = CU_MEM_ACCESS_FLAGS_PROT_NONE;
 constexpr unsigned long long kRead = CU_MEM_ACCESS_FLAGS_PROT_READ;
 constexpr unsigned long long kReadWrite = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
 
-// §6.8 / §7 #26 / §8.5: the range must begin where a mapping begins and end where one ends (a
+// The range must begin where a mapping begins and end where one ends (a
 // hole at either end → INVALID_VALUE, nothing granted); a hole inside is no error: the adjacent
 // mappings from the start up to the hole get the access, those past it keep theirs, SUCCESS
 // (measured on H100, driver 580.159.04, 2026-11-23).
@@ -43,7 +43,7 @@ TEST_P(Conformance, SetAccessOverHoleStopsAtTheHole) {
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, set_access(empty, gran()));
 }
 
-// §6.8 / §7 #27: a device descriptor with a bad ordinal → INVALID_VALUE (not INVALID_DEVICE;
+// A device descriptor with a bad ordinal → INVALID_VALUE (not INVALID_DEVICE;
 // measured on H100, driver 580.159.04, 2026-11-23).
 TEST_P(Conformance, SetAccessBadDeviceIsInvalidValue) {
   const Block b = make_block(1);
@@ -52,7 +52,7 @@ TEST_P(Conformance, SetAccessBadDeviceIsInvalidValue) {
   EXPECT_EQ(get_access(b.ptr), kReadWrite);
 }
 
-// §6.8: flags outside {NONE, READ, READWRITE} → INVALID_VALUE.
+// Flags outside {NONE, READ, READWRITE} → INVALID_VALUE.
 TEST_P(Conformance, SetAccessBadFlagsIsInvalidValue) {
   const Block b = make_block(1);
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE,
@@ -62,7 +62,7 @@ TEST_P(Conformance, SetAccessBadFlagsIsInvalidValue) {
   EXPECT_EQ(get_access(b.ptr), kReadWrite);
 }
 
-// §6.8: count 0 or NULL descriptors → INVALID_VALUE.
+// Count 0 or NULL descriptors → INVALID_VALUE.
 TEST_P(Conformance, SetAccessCountZeroOrNullIsInvalidValue) {
   const Block b = make_block(1);
   const CUmemAccessDesc d = access_desc(0, CU_MEM_ACCESS_FLAGS_PROT_READ);
@@ -71,7 +71,7 @@ TEST_P(Conformance, SetAccessCountZeroOrNullIsInvalidValue) {
   EXPECT_EQ(get_access(b.ptr), kReadWrite);
 }
 
-// §6.8 / §8.4: mapping grants nothing; get access is 0 before cuMemSetAccess and the granted
+// Mapping grants nothing; get access is 0 before cuMemSetAccess and the granted
 // flags after; the access is per device.
 TEST_P(Conformance, GetAccessBeforeAndAfterSet) {
   const CUdeviceptr p = reserve(2 * gran());
@@ -95,7 +95,7 @@ TEST_P(Conformance, GetAccessBeforeAndAfterSet) {
   }
 }
 
-// §6.9 / §7 #29: cuMemGetAccess on an unmapped address, with NULL arguments → INVALID_VALUE; a
+// cuMemGetAccess on an unmapped address, with NULL arguments → INVALID_VALUE; a
 // bad device → INVALID_DEVICE.
 TEST_P(Conformance, GetAccessMisuse) {
   const CUdeviceptr p = reserve(2 * gran());
@@ -112,7 +112,7 @@ TEST_P(Conformance, GetAccessMisuse) {
   EXPECT_CU(CUDA_ERROR_INVALID_DEVICE, t().mem_get_access(&flags, &loc, p));
 }
 
-// §5.4 / §6.8: PROT_READ makes the data readable but not writable (sim: host probes).
+// PROT_READ makes the data readable but not writable (sim: host probes).
 TEST_P(Conformance, ReadOnlyAccessIsReadableNotWritable) {
   const Block b = make_block(2);
   if (hooks() != nullptr) {
@@ -129,7 +129,7 @@ TEST_P(Conformance, ReadOnlyAccessIsReadableNotWritable) {
   EXPECT_FALSE(expanse::test::probe_writable(b.host() + b.size - 1));
 }
 
-// §5.4 / §8.4: unmap drops the access state; a re-map starts at PROT_NONE.
+// Unmap drops the access state; a re-map starts at PROT_NONE.
 TEST_P(Conformance, UnmapDropsAccess) {
   const Block b = make_block(1);
   EXPECT_EQ(get_access(b.ptr), kReadWrite);
@@ -145,7 +145,7 @@ TEST_P(Conformance, UnmapDropsAccess) {
   }
 }
 
-// §5.4 / §PG 14.7: mapped but never granted memory faults (sim: host probes).
+// Mapped but never granted memory faults (sim: host probes).
 TEST_P(Conformance, MappedWithoutAccessFaults) {
   CONFORMANCE_REQUIRE_SIM("probes device pointers from the host");
   const CUdeviceptr p = reserve(gran());
@@ -157,7 +157,7 @@ TEST_P(Conformance, MappedWithoutAccessFaults) {
   EXPECT_TRUE(expanse::test::probe_writable(host_ptr(p)));
 }
 
-// §6.8: one cuMemSetAccess may cover several adjacent mappings.
+// One cuMemSetAccess may cover several adjacent mappings.
 TEST_P(Conformance, SetAccessSpanningSeveralMappings) {
   const CUdeviceptr p = reserve(3 * gran());
   const CUmemGenericAllocationHandle a = create(gran());
@@ -173,7 +173,7 @@ TEST_P(Conformance, SetAccessSpanningSeveralMappings) {
   }
 }
 
-// §6.8: part of one mapping cannot get its own access: INVALID_VALUE, nothing granted (measured on H100, driver 580.159.04, 2026-11-23).
+// Part of one mapping cannot get its own access: INVALID_VALUE, nothing granted (measured on H100, driver 580.159.04, 2026-11-23).
 TEST_P(Conformance, SetAccessOnSubRangeOfMappingIsInvalidValue) {
   const CUdeviceptr p = reserve(3 * gran());
   const CUmemGenericAllocationHandle h = create(2 * gran());
@@ -187,7 +187,7 @@ TEST_P(Conformance, SetAccessOnSubRangeOfMappingIsInvalidValue) {
   }
 }
 
-// §6.13: retain on any address inside a mapping returns the mapped handle and adds a reference
+// Retain on any address inside a mapping returns the mapped handle and adds a reference
 // that needs its own cuMemRelease.
 TEST_P(Conformance, RetainOnInteriorAddressReturnsSameHandle) {
   const size_t before = mem_free();
@@ -213,7 +213,7 @@ TEST_P(Conformance, RetainOnInteriorAddressReturnsSameHandle) {
   }
 }
 
-// §6.13 / §7 #30: retain on an address that is not mapped → INVALID_VALUE.
+// Retain on an address that is not mapped → INVALID_VALUE.
 TEST_P(Conformance, RetainOnUnmappedAddressIsInvalidValue) {
   const CUdeviceptr p = reserve(2 * gran());
   const CUmemGenericAllocationHandle h = create(gran());
@@ -225,7 +225,7 @@ TEST_P(Conformance, RetainOnUnmappedAddressIsInvalidValue) {
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, retain(nullptr, p));
 }
 
-// §6.12: properties from a handle round-trip what cuMemCreate was given.
+// Properties from a handle round-trip what cuMemCreate was given.
 TEST_P(Conformance, PropertiesFromHandleRoundTrip) {
   for (int d = 0; d < device_count() && d < 2; ++d) {
     const CUmemGenericAllocationHandle h = create(gran(), d);
@@ -244,7 +244,7 @@ TEST_P(Conformance, PropertiesFromHandleRoundTrip) {
   }
 }
 
-// §6.12: properties of a released (or never-created) handle → INVALID_VALUE.
+// Properties of a released (or never-created) handle → INVALID_VALUE.
 TEST_P(Conformance, PropertiesFromReleasedHandleIsInvalidValue) {
   CONFORMANCE_REQUIRE_SIM("a stale handle is undefined behaviour on the real driver");
   const CUmemGenericAllocationHandle h = create(gran());
@@ -254,7 +254,7 @@ TEST_P(Conformance, PropertiesFromReleasedHandleIsInvalidValue) {
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().mem_get_allocation_properties_from_handle(&got, 0));
 }
 
-// §6.8 / §7 #28: HOST_NUMA or HOST access may only be given to host allocations; on device memory
+// HOST_NUMA or HOST access may only be given to host allocations; on device memory
 // it is NOT_SUPPORTED; an INVALID or HOST_NUMA_CURRENT location is INVALID_VALUE (measured on H100, driver 580.159.04, 2026-11-23).
 TEST_P(Conformance, SetAccessHostNumaOnDeviceMemoryIsNotSupported) {
   const Block b = make_block(1);
@@ -271,7 +271,7 @@ TEST_P(Conformance, SetAccessHostNumaOnDeviceMemoryIsNotSupported) {
   EXPECT_EQ(get_access(b.ptr), kReadWrite);
 }
 
-// §6.6 / §6.8 (vectorAddMMAP): allocations of different devices map side by side in one
+// As in CUDA's vectorAddMMAP sample: allocations of different devices map side by side in one
 // reservation, and one cuMemSetAccess with a descriptor per device covers the whole range.
 TEST_P(Conformance, DevicesStripedInOneReservation) {
   if (device_count() < 2) GTEST_SKIP() << "needs two devices";

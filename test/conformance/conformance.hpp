@@ -1,4 +1,5 @@
-// The driver conformance suite: one set of rules (cuda_vmm_spec.md §3-§7, §10), checked with
+// The driver conformance suite: one set of rules (errors, contexts, streams, the VMM calls and
+// the sim's policies for what the CUDA documentation leaves undefined), checked with
 // exact CUresult codes against every driver the project can load:
 //
 //   sim_inprocess  the in-process sim's table (expanse::driver::load_sim)
@@ -184,7 +185,7 @@ class Conformance : public ::testing::TestWithParam<Variant> {
 };
 
 // Sim-only rules: the real driver has no hooks, or the rule is a sim policy for a corner the
-// real driver leaves undefined (spec §10).
+// real driver leaves undefined.
 #define CONFORMANCE_REQUIRE_SIM(why)                                   \
   do {                                                                 \
     if (hooks() == nullptr) GTEST_SKIP() << "sim-only rule: " << why;  \

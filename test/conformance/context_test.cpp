@@ -1,10 +1,10 @@
-// Rules for contexts and cuMemGetInfo (spec §3.3, §4).
+// Rules for contexts and cuMemGetInfo.
 #include "conformance.hpp"
 
 namespace expanse::conformance {
 namespace {
 
-// §3.3 / §7 #6: cuMemGetInfo_v2 needs a current context.
+// cuMemGetInfo_v2 needs a current context.
 TEST_P(Conformance, MemGetInfoWithoutContextIsInvalidContext) {
   ASSERT_CU(CUDA_SUCCESS, t().ctx_set_current(nullptr));
   CUcontext cur = reinterpret_cast<CUcontext>(0x1);
@@ -24,7 +24,7 @@ TEST_P(Conformance, MemGetInfoWithoutContextIsInvalidContext) {
   }
 }
 
-// §4: cuMemGetInfo(&free, NULL) is accepted.
+// cuMemGetInfo(&free, NULL) is accepted.
 TEST_P(Conformance, MemGetInfoAcceptsNullTotal) {
   make_current();
   size_t free_bytes = 0;
@@ -32,7 +32,7 @@ TEST_P(Conformance, MemGetInfoAcceptsNullTotal) {
   EXPECT_GT(free_bytes, 0u);
 }
 
-// §4 / §7 #7: releasing a primary context that was never retained is INVALID_CONTEXT; a bad
+// Releasing a primary context that was never retained is INVALID_CONTEXT; a bad
 // device is INVALID_DEVICE.
 TEST_P(Conformance, PrimaryCtxReleaseWithoutRetainIsInvalidContext) {
   const CUdevice d0 = dev(0);  // the fixture retains it only in make_current(), not called here
@@ -46,7 +46,7 @@ TEST_P(Conformance, PrimaryCtxReleaseWithoutRetainIsInvalidContext) {
   EXPECT_CU(CUDA_ERROR_INVALID_CONTEXT, t().device_primary_ctx_release(d0));
 }
 
-// §4: cuDevicePrimaryCtxRetain does not make the context current; retaining again returns the
+// cuDevicePrimaryCtxRetain does not make the context current; retaining again returns the
 // same context; bad device is INVALID_DEVICE.
 TEST_P(Conformance, PrimaryCtxRetainDoesNotMakeCurrent) {
   ASSERT_CU(CUDA_SUCCESS, t().ctx_set_current(nullptr));
@@ -101,7 +101,7 @@ TEST_P(Conformance, CtxStackPushPop) {
   EXPECT_EQ(cur, nullptr);
 }
 
-// §4: cuCtxSetCurrent(NULL) unbinds and succeeds; cuCtxSetCurrent replaces the top of the stack.
+// cuCtxSetCurrent(NULL) unbinds and succeeds; cuCtxSetCurrent replaces the top of the stack.
 TEST_P(Conformance, CtxSetCurrentNullUnbinds) {
   const CUcontext ctx = make_current();
   CUcontext cur = nullptr;
@@ -113,7 +113,7 @@ TEST_P(Conformance, CtxSetCurrentNullUnbinds) {
   EXPECT_CU(CUDA_SUCCESS, t().ctx_set_current(nullptr));  // no-op when nothing is current
 }
 
-// §3.3: cuCtxSynchronize needs a context; with one it succeeds.
+// cuCtxSynchronize needs a context; with one it succeeds.
 TEST_P(Conformance, CtxSynchronizeNeedsContext) {
   ASSERT_CU(CUDA_SUCCESS, t().ctx_set_current(nullptr));
   EXPECT_CU(CUDA_ERROR_INVALID_CONTEXT, t().ctx_synchronize());
@@ -121,7 +121,7 @@ TEST_P(Conformance, CtxSynchronizeNeedsContext) {
   EXPECT_CU(CUDA_SUCCESS, t().ctx_synchronize());
 }
 
-// §3.3 / §10: VMM calls need no current context (they name the device in CUmemLocation).
+// VMM calls need no current context (they name the device in CUmemLocation).
 TEST_P(Conformance, VmmCallsWorkWithoutContext) {
   ASSERT_CU(CUDA_SUCCESS, t().ctx_set_current(nullptr));
   const Block b = make_block(1);

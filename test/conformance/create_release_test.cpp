@@ -1,10 +1,10 @@
-// Rules for cuMemCreate, cuMemRelease and physical memory accounting (spec §6.4, §6.5, §7 #11-#17).
+// Rules for cuMemCreate, cuMemRelease and physical memory accounting.
 #include "conformance.hpp"
 
 namespace expanse::conformance {
 namespace {
 
-// §6.4 / §7 #11: size not a multiple of the minimum granularity → INVALID_VALUE.
+// Size not a multiple of the minimum granularity → INVALID_VALUE.
 TEST_P(Conformance, CreateUnalignedSizeIsInvalidValue) {
   CUmemGenericAllocationHandle h = 0;
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, gran() + 4096, device_prop(0)));
@@ -12,19 +12,19 @@ TEST_P(Conformance, CreateUnalignedSizeIsInvalidValue) {
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, 6912, device_prop(0)));
 }
 
-// §6.4: size 0 → INVALID_VALUE.
+// Size 0 → INVALID_VALUE.
 TEST_P(Conformance, CreateSizeZeroIsInvalidValue) {
   CUmemGenericAllocationHandle h = 0;
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, 0, device_prop(0)));
 }
 
-// §6.4 / §7 #12: flags must be 0.
+// Flags must be 0.
 TEST_P(Conformance, CreateNonZeroFlagsIsInvalidValue) {
   CUmemGenericAllocationHandle h = 0;
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, gran(), device_prop(0), 1));
 }
 
-// §6.4: NULL handle or NULL prop → INVALID_VALUE.
+// NULL handle or NULL prop → INVALID_VALUE.
 TEST_P(Conformance, CreateNullArgumentsIsInvalidValue) {
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(nullptr, gran(), device_prop(0)));
   CUmemGenericAllocationHandle h = 0;
@@ -33,7 +33,7 @@ TEST_P(Conformance, CreateNullArgumentsIsInvalidValue) {
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, r);
 }
 
-// §6.4: type other than PINNED, unknown location type → INVALID_VALUE. Unknown handle-type bits
+// Type other than PINNED, unknown location type → INVALID_VALUE. Unknown handle-type bits
 // (0x100, 0x80000000) are ignored: SUCCESS, and the handle reports them dropped (measured on H100, driver 580.159.04, 2026-11-23).
 TEST_P(Conformance, CreateBadPropertiesIsInvalidValue) {
   CUmemGenericAllocationHandle h = 0;
@@ -56,14 +56,14 @@ TEST_P(Conformance, CreateBadPropertiesIsInvalidValue) {
   }
 }
 
-// §6.4 / §7 #13: DEVICE location with an ordinal out of range → INVALID_DEVICE.
+// DEVICE location with an ordinal out of range → INVALID_DEVICE.
 TEST_P(Conformance, CreateBadDeviceIsInvalidDevice) {
   CUmemGenericAllocationHandle h = 0;
   EXPECT_CU(CUDA_ERROR_INVALID_DEVICE, try_create(&h, gran(), device_prop(device_count())));
   EXPECT_CU(CUDA_ERROR_INVALID_DEVICE, try_create(&h, gran(), device_prop(-1)));
 }
 
-// §6.4 / §7 #12: HOST_NUMA_CURRENT is not a creatable location → INVALID_VALUE.
+// HOST_NUMA_CURRENT is not a creatable location → INVALID_VALUE.
 TEST_P(Conformance, CreateHostNumaCurrentIsInvalidValue) {
   CUmemGenericAllocationHandle h = 0;
   CUmemAllocationProp prop = device_prop(0);
@@ -72,7 +72,7 @@ TEST_P(Conformance, CreateHostNumaCurrentIsInvalidValue) {
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, gran(), prop));
 }
 
-// §10: gpuDirectRDMACapable=1 succeeds where attribute 110 is 1 and is NOT_SUPPORTED where it
+// gpuDirectRDMACapable=1 succeeds where attribute 110 is 1 and is NOT_SUPPORTED where it
 // is 0.
 TEST_P(Conformance, CreateRdmaCapableFollowsAttribute110) {
   int rdma = -1;
@@ -93,7 +93,7 @@ TEST_P(Conformance, CreateRdmaCapableFollowsAttribute110) {
   }
 }
 
-// §6.4 / §7 #14: a request larger than the device → OUT_OF_MEMORY (one call, so it is cheap on a
+// A request larger than the device → OUT_OF_MEMORY (one call, so it is cheap on a
 // real GPU too).
 TEST_P(Conformance, CreateLargerThanDeviceIsOutOfMemory) {
   const size_t total = total_mem(0);
@@ -102,7 +102,7 @@ TEST_P(Conformance, CreateLargerThanDeviceIsOutOfMemory) {
   EXPECT_CU(CUDA_ERROR_OUT_OF_MEMORY, try_create(&h, size, device_prop(0)));
 }
 
-// §6.4 / §7 #14: filling the device exactly succeeds; one more page is OUT_OF_MEMORY; the failed
+// Filling the device exactly succeeds; one more page is OUT_OF_MEMORY; the failed
 // request takes nothing; releasing makes room again; devices are independent.
 TEST_P(Conformance, CreatePastCapacityIsOutOfMemory) {
   CONFORMANCE_REQUIRE_SIM("fills the whole device (capacity known: 1 GiB)");
@@ -127,7 +127,7 @@ TEST_P(Conformance, CreatePastCapacityIsOutOfMemory) {
   for (CUmemGenericAllocationHandle p : pages) EXPECT_CU(CUDA_SUCCESS, release(p));
 }
 
-// §4 / §6.4 / §10: cuMemGetInfo's free drops at cuMemCreate (not at map), and comes back when the
+// cuMemGetInfo's free drops at cuMemCreate (not at map), and comes back when the
 // last reference and the last mapping are gone.
 TEST_P(Conformance, MemGetInfoTracksCreateAndLastRelease) {
   const size_t size = 3 * gran();
@@ -155,7 +155,7 @@ TEST_P(Conformance, MemGetInfoTracksCreateAndLastRelease) {
   EXPECT_CU(CUDA_SUCCESS, address_free(p, size));
 }
 
-// §6.5 / §7 #17: releasing while mapped succeeds; the memory lives on (readable, counted) until
+// Releasing while mapped succeeds; the memory lives on (readable, counted) until
 // the last unmap.
 TEST_P(Conformance, ReleaseWhileMappedIsDeferred) {
   const size_t before = mem_free();
@@ -182,10 +182,10 @@ TEST_P(Conformance, ReleaseWhileMappedIsDeferred) {
   EXPECT_CU(CUDA_SUCCESS, address_free(b.ptr, b.size));
 }
 
-// §6.5 / §7 #16 / §10 (sim policy; undefined behaviour on the real driver): releasing an unknown
-// or already-released handle is INVALID_VALUE.
+// Sim policy (undefined behaviour on the real driver): releasing an unknown or already-released
+// handle is INVALID_VALUE.
 TEST_P(Conformance, DoubleReleaseIsInvalidValue) {
-  CONFORMANCE_REQUIRE_SIM("undefined behaviour on the real driver (spec §6.5)");
+  CONFORMANCE_REQUIRE_SIM("undefined behaviour on the real driver");
   const CUmemGenericAllocationHandle h = create(gran());
   EXPECT_CU(CUDA_SUCCESS, release(h));
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, release(h));
@@ -194,7 +194,7 @@ TEST_P(Conformance, DoubleReleaseIsInvalidValue) {
   EXPECT_EQ(mem_free(), kSimCapacity);
 }
 
-// §6.4 / §7 #12: HOST memory is not IPC-capable — requestedHandleTypes ≠ 0 → INVALID_VALUE.
+// HOST memory is not IPC-capable — requestedHandleTypes ≠ 0 → INVALID_VALUE.
 TEST_P(Conformance, CreateHostWithHandleTypesIsInvalidValue) {
   CUmemAllocationProp prop = device_prop(0);
   prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
@@ -204,7 +204,7 @@ TEST_P(Conformance, CreateHostWithHandleTypesIsInvalidValue) {
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, gran(), prop));
 }
 
-// §6.4 / §7 #12: HOST_NUMA with id −1 → INVALID_VALUE.
+// HOST_NUMA with id −1 → INVALID_VALUE.
 TEST_P(Conformance, CreateHostNumaWithNegativeIdIsInvalidValue) {
   CUmemAllocationProp prop = device_prop(0);
   prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
@@ -213,7 +213,7 @@ TEST_P(Conformance, CreateHostNumaWithNegativeIdIsInvalidValue) {
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, gran(), prop));
 }
 
-// §2.3 / §6.4: win32HandleMetaData must be NULL unless a WIN32 handle type is requested.
+// win32HandleMetaData must be NULL unless a WIN32 handle type is requested.
 TEST_P(Conformance, CreateWithWin32MetadataOnLinuxIsInvalidValue) {
   CUmemAllocationProp prop = device_prop(0);
   int dummy = 0;
@@ -222,7 +222,7 @@ TEST_P(Conformance, CreateWithWin32MetadataOnLinuxIsInvalidValue) {
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, gran(), prop));
 }
 
-// §4 / §6.4: physical memory is accounted per device: cuMemGetInfo under device 1's context sees
+// Physical memory is accounted per device: cuMemGetInfo under device 1's context sees
 // device 1's allocations only.
 TEST_P(Conformance, MemGetInfoIsPerDevice) {
   if (device_count() < 2) GTEST_SKIP() << "needs two devices";
@@ -251,7 +251,7 @@ TEST_P(Conformance, MemGetInfoIsPerDevice) {
   EXPECT_CU(CUDA_SUCCESS, t().device_primary_ctx_release(dev(1)));
 }
 
-// §5.2 / §6.6: once every user-visible reference (create/retain) is released, the handle value is
+// Once every user-visible reference (create/retain) is released, the handle value is
 // invalid even while a mapping keeps the memory alive: it cannot be mapped again or queried.
 TEST_P(Conformance, ReleasedHandleIsInvalidWhileStillMapped) {
   CONFORMANCE_REQUIRE_SIM("a stale handle is undefined behaviour on the real driver");

@@ -1,4 +1,4 @@
-// Data through mapped memory, call accounting and failure injection (DESIGN.md: the sim counts
+// Data through mapped memory, call accounting and failure injection (docs/design.md: the sim counts
 // every call, can fail the Nth call of any entry point, and backs pages with host memory).
 #include "conformance.hpp"
 

@@ -1,4 +1,4 @@
-// Rules for initialisation, devices, attributes and error strings (spec §3, §4).
+// Rules for initialisation, devices, attributes and error strings.
 #include "conformance.hpp"
 
 #include <algorithm>
@@ -10,7 +10,7 @@
 namespace expanse::conformance {
 namespace {
 
-// §3.3 / §7 #1: before cuInit every driver API answers NOT_INITIALIZED.
+// Before cuInit every driver API answers NOT_INITIALIZED.
 TEST_P(Conformance, NotInitializedBeforeCuInit) {
   CONFORMANCE_REQUIRE_SIM("needs a driver on which cuInit has not been called");
   ASSERT_NO_FATAL_FAILURE(reset_uninitialized());
@@ -41,7 +41,7 @@ TEST_P(Conformance, NotInitializedBeforeCuInit) {
   EXPECT_EQ(count, kSimDevices);
 }
 
-// §3.3: cuDriverGetVersion, cuGetErrorName/String work before cuInit.
+// cuDriverGetVersion, cuGetErrorName/String work before cuInit.
 TEST_P(Conformance, VersionAndErrorStringsWorkBeforeCuInit) {
   CONFORMANCE_REQUIRE_SIM("needs a driver on which cuInit has not been called");
   ASSERT_NO_FATAL_FAILURE(reset_uninitialized());
@@ -59,7 +59,7 @@ TEST_P(Conformance, VersionAndErrorStringsWorkBeforeCuInit) {
   EXPECT_CU(CUDA_SUCCESS, t().init(0));
 }
 
-// §3.3 / §7 #2: cuInit's flags must be 0.
+// cuInit's flags must be 0.
 TEST_P(Conformance, InitWithNonZeroFlagsIsInvalidValue) {
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().init(1));
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().init(0x80000000u));
@@ -71,7 +71,7 @@ TEST_P(Conformance, InitWithNonZeroFlagsIsInvalidValue) {
   EXPECT_EQ(count, device_count());
 }
 
-// §4 / §7 #4: ordinals outside [0, count) are INVALID_DEVICE; NULL output is INVALID_VALUE.
+// Ordinals outside [0, count) are INVALID_DEVICE; NULL output is INVALID_VALUE.
 TEST_P(Conformance, DeviceGetBadOrdinalIsInvalidDevice) {
   CUdevice dev = -7;
   EXPECT_CU(CUDA_ERROR_INVALID_DEVICE, t().device_get(&dev, device_count()));
@@ -91,7 +91,7 @@ TEST_P(Conformance, DeviceGetBadOrdinalIsInvalidDevice) {
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().device_get_count(nullptr));
 }
 
-// §4 / §7 #5: an attribute the driver does not know is INVALID_VALUE; a bad device is
+// An attribute the driver does not know is INVALID_VALUE; a bad device is
 // INVALID_DEVICE; NULL output is INVALID_VALUE.
 TEST_P(Conformance, DeviceGetAttributeMisuse) {
   int value = -1;
@@ -107,7 +107,7 @@ TEST_P(Conformance, DeviceGetAttributeMisuse) {
                                      d0));
 }
 
-// §2.4: a VMM-capable device reports attribute 102 (VMM supported) and 41 (UVA) as 1.
+// A VMM-capable device reports attribute 102 (VMM supported) and 41 (UVA) as 1.
 TEST_P(Conformance, DeviceReportsVirtualMemoryManagementSupported) {
   for (int o = 0; o < device_count(); ++o) {
     const CUdevice d = dev(o);
@@ -124,7 +124,7 @@ TEST_P(Conformance, DeviceReportsVirtualMemoryManagementSupported) {
   }
 }
 
-// §4: cuDriverGetVersion is 1000*major+10*minor, at least the VMM version; NULL is INVALID_VALUE.
+// cuDriverGetVersion is 1000*major+10*minor, at least the VMM version; NULL is INVALID_VALUE.
 TEST_P(Conformance, DriverGetVersion) {
   int version = 0;
   EXPECT_CU(CUDA_SUCCESS, t().driver_get_version(&version));
@@ -136,7 +136,7 @@ TEST_P(Conformance, DriverGetVersion) {
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, t().driver_get_version(nullptr));
 }
 
-// §4: cuDeviceTotalMem reports the device's capacity (the sim: sim_capacity).
+// cuDeviceTotalMem reports the device's capacity (the sim: sim_capacity).
 TEST_P(Conformance, DeviceTotalMemIsCapacity) {
   for (int o = 0; o < device_count(); ++o) {
     const CUdevice d = dev(o);
@@ -151,12 +151,12 @@ TEST_P(Conformance, DeviceTotalMemIsCapacity) {
   EXPECT_CU(CUDA_ERROR_INVALID_DEVICE, t().device_total_mem(&bytes, device_count()));
 }
 
-// §3.2: names and descriptions of known codes.
+// Names and descriptions of known codes.
 TEST_P(Conformance, ErrorNameAndStringOfKnownCodes) {
   struct Known {
     CUresult code;
     const char* name;
-    const char* text;  // driver wording (spec §3.2), or nullptr
+    const char* text;  // driver wording (cuGetErrorString), or nullptr
     bool verified;     // wording seen from a real driver; the others are checked on the sim only
   };
   const Known known[] = {
@@ -187,7 +187,7 @@ TEST_P(Conformance, ErrorNameAndStringOfKnownCodes) {
   }
 }
 
-// §3.2 / §7 #32: an unknown code is INVALID_VALUE with *pStr = NULL.
+// An unknown code is INVALID_VALUE with *pStr = NULL.
 TEST_P(Conformance, ErrorNameAndStringOfUnknownCode) {
   const char* name = "untouched";
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, call_raw(t().get_error_name, 12345, &name));

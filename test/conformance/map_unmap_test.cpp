@@ -1,4 +1,4 @@
-// Rules for cuMemMap and cuMemUnmap (spec §6.6, §6.7, §7 #18-#25).
+// Rules for cuMemMap and cuMemUnmap.
 #include "conformance.hpp"
 
 #include "support/fault_probe.hpp"
@@ -6,7 +6,7 @@
 namespace expanse::conformance {
 namespace {
 
-// §6.6 / §7 #18: offset must be 0; another is NOT_SUPPORTED, asked before the address (an
+// Offset must be 0; another is NOT_SUPPORTED, asked before the address (an
 // unaligned one, or one over a mapping) but after the flags and the handle (measured on H100, driver 580.159.04, 2026-11-23).
 TEST_P(Conformance, MapNonZeroOffsetIsNotSupported) {
   const CUdeviceptr p = reserve(2 * gran());
@@ -20,7 +20,7 @@ TEST_P(Conformance, MapNonZeroOffsetIsNotSupported) {
   EXPECT_CU(CUDA_ERROR_NOT_SUPPORTED, try_map(p, gran(), gran(), h));  // over the mapping too
 }
 
-// §6.6 / §7 #18: ptr must be a multiple of the granularity, size not 0 → INVALID_VALUE (measured on H100, driver 580.159.04, 2026-11-23).
+// ptr must be a multiple of the granularity, size not 0 → INVALID_VALUE (measured on H100, driver 580.159.04, 2026-11-23).
 TEST_P(Conformance, MapUnalignedPtrOrZeroSizeIsInvalidValue) {
   const CUdeviceptr p = reserve(4 * gran());
   const CUmemGenericAllocationHandle h = create(gran());
@@ -30,7 +30,7 @@ TEST_P(Conformance, MapUnalignedPtrOrZeroSizeIsInvalidValue) {
   EXPECT_CU(CUDA_SUCCESS, try_map(p + gran(), gran(), 0, h));
 }
 
-// §6.6 / §7 #18: only a whole handle maps: a size other than the allocation's (unaligned, smaller,
+// Only a whole handle maps: a size other than the allocation's (unaligned, smaller,
 // larger) → NOT_SUPPORTED, asked before the address (measured on H100, driver 580.159.04, 2026-11-23).
 TEST_P(Conformance, MapSizeOtherThanAllocationIsNotSupported) {
   const CUdeviceptr p = reserve(4 * gran());
@@ -43,14 +43,14 @@ TEST_P(Conformance, MapSizeOtherThanAllocationIsNotSupported) {
   EXPECT_CU(CUDA_SUCCESS, try_map(p, 2 * gran(), 0, h));
 }
 
-// §6.6 / §7 #18: flags must be 0.
+// Flags must be 0.
 TEST_P(Conformance, MapNonZeroFlagsIsInvalidValue) {
   const CUdeviceptr p = reserve(gran());
   const CUmemGenericAllocationHandle h = create(gran());
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_map(p, gran(), 0, h, 1));
 }
 
-// §6.6 / §7 #20: the range must start inside a reservation: a freed one, or a range starting in
+// The range must start inside a reservation: a freed one, or a range starting in
 // freed address space and running into a reservation → INVALID_VALUE. (The real driver looks at
 // the start only: a tail past the end of a reservation into freed address space was accepted
 // there; the sim, which needs host address space behind every mapping, refuses that tail with
@@ -68,7 +68,7 @@ TEST_P(Conformance, MapStartOutsideReservationIsInvalidValue) {
   EXPECT_CU(CUDA_SUCCESS, try_map(p, 2 * gran(), 0, h));
 }
 
-// §6.6 / §7 #19: mapping over an existing mapping (whole or partly) → INVALID_VALUE.
+// Mapping over an existing mapping (whole or partly) → INVALID_VALUE.
 TEST_P(Conformance, MapOverExistingMappingIsInvalidValue) {
   const CUdeviceptr p = reserve(4 * gran());
   const CUmemGenericAllocationHandle a = create(2 * gran());
@@ -87,7 +87,7 @@ TEST_P(Conformance, MapOverExistingMappingIsInvalidValue) {
   }
 }
 
-// §6.6 / §7 #21: one mapping may span two adjacent reservations; neither can be freed while it
+// One mapping may span two adjacent reservations; neither can be freed while it
 // is mapped (measured on H100, driver 580.159.04, 2026-11-23).
 TEST_P(Conformance, MapSpanningTwoReservationsSucceeds) {
   CUdeviceptr a = 0;
@@ -103,7 +103,7 @@ TEST_P(Conformance, MapSpanningTwoReservationsSucceeds) {
   EXPECT_CU(CUDA_SUCCESS, address_free(b, 2 * gran()));
 }
 
-// §6.6: an unknown handle, or one whose every reference is gone → INVALID_VALUE.
+// An unknown handle, or one whose every reference is gone → INVALID_VALUE.
 TEST_P(Conformance, MapReleasedHandleIsInvalidValue) {
   CONFORMANCE_REQUIRE_SIM("a stale handle is undefined behaviour on the real driver");
   const CUdeviceptr p = reserve(gran());
@@ -113,7 +113,7 @@ TEST_P(Conformance, MapReleasedHandleIsInvalidValue) {
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_map(p, gran(), 0, 0));
 }
 
-// §6.6 / §7 #22: one handle mapped at two VAs; both views show the same bytes.
+// One handle mapped at two VAs; both views show the same bytes.
 TEST_P(Conformance, MapSameHandleAtTwoAddressesSharesData) {
   const size_t size = 2 * gran();
   const CUdeviceptr p = reserve(size);
@@ -143,7 +143,7 @@ TEST_P(Conformance, MapSameHandleAtTwoAddressesSharesData) {
   EXPECT_EQ(a[gran()], 0x33);
 }
 
-// §6.7 / §7 #23: unmapping part of one mapping → INVALID_VALUE, and the mapping is untouched.
+// Unmapping part of one mapping → INVALID_VALUE, and the mapping is untouched.
 TEST_P(Conformance, UnmapSubRangeIsInvalidValue) {
   const Block b = make_block(2);
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, unmap(b.ptr, gran()));
@@ -157,7 +157,7 @@ TEST_P(Conformance, UnmapSubRangeIsInvalidValue) {
   EXPECT_CU(CUDA_SUCCESS, unmap(b.ptr, b.size));
 }
 
-// §6.7 / §7 #25: a range with never-mapped pages unmaps every mapping wholly inside it and skips
+// A range with never-mapped pages unmaps every mapping wholly inside it and skips
 // the holes: SUCCESS. A mapping cut by the range's end still fails it, unmapping nothing (measured on H100, driver 580.159.04, 2026-11-23).
 TEST_P(Conformance, UnmapOverHoleUnmapsTheWholeMappingsInside) {
   const CUdeviceptr p = reserve(3 * gran());
@@ -192,7 +192,7 @@ TEST_P(Conformance, UnmapOverHoleUnmapsTheWholeMappingsInside) {
   EXPECT_CU(CUDA_SUCCESS, unmap(p, 3 * gran()));
 }
 
-// §6.7 / §7 #24: one unmap may cover several whole adjacent mappings.
+// One unmap may cover several whole adjacent mappings.
 TEST_P(Conformance, UnmapSpanningAdjacentMappingsSucceeds) {
   const size_t before = mem_free();
   const CUdeviceptr p = reserve(4 * gran());
@@ -215,7 +215,7 @@ TEST_P(Conformance, UnmapSpanningAdjacentMappingsSucceeds) {
   EXPECT_CU(CUDA_SUCCESS, try_map(p, 4 * gran(), 0, d));
 }
 
-// §6.7 / §7 #24 / §8.7: one unmap may cover whole mappings in two adjacent reservations, which
+// One unmap may cover whole mappings in two adjacent reservations, which
 // are still freed one by one.
 TEST_P(Conformance, UnmapAcrossAdjacentReservationsSucceeds) {
   CUdeviceptr a = 0;
@@ -233,7 +233,7 @@ TEST_P(Conformance, UnmapAcrossAdjacentReservationsSucceeds) {
   EXPECT_CU(CUDA_SUCCESS, address_free(b, 2 * gran()));
 }
 
-// §6.7: after unmap the pages fault again (sim: host access is the observable).
+// After unmap the pages fault again (sim: host access is the observable).
 TEST_P(Conformance, UnmappedMemoryFaults) {
   CONFORMANCE_REQUIRE_SIM("probes device pointers from the host");
   const Block b = make_block(1);
@@ -243,7 +243,7 @@ TEST_P(Conformance, UnmappedMemoryFaults) {
   EXPECT_FALSE(expanse::test::probe_readable(b.host() + b.size - 1));
 }
 
-// §6.7: unmap of a reserved range that was never mapped → SUCCESS (nothing to do); of an address
+// Unmap of a reserved range that was never mapped → SUCCESS (nothing to do); of an address
 // outside any reservation (a freed one), or of size 0 → INVALID_VALUE (measured on H100, driver 580.159.04, 2026-11-23).
 TEST_P(Conformance, UnmapNeverMappedSucceeds) {
   const CUdeviceptr p = reserve(2 * gran());

@@ -1,6 +1,6 @@
 // Rules for cuMemcpyHtoD_v2 / cuMemcpyDtoH_v2 (synchronous copies between host memory and a
 // VMM range). The header documents the signatures and that the copies are synchronous; the codes
-// for misuse are spec inference: the sim answers INVALID_VALUE for a device range that is not
+// for misuse are inferred: the sim answers INVALID_VALUE for a device range that is not
 // wholly mapped with the access the copy needs, where the real driver may fault instead
 // (CUDA_ERROR_ILLEGAL_ADDRESS, which is sticky and would poison the context for the rest of the
 // suite), so those rules are sim-only.
@@ -123,7 +123,7 @@ TEST_P(Conformance, MemcpyHtoDIntoReadOnlyMappingIsInvalidValue) {
   }
 }
 
-// §3.3: with no current context both copies are INVALID_CONTEXT.
+// With no current context both copies are INVALID_CONTEXT.
 TEST_P(Conformance, MemcpyWithoutContextIsInvalidContext) {
   make_current();
   const Block b = make_block(1);
@@ -153,7 +153,7 @@ TEST_P(Conformance, MemcpyZeroBytesIsSuccess) {
   }
 }
 
-// §3.3: before cuInit both copies are NOT_INITIALIZED.
+// Before cuInit both copies are NOT_INITIALIZED.
 TEST_P(Conformance, MemcpyBeforeInitIsNotInitialized) {
   CONFORMANCE_REQUIRE_SIM("needs a driver on which cuInit has not been called");
   ASSERT_NO_FATAL_FAILURE(reset_uninitialized());

@@ -2,7 +2,7 @@
 // depend on (POSIX file descriptors, RDMA with VMM), and drivers older than CUDA 13.
 #include "conformance.hpp"
 
-#include "driver/entry_points.hpp"
+#include "driver_api/entry_points.hpp"
 #include "sim/sim_entry.hpp"
 
 #include <cstring>

@@ -1,8 +1,8 @@
-// Rules for cuGetProcAddress_v2 (spec §1.3, §7 #33-#35), called directly on the loaded library.
+// Rules for cuGetProcAddress_v2, called directly on the loaded library.
 // They need a dlopen'ed library: sim_dlopen, and the real driver when there is one.
 #include "conformance.hpp"
 
-#include "driver/entry_points.hpp"
+#include "driver_api/entry_points.hpp"
 
 #include <vector>
 
@@ -30,7 +30,7 @@ class ProcAddress {
     if (library_path().empty()) GTEST_SKIP() << "needs a driver loaded with dlopen";  \
   } while (0)
 
-// §1.3 / §7 #33: an unknown symbol is SUCCESS with pfn = NULL and SYMBOL_NOT_FOUND.
+// An unknown symbol is SUCCESS with pfn = NULL and SYMBOL_NOT_FOUND.
 TEST_P(Conformance, ProcAddressUnknownSymbolIsSuccessWithNull) {
   CONFORMANCE_REQUIRE_LIBRARY();
   const ProcAddress get(library_symbol("cuGetProcAddress_v2"));
@@ -46,7 +46,7 @@ TEST_P(Conformance, ProcAddressUnknownSymbolIsSuccessWithNull) {
   EXPECT_EQ(pfn, nullptr);
 }
 
-// §1.3 / §7 #34: a known symbol asked for at a version before it existed is SUCCESS with
+// A known symbol asked for at a version before it existed is SUCCESS with
 // pfn = NULL and VERSION_NOT_SUFFICIENT; at its version it is found.
 TEST_P(Conformance, ProcAddressVersionBeforeSymbolIsVersionNotSufficient) {
   CONFORMANCE_REQUIRE_LIBRARY();
@@ -67,7 +67,7 @@ TEST_P(Conformance, ProcAddressVersionBeforeSymbolIsVersionNotSufficient) {
   EXPECT_EQ(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
 }
 
-// §1.3 / §7 #35: a cudaVersion above the driver's version is INVALID_VALUE.
+// A cudaVersion above the driver's version is INVALID_VALUE.
 TEST_P(Conformance, ProcAddressVersionAboveDriverIsInvalidValue) {
   CONFORMANCE_REQUIRE_LIBRARY();
   const ProcAddress get(library_symbol("cuGetProcAddress_v2"));
@@ -82,7 +82,7 @@ TEST_P(Conformance, ProcAddressVersionAboveDriverIsInvalidValue) {
   EXPECT_NE(pfn, nullptr);
 }
 
-// §1.3: the variant returned is the newest whose version ≤ cudaVersion. cuMemGetInfo at 3020 and
+// The variant returned is the newest whose version ≤ cudaVersion. cuMemGetInfo at 3020 and
 // later is cuMemGetInfo_v2 (size_t outputs); at 2000 it is the legacy ABI (unsigned int outputs)
 // — observable by what the returned function writes.
 TEST_P(Conformance, ProcAddressPicksAbiVariantByVersion) {
@@ -127,7 +127,7 @@ TEST_P(Conformance, ProcAddressPicksAbiVariantByVersion) {
   EXPECT_EQ(total_v1[0], static_cast<unsigned int>(kSimCapacity));
 }
 
-// §1.3: every entry point the project uses resolves at the version it is called with.
+// Every entry point the project uses resolves at the version it is called with.
 TEST_P(Conformance, ProcAddressResolvesEveryEntryPoint) {
   CONFORMANCE_REQUIRE_LIBRARY();
   const ProcAddress get(library_symbol("cuGetProcAddress_v2"));
@@ -149,10 +149,10 @@ TEST_P(Conformance, ProcAddressResolvesEveryEntryPoint) {
   }
 }
 
-// §1.2-§1.3 (the brief's rule for libexpanse_simcuda.so): cuGetProcAddress hands out the library's
-// exported functions — base name at a version resolves to the same pointer as dlsym of that
-// variant's exported symbol (cuMemGetInfo@3020 == dlsym("cuMemGetInfo_v2"), @2000 ==
-// dlsym("cuMemGetInfo")), so both lookup paths reach the same code.
+// libexpanse_simcuda.so's cuGetProcAddress hands out the library's exported functions — base
+// name at a version resolves to the same pointer as dlsym of that variant's exported symbol
+// (cuMemGetInfo@3020 == dlsym("cuMemGetInfo_v2"), @2000 == dlsym("cuMemGetInfo")), so both
+// lookup paths reach the same code.
 TEST_P(Conformance, ProcAddressReturnsTheExportedSymbols) {
   CONFORMANCE_REQUIRE_LIBRARY();
   CONFORMANCE_REQUIRE_SIM("the real driver may hand out internal entry points");
@@ -186,7 +186,7 @@ TEST_P(Conformance, ProcAddressReturnsTheExportedSymbols) {
   }
 }
 
-// §1.3: cuGetProcAddress works before cuInit (the CUDA runtime calls it first).
+// cuGetProcAddress works before cuInit (the CUDA runtime calls it first).
 TEST_P(Conformance, ProcAddressWorksBeforeCuInit) {
   CONFORMANCE_REQUIRE_LIBRARY();
   CONFORMANCE_REQUIRE_SIM("needs a driver on which cuInit has not been called");

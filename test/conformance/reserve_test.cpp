@@ -1,5 +1,4 @@
-// Rules for cuMemGetAllocationGranularity, cuMemAddressReserve and cuMemAddressFree
-// (spec §6.1-§6.3, §7 #8-#10).
+// Rules for cuMemGetAllocationGranularity, cuMemAddressReserve and cuMemAddressFree.
 #include "conformance.hpp"
 
 namespace expanse::conformance {
@@ -7,7 +6,7 @@ namespace {
 
 bool is_power_of_two(size_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
-// §6.1: minimum granularity is a power of two (2 MiB on current GPUs and in the sim);
+// Minimum granularity is a power of two (2 MiB on current GPUs and in the sim);
 // recommended is a multiple of it; both work without a context.
 TEST_P(Conformance, GranularityValues) {
   ASSERT_CU(CUDA_SUCCESS, t().ctx_set_current(nullptr));
@@ -30,7 +29,7 @@ TEST_P(Conformance, GranularityValues) {
   }
 }
 
-// §6.1: bad option, NULL output, NULL prop → INVALID_VALUE. The properties' contents are not
+// Bad option, NULL output, NULL prop → INVALID_VALUE. The properties' contents are not
 // looked at: a non-pinned type or a bad location type still gets the granularity (measured on H100, driver 580.159.04, 2026-11-23).
 TEST_P(Conformance, GranularityMisuseIsInvalidValue) {
   const CUmemAllocationProp prop = device_prop(0);
@@ -58,38 +57,38 @@ TEST_P(Conformance, GranularityMisuseIsInvalidValue) {
   EXPECT_EQ(g, good);
 }
 
-// §6.2 / §7 #8: NULL output → INVALID_VALUE.
+// NULL output → INVALID_VALUE.
 TEST_P(Conformance, ReserveNullPtrIsInvalidValue) {
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_reserve(nullptr, gran()));
 }
 
-// §6.2: size 0 → INVALID_VALUE.
+// Size 0 → INVALID_VALUE.
 TEST_P(Conformance, ReserveSizeZeroIsInvalidValue) {
   CUdeviceptr p = 0;
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_reserve(&p, 0));
 }
 
-// §6.2 / §7 #8: size not a multiple of the host page size → INVALID_VALUE.
+// Size not a multiple of the host page size → INVALID_VALUE.
 TEST_P(Conformance, ReserveUnalignedSizeIsInvalidValue) {
   CUdeviceptr p = 0;
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_reserve(&p, gran() + 1));
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_reserve(&p, 100));
 }
 
-// §6.2 / §7 #8: alignment neither 0 nor a power of two → INVALID_VALUE.
+// Alignment neither 0 nor a power of two → INVALID_VALUE.
 TEST_P(Conformance, ReserveAlignmentNotPowerOfTwoIsInvalidValue) {
   CUdeviceptr p = 0;
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_reserve(&p, gran(), 3));
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_reserve(&p, gran(), 3 * gran()));
 }
 
-// §6.2 / §7 #8: flags must be 0.
+// Flags must be 0.
 TEST_P(Conformance, ReserveNonZeroFlagsIsInvalidValue) {
   CUdeviceptr p = 0;
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_reserve(&p, gran(), 0, 0, 1));
 }
 
-// §6.2 / §10: the reserved address is aligned to max(alignment, granularity), and a reservation
+// The reserved address is aligned to max(alignment, granularity), and a reservation
 // takes no physical memory.
 TEST_P(Conformance, ReservedAddressIsAligned) {
   const size_t before = mem_free();
@@ -108,7 +107,7 @@ TEST_P(Conformance, ReservedAddressIsAligned) {
   EXPECT_CU(CUDA_SUCCESS, address_free(b, gran()));
 }
 
-// §6.2 / §10: a free hint is honored (sim policy); a hint that is taken is not an error — the
+// A free hint is honored (sim policy); a hint that is taken is not an error — the
 // reservation lands elsewhere, without overlapping.
 TEST_P(Conformance, ReserveHintHonoredOrMovedNeverAnError) {
   const size_t size = 4 * gran();
@@ -127,7 +126,7 @@ TEST_P(Conformance, ReserveHintHonoredOrMovedNeverAnError) {
   }
 }
 
-// §6.3 / §7 #9: cuMemAddressFree needs the exact (ptr, size) of one reservation.
+// cuMemAddressFree needs the exact (ptr, size) of one reservation.
 TEST_P(Conformance, AddressFreeWrongSizeIsInvalidValue) {
   const size_t size = 4 * gran();
   const CUdeviceptr p = reserve(size);
@@ -138,7 +137,7 @@ TEST_P(Conformance, AddressFreeWrongSizeIsInvalidValue) {
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, address_free(p, size));
 }
 
-// §6.3 / §7 #9: an interior pointer (sub-range or tail) is INVALID_VALUE.
+// An interior pointer (sub-range or tail) is INVALID_VALUE.
 TEST_P(Conformance, AddressFreeInteriorPointerIsInvalidValue) {
   const size_t size = 4 * gran();
   const CUdeviceptr p = reserve(size);
@@ -149,7 +148,7 @@ TEST_P(Conformance, AddressFreeInteriorPointerIsInvalidValue) {
   EXPECT_CU(CUDA_SUCCESS, address_free(p, size));
 }
 
-// §6.3 / §7 #9: one call covering two adjacent reservations is INVALID_VALUE; each is freed
+// One call covering two adjacent reservations is INVALID_VALUE; each is freed
 // with its own call.
 TEST_P(Conformance, AddressFreeOfTwoReservationsAtOnceIsInvalidValue) {
   const size_t half = 2 * gran();
@@ -161,10 +160,10 @@ TEST_P(Conformance, AddressFreeOfTwoReservationsAtOnceIsInvalidValue) {
   EXPECT_CU(CUDA_SUCCESS, address_free(b, half));
 }
 
-// §6.3 / §7 #10 / §10 (sim policy; undefined on the real driver): freeing a reservation with a
+// Sim policy (undefined on the real driver): freeing a reservation with a
 // live mapping is INVALID_VALUE and changes nothing.
 TEST_P(Conformance, AddressFreeWhileMappedIsInvalidValue) {
-  CONFORMANCE_REQUIRE_SIM("policy for a corner the real driver leaves undocumented (spec §10)");
+  CONFORMANCE_REQUIRE_SIM("policy for a corner the real driver leaves undocumented");
   const Block b = make_block(2);
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, address_free(b.ptr, b.size));
   // Still mapped, still accessible, still freeable after unmapping.
@@ -176,7 +175,7 @@ TEST_P(Conformance, AddressFreeWhileMappedIsInvalidValue) {
   EXPECT_CU(CUDA_SUCCESS, release(b.handle));
 }
 
-// §6.1: a DEVICE location with a bad ordinal (device_count(), -1) is not checked: SUCCESS, with
+// A DEVICE location with a bad ordinal (device_count(), -1) is not checked: SUCCESS, with
 // device 0's granularity (measured on H100, driver 580.159.04, 2026-11-23).
 TEST_P(Conformance, GranularityBadDeviceIsSuccess) {
   size_t good = 0;
@@ -192,7 +191,7 @@ TEST_P(Conformance, GranularityBadDeviceIsSuccess) {
   }
 }
 
-// §6.2 / §8.12: a reservation larger than the address space → OUT_OF_MEMORY; one much larger than
+// A reservation larger than the address space → OUT_OF_MEMORY; one much larger than
 // the device's memory is fine and takes no physical memory.
 TEST_P(Conformance, ReserveBeyondAddressSpaceIsOutOfMemory) {
   CUdeviceptr p = 0;

@@ -1,10 +1,10 @@
-// Rules for streams and events (spec §4, §7 #36-#39), including pending work on a held stream.
+// Rules for streams and events, including pending work on a held stream.
 #include "conformance.hpp"
 
 namespace expanse::conformance {
 namespace {
 
-// §4 / §7 #39: stream flags ⊆ {DEFAULT, NON_BLOCKING}; others → INVALID_VALUE.
+// Stream flags ⊆ {DEFAULT, NON_BLOCKING}; others → INVALID_VALUE.
 TEST_P(Conformance, StreamCreateBadFlagsIsInvalidValue) {
   make_current();
   CUstream s = nullptr;
@@ -19,7 +19,7 @@ TEST_P(Conformance, StreamCreateBadFlagsIsInvalidValue) {
   EXPECT_CU(CUDA_SUCCESS, destroy_stream(b));
 }
 
-// §3.3: stream and event creation need a current context.
+// Stream and event creation need a current context.
 TEST_P(Conformance, StreamAndEventCreateWithoutContextIsInvalidContext) {
   ASSERT_CU(CUDA_SUCCESS, t().ctx_set_current(nullptr));
   CUstream s = nullptr;
@@ -28,7 +28,7 @@ TEST_P(Conformance, StreamAndEventCreateWithoutContextIsInvalidContext) {
   EXPECT_CU(CUDA_ERROR_INVALID_CONTEXT, t().event_create(&e, 0));
 }
 
-// §4 / §7 #38: INTERPROCESS requires DISABLE_TIMING; unknown flags → INVALID_VALUE.
+// INTERPROCESS requires DISABLE_TIMING; unknown flags → INVALID_VALUE.
 TEST_P(Conformance, EventCreateInterprocessWithoutDisableTimingIsInvalidValue) {
   make_current();
   CUevent e = nullptr;
@@ -41,14 +41,14 @@ TEST_P(Conformance, EventCreateInterprocessWithoutDisableTimingIsInvalidValue) {
   EXPECT_CU(CUDA_SUCCESS, destroy_event(ok));
 }
 
-// §4 / §7 #36: querying a never-recorded event is SUCCESS; so is synchronizing on it.
+// Querying a never-recorded event is SUCCESS; so is synchronizing on it.
 TEST_P(Conformance, EventQueryNeverRecordedIsSuccess) {
   const CUevent e = make_event(CU_EVENT_DEFAULT);
   EXPECT_CU(CUDA_SUCCESS, t().event_query(e));
   EXPECT_CU(CUDA_SUCCESS, t().event_synchronize(e));
 }
 
-// §4: record on an idle stream (created and default) completes; stream query of an idle stream
+// Record on an idle stream (created and default) completes; stream query of an idle stream
 // is SUCCESS; a stream can wait on a completed event.
 TEST_P(Conformance, EventRecordOnIdleStreamCompletes) {
   const CUstream s = make_stream();
@@ -105,7 +105,7 @@ TEST_P(Conformance, SynchronizeCompletesHeldWork) {
   hooks()->release_stream(s);
 }
 
-// §4: an event and a stream of different contexts cannot be recorded together → INVALID_HANDLE.
+// An event and a stream of different contexts cannot be recorded together → INVALID_HANDLE.
 TEST_P(Conformance, EventRecordAcrossContextsIsInvalidHandle) {
   if (device_count() < 2) GTEST_SKIP() << "needs two devices (two primary contexts)";
   const CUevent e0 = make_event(CU_EVENT_DISABLE_TIMING);  // device 0's context
@@ -121,7 +121,7 @@ TEST_P(Conformance, EventRecordAcrossContextsIsInvalidHandle) {
   EXPECT_CU(CUDA_SUCCESS, t().device_primary_ctx_release(dev(1)));
 }
 
-// §4: a destroyed stream or event is an invalid handle (sim: a real driver may crash instead).
+// A destroyed stream or event is an invalid handle (sim: a real driver may crash instead).
 TEST_P(Conformance, DestroyedStreamOrEventIsInvalidHandle) {
   CONFORMANCE_REQUIRE_SIM("a destroyed handle may crash a real driver");
   const CUstream s = make_stream();

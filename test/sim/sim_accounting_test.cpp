@@ -134,7 +134,7 @@ TEST_F(SimAccounting, ModeledTime) {
 
 TEST(CostModel, LinearFitsInterpolateAndExtrapolate) {
   const CostTable& m = CostTable::h100();
-  // cuMemCreate ~ 28 us + 0.24 us/MiB (reference/driver_costs.md)
+  // cuMemCreate ~ 28 us + 0.24 us/MiB (published H100 figures, ovg-project/kvcached)
   EXPECT_NEAR(28480, m.cost_ns(EntryPoint::mem_create, 2 * MiB), 1e-6);
   EXPECT_NEAR(28000 + 240 * 1024, m.cost_ns(EntryPoint::mem_create, 1024 * MiB), 1e-6);
   // cuMemRelease: the two published points, and linear between them.

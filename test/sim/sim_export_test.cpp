@@ -268,6 +268,29 @@ TEST_F(SimExport, ProcAddressReturnsTheExportedSymbols) {
   EXPECT_EQ(nullptr, fn);
 }
 
+// Every listed entry point and every other variant of the sim (sim_entry.hpp) is exported, and
+// cuGetProcAddress answers its base name at its version with that export.
+TEST_F(SimExport, EveryVariantIsExportedAndAnsweredAtItsVersion) {
+  const auto check = [&](const char* base, int version, bool per_thread, const char* symbol) {
+    void* exported = dlsym(lib().handle(), symbol);
+    ASSERT_NE(nullptr, exported) << symbol;
+    const cuuint64_t flags = per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                                        : CU_GET_PROC_ADDRESS_DEFAULT;
+    void* fn = nullptr;
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    EXPECT_EQ(CUDA_SUCCESS, get_proc_(base, &fn, version, flags, &st)) << symbol;
+    EXPECT_EQ(CU_GET_PROC_ADDRESS_SUCCESS, st) << symbol;
+    EXPECT_EQ(exported, fn) << symbol;
+  };
+#define EXPANSE_X(field, base, symbol, version, ...) check(base, version, false, #symbol);
+  EXPANSE_DRIVER_ENTRY_POINTS(EXPANSE_X)
+#undef EXPANSE_X
+#define EXPANSE_X(base, version, per_thread, impl, symbol, ...) \
+  check(base, version, per_thread, #symbol);
+  EXPANSE_SIM_OTHER_VARIANTS(EXPANSE_X)
+#undef EXPANSE_X
+}
+
 TEST_F(SimExport, SeparateFromTheInProcessSim) {
   reset(SimConfig{});
   auto init = lib().sym<decltype(&::cuInit)>("cuInit");

@@ -392,5 +392,28 @@ TEST(SimProcAddress, VersionsAndStatus) {
   }
 }
 
+// Each of the sim's other variants (sim_entry.hpp) is the answer for its base name at its own
+// version, with its exported symbol's name: no two variants claim the same question.
+TEST(SimProcAddress, EveryOtherVariantAnswersAtItsVersion) {
+  reset(SimConfig{});
+  const auto check = [](const char* base, int version, bool per_thread, void* impl,
+                        const char* symbol) {
+    const cuuint64_t flags = per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                                        : CU_GET_PROC_ADDRESS_DEFAULT;
+    void* fn = nullptr;
+    const char* exported = nullptr;
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    EXPECT_EQ(CUDA_SUCCESS, sim_get_proc_address(base, &fn, version, flags, &st)) << symbol;
+    EXPECT_EQ(CU_GET_PROC_ADDRESS_SUCCESS, st) << symbol;
+    EXPECT_EQ(impl, fn) << symbol;
+    EXPECT_EQ(CUDA_SUCCESS, sim_get_proc_symbol(base, &exported, version, flags, nullptr));
+    EXPECT_STREQ(symbol, exported);
+  };
+#define EXPANSE_X(base, version, per_thread, impl, symbol, ...) \
+  check(base, version, per_thread, reinterpret_cast<void*>(&impl), #symbol);
+  EXPANSE_SIM_OTHER_VARIANTS(EXPANSE_X)
+#undef EXPANSE_X
+}
+
 }  // namespace
 }  // namespace expanse::sim::testing

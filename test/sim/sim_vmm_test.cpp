@@ -1,4 +1,4 @@
-// The VMM entry points: every rule of spec §6/§7 with its exact code.
+// The VMM entry points: every documented rule with its exact code.
 #include "sim_test_util.hpp"
 
 namespace expanse::sim::testing {

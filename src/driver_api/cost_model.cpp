@@ -1,4 +1,4 @@
-#include "driver/cost_model.hpp"
+#include "driver_api/cost_model.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -13,7 +13,7 @@ namespace {
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kBookkeepingNs = 500;  // context/attribute queries: ~0.5 us
 
-// The H100 80GB rows of reference/driver_costs.md: ovg-project/kvcached,
+// Published H100 80GB measurements: ovg-project/kvcached,
 // benchmarks/bench_layout/H100_results.md (CUPTI totals divided by call counts, 2 MiB and
 // 112 MiB handles), fitted linearly. Entry points nobody has published for an H100 keep the
 // order of the A100 / NCCL bench_vmm figures beside them.

@@ -11,7 +11,7 @@
 // `--cost-table FILE` reads one (its JSON form lives with the CLI, not in this layer).
 #pragma once
 
-#include "driver/entry_points.hpp"
+#include "driver_api/entry_points.hpp"
 
 #include <cstddef>
 #include <vector>
@@ -28,7 +28,7 @@ class CostModel {
   // Every entry point 0.5 us flat (bookkeeping calls), no range curves.
   CostModel();
 
-  // The H100 figures of reference/driver_costs.md (the built-in default).
+  // Published H100 80GB measurements (the built-in default; see cost_model.cpp).
   static const CostModel& h100() noexcept;
 
   // The process-wide model used by the allocator's stats and the sim unless told otherwise.

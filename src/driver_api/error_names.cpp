@@ -1,7 +1,7 @@
 // cuGetErrorName / cuGetErrorString tables (CUDA 13.0 CUresult values).
-#include "sim/sim_errors.hpp"
+#include "driver_api/error_names.hpp"
 
-namespace expanse::sim::detail {
+namespace expanse::driver {
 namespace {
 
 struct ErrorInfo {
@@ -173,4 +173,4 @@ const char* error_string(int code) noexcept {
   return e == nullptr ? nullptr : e->text;
 }
 
-}  // namespace expanse::sim::detail
+}  // namespace expanse::driver

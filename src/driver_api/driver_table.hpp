@@ -5,12 +5,12 @@
 // cannot tell which, which is the point.
 #pragma once
 
-#include "driver/entry_points.hpp"
+#include "driver_api/entry_points.hpp"
 
 namespace expanse::driver {
 
 struct DriverTable {
-#define EXPANSE_X(field, base, symbol, version, need) decltype(&::symbol) field = nullptr;
+#define EXPANSE_X(field, base, symbol, version, need, ...) decltype(&::symbol) field = nullptr;
   EXPANSE_DRIVER_ENTRY_POINTS(EXPANSE_X)
 #undef EXPANSE_X
 
