@@ -1,6 +1,6 @@
 #include "info.hpp"
 
-#include "api/config.hpp"
+#include "conf/config.hpp"
 #include "driver/driver.hpp"
 #include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
@@ -18,12 +18,12 @@ std::string version_text(int v) {
   return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
 }
 
-Json size_or_null(size_t v) { return v == core::kNoLimit ? Json(nullptr) : Json(v); }
+Json size_or_null(size_t v) { return v == conf::kNoLimit ? Json(nullptr) : Json(v); }
 
 // The allocator options a device gets, with the values DeviceAllocator derives from the
 // capacity when an option is 0 (see core/options.hpp).
-Json effective_options(const api::Config& conf, size_t capacity, size_t granularity) {
-  core::AllocatorOptions o = api::options_for_device(conf, capacity);
+Json effective_options(const conf::Config& conf, size_t capacity, size_t granularity) {
+  conf::AllocatorOptions o = conf::options_for_device(conf, capacity);
   const size_t page = o.page_size != 0 ? o.page_size : granularity;
   const size_t cap = std::max(capacity, page);
   Json j;
@@ -48,7 +48,7 @@ std::string size_text(const Json& v) {
 }  // namespace
 
 Json gather_info(const std::string& conf_text) {
-  const api::Config conf = api::parse_config(conf_text);
+  const conf::Config conf = conf::parse_config(conf_text);
   std::unique_ptr<driver::LoadedDriver> drv;
   try {
     drv = driver::select_driver(conf_text, true);
