@@ -9,6 +9,8 @@ namespace expanse::core {
 inline constexpr size_t kBlockAlignment = 512;          // every block is carved at this granularity
 inline constexpr size_t kNoLimit = SIZE_MAX;
 
+inline size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
 struct AllocatorOptions {
   size_t page_size = 0;          // physical page (handle) size; 0 = device granularity
   size_t limit = kNoLimit;       // most physical memory held (mapped + pooled), bytes
