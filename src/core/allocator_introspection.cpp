@@ -24,11 +24,11 @@ std::string DeviceAllocator::describe_pointer_locked(const void* ptr) const {
   auto addr = reinterpret_cast<CUdeviceptr>(ptr);
   const auto& blocks = placement_.index().blocks();
   auto it = blocks.upper_bound(addr);
-  if (it == blocks.begin()) return "not a pointer expanse returned on device " + std::to_string(device());
+  const std::string foreign =
+      "not a pointer expanse returned on device " + std::to_string(device());
+  if (it == blocks.begin()) return foreign;
   --it;
-  if (addr >= it->first + it->second.size) {
-    return "not a pointer expanse returned on device " + std::to_string(device());
-  }
+  if (addr >= it->first + it->second.size) return foreign;
   const Block& b = it->second;
   if (b.state == BlockState::live) {
     if (it->first == addr) return "live block of " + std::to_string(b.requested) + " bytes";

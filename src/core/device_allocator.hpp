@@ -7,8 +7,8 @@
 //   PageSupply (page_supply.hpp): pages for it (pool, new handles, reclaim, wait), the page books;
 //   StreamOrder (stream_order.hpp): when freed memory is safe for which stream.
 // allocate() → where this stream lately freed a block of that size, if still free (exact-size
-// reuse) → a free block whose pages are mapped → best fit → carve → PageSupply::ensure_pages →
-// live. deallocate() → StreamOrder (pending on other streams, or back in the free index owned by
+// reuse) → a free block whose pages are mapped → best fit → carve → PageSupply::ensure_pages
+// → live. deallocate() → StreamOrder (pending on other streams, or back in the free index owned by
 // the stream until a fence proves its work done) → trim above release_threshold.
 #pragma once
 

@@ -54,7 +54,8 @@ class HandleWalk {
  public:
   class iterator {
    public:
-    iterator(const Reservation* r, size_t p, size_t q, bool gaps) : r_(r), p_(p), q_(q), gaps_(gaps) {
+    iterator(const Reservation* r, size_t p, size_t q, bool gaps)
+        : r_(r), p_(p), q_(q), gaps_(gaps) {
       settle();
     }
     const HandleRun& operator*() const noexcept { return run_; }
@@ -75,7 +76,8 @@ class HandleWalk {
     HandleRun run_;
   };
 
-  HandleWalk(const Reservation* r, size_t p, size_t q, bool gaps) : r_(r), p_(p), q_(q), gaps_(gaps) {}
+  HandleWalk(const Reservation* r, size_t p, size_t q, bool gaps)
+      : r_(r), p_(p), q_(q), gaps_(gaps) {}
   iterator begin() const { return iterator(r_, p_, q_, gaps_); }
   iterator end() const { return iterator(r_, q_, q_, gaps_); }
 

@@ -29,7 +29,8 @@ struct OracleParams {
   size_t va_budget = 0;
 };
 
-class StreamOrderOracleTest : public CoreTest, public ::testing::WithParamInterface<OracleParams> {};
+class StreamOrderOracleTest : public CoreTest,
+                              public ::testing::WithParamInterface<OracleParams> {};
 
 TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
   const OracleParams prm = GetParam();
