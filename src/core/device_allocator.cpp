@@ -174,32 +174,7 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
   req.bytes = bytes;
   req.stream = stream;
   try {
-    // A placement touches at least ceil(sz / page) pages, at most two of them already touched:
-    // when even that does not fit, fail before reserving, creating, reclaiming or waiting.
-    const size_t max_new = (sz + page_ - 1) / page_;
-    if (max_new > 2 && max_new - 2 > supply_.pages_left()) {
-      req.hopeless = true;
-      req.needed = max_new;
-      throw_oom(req);
-    }
-    size_t offset = 0;
-    BlockIt it = find_block(sz, a, ss.key, req, &offset);
-    it = placement_.index().carve(it, sz, a, offset);
-    it->second.state = BlockState::live;  // out of the index: reclaim cannot pick its pages
-    Reservation& r = placement_.res(it->second.res);
-    try {
-      const size_t fresh = r.untouched_pages(it->first, sz);
-      if (fresh > supply_.pages_left()) {
-        req.limit_hit = supply_.limit_pages() < supply_.capacity_pages();
-        req.hopeless = true;
-        req.needed = fresh;
-        throw_oom(req);
-      }
-      if (!supply_.ensure_pages(r, it->first, sz, req)) throw_oom(req);
-    } catch (...) {
-      placement_.index().insert_free(it, a);
-      throw;
-    }
+    BlockIt it = place(sz, a, ss.key, req);
     make_live(it, bytes, ss, stream);
     return reinterpret_cast<void*>(it->first);
   } catch (const out_of_memory&) {
@@ -211,6 +186,42 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
                              std::to_string(device()) + ": " + e.what(),
                          static_cast<int>(e.code()));
   }
+}
+
+// A block of sz bytes for `stream`, carved and backed by mapped, accessible pages (not yet
+// live); on a throw nothing changed.
+BlockIt DeviceAllocator::place(size_t sz, Arena a, StreamKey stream, PageRequest& req) {
+  // A placement touches at least ceil(sz / page) pages, at most two of them already touched:
+  // when even that does not fit, fail before reserving, creating, reclaiming or waiting.
+  const size_t max_new = (sz + page_ - 1) / page_;
+  if (max_new > 2 && max_new - 2 > supply_.pages_left()) {
+    req.hopeless = true;
+    req.needed = max_new;
+    throw_oom(req);
+  }
+  size_t offset = 0;
+  BlockIt it = find_block(sz, a, stream, req, &offset);
+  // A free block this stream may use now, holding the placement.
+  EXPANSE_ASSERT(it->second.state == BlockState::free &&
+                 (it->second.safe || it->second.stream == stream) &&
+                 offset + sz <= it->second.size);
+  it = placement_.index().carve(it, sz, a, offset);
+  it->second.state = BlockState::live;  // out of the index: reclaim cannot pick its pages
+  Reservation& r = placement_.res(it->second.res);
+  try {
+    const size_t fresh = r.untouched_pages(it->first, sz);
+    if (fresh > supply_.pages_left()) {
+      req.limit_hit = supply_.limit_pages() < supply_.capacity_pages();
+      req.hopeless = true;
+      req.needed = fresh;
+      throw_oom(req);
+    }
+    if (!supply_.ensure_pages(r, it->first, sz, req)) throw_oom(req);
+  } catch (...) {
+    placement_.index().insert_free(it, a);
+    throw;
+  }
+  return it;
 }
 
 // Chooses where a block of sz bytes goes: a free block this stream may use, and the offset into
@@ -255,10 +266,13 @@ BlockIt DeviceAllocator::find_block(size_t sz, Arena a, StreamKey stream, PageRe
 void DeviceAllocator::make_live(BlockIt it, size_t requested, StreamOrder::StreamState& ss,
                                 CUstream stream) {
   Block& b = it->second;
+  Reservation& r = placement_.res(b.res);
+  // Every page of a live block is mapped and accessible (docs/design.md, invariant 2).
+  EXPANSE_ASSERT(r.all_ready(r.first_page(it->first), r.last_page(it->first, b.size)));
   b.state = BlockState::live;
   b.requested = requested;
   streams_.on_alloc(b, ss);
-  supply_.touch(placement_.res(b.res), it->first, b.size);
+  supply_.touch(r, it->first, b.size);
   stats_.requested_bytes += requested;
   stats_.allocated_bytes += b.size;
   ++stats_.live_blocks;

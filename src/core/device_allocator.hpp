@@ -89,6 +89,7 @@ class DeviceAllocator {
   // violation on stderr.
   class CheckedScope;
 
+  BlockIt place(size_t sz, Arena a, StreamKey stream, PageRequest& req);
   BlockIt find_block(size_t sz, Arena a, StreamKey stream, PageRequest& req, size_t* offset);
   // `stream`: as the caller named it (for the memory history).
   void make_live(BlockIt it, size_t requested, StreamOrder::StreamState& ss, CUstream stream);

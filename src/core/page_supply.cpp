@@ -113,6 +113,8 @@ bool PageSupply::ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes, Pa
     throw;
   }
   map_and_grant(r, filled, std::move(p.grant));
+  // The block's pages are mapped and accessible, under handles it may hold.
+  EXPANSE_ASSERT(r.all_ready(r.first_page(addr), r.last_page(addr, bytes)));
   return true;
 }
 
@@ -197,7 +199,7 @@ void PageSupply::map_and_grant(Reservation& r, const Filled& filled, Grants gran
       size_t end = grant[i].first + grant[i].second;
       while (j < grant.size() && grant[j].first == end) end += grant[j++].second;
       drv_.set_access(r.page_addr(grant[i].first), (end - grant[i].first) * page_, j - i);
-      for (size_t p = grant[i].first; p < end; ++p) r.granted[p] = 1;
+      r.note_granted(grant[i].first, end);
       i = j;
     }
   } catch (...) {

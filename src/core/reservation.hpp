@@ -164,6 +164,13 @@ struct Reservation {
     }
     mapped_pages += count;
   }
+  // Books pages [p, q) (mapped, whole handles) accessible.
+  void note_granted(size_t p, size_t q) noexcept {
+    for (size_t i = p; i < q; ++i) {
+      EXPANSE_ASSERT(mapped(i));
+      granted[i] = 1;
+    }
+  }
   // Books the handle h (mapped, whole) unmapped.
   void note_unmapped(const HandleRun& h) noexcept {
     EXPANSE_ASSERT(h.mapped && head[h.head] == h.head && span[h.head] == h.pages);

@@ -138,6 +138,7 @@ StreamOrder::Deps StreamOrder::end_uses(const Block& b, StreamState& ss) {
 
 void StreamOrder::on_free(BlockIt it, StreamState& ss, Deps deps) {
   Block& b = it->second;
+  EXPANSE_ASSERT(b.state == BlockState::live);
   b.stream = ss.key;
   b.seq = ss.free_seq = ++seq_clock_;
   b.safe = false;
