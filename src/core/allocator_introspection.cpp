@@ -1,33 +1,34 @@
-// Looking inside: ownership queries, error descriptions, stats, and the invariant checker.
-#include "core/allocator_internal.hpp"
+// DeviceAllocator, looking inside: ownership queries, error descriptions, stats, the invariant
+// check and the memory history's view of segments.
+#include "core/device_allocator.hpp"
+
+#include "core/format.hpp"
 #include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 
 #include <algorithm>
-#include <cassert>
 #include <sstream>
 
 namespace expanse::core {
 
-// ---- introspection --------------------------------------------------------------------------
-
 bool DeviceAllocator::owns(const void* ptr, size_t* size) const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = index_.blocks().find(reinterpret_cast<CUdeviceptr>(ptr));
-  if (it == index_.blocks().end() || it->second.state != BlockState::live) return false;
+  const auto& blocks = placement_.index().blocks();
+  auto it = blocks.find(reinterpret_cast<CUdeviceptr>(ptr));
+  if (it == blocks.end() || it->second.state != BlockState::live) return false;
   if (size != nullptr) *size = it->second.requested;
   return true;
 }
 
 std::string DeviceAllocator::describe_pointer_locked(const void* ptr) const {
   auto addr = reinterpret_cast<CUdeviceptr>(ptr);
-  const auto& blocks = index_.blocks();
+  const auto& blocks = placement_.index().blocks();
   auto it = blocks.upper_bound(addr);
-  if (it == blocks.begin()) return "not a pointer expanse returned on device " + std::to_string(device());
+  const std::string foreign =
+      "not a pointer expanse returned on device " + std::to_string(device());
+  if (it == blocks.begin()) return foreign;
   --it;
-  if (addr >= it->first + it->second.size) {
-    return "not a pointer expanse returned on device " + std::to_string(device());
-  }
+  if (addr >= it->first + it->second.size) return foreign;
   const Block& b = it->second;
   if (b.state == BlockState::live) {
     if (it->first == addr) return "live block of " + std::to_string(b.requested) + " bytes";
@@ -41,7 +42,7 @@ std::string DeviceAllocator::describe_stream_order(const void* ptr) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::ostringstream out;
   const auto addr = reinterpret_cast<CUdeviceptr>(ptr);
-  const auto& blocks = index_.blocks();
+  const auto& blocks = placement_.index().blocks();
   auto it = blocks.upper_bound(addr);
   if (it != blocks.begin()) {
     --it;
@@ -52,38 +53,14 @@ std::string DeviceAllocator::describe_stream_order(const void* ptr) const {
     for (StreamKey u : b.users) out << ' ' << u;
     out << '\n';
   }
-  for (const auto& [key, ss] : streams_) {
-    out << "stream key " << key << ": kind " << static_cast<int>(ss.kind) << ", id " << ss.id
-        << ", handle " << ss.handle << ", ctx " << ss.ctx << ", owner thread " << ss.owner_thread
-        << (ss.gone ? ", gone" : "") << ", live refs " << ss.live_refs << ", free seq "
-        << ss.free_seq << ", safe seq " << ss.safe_seq << ", recent places " << ss.recent.size()
-        << ", fences";
-    for (const Fence& f : ss.fences) out << " (event " << f.event << ", seq " << f.seq << ")";
-    out << '\n';
-  }
-  for (const Pending& p : pending_) {
-    out << "pending " << hex(p.it->first) << " +" << p.it->second.size << " owner "
-        << p.it->second.stream << " seq " << p.it->second.seq << ", waits for";
-    for (const auto& [k, seq] : p.deps) out << " (key " << k << ", seq " << seq << ")";
-    out << '\n';
-  }
+  streams_.describe(out);
   return out.str();
 }
 
 [[noreturn]] void DeviceAllocator::throw_oom(const PageRequest& req) {
   size_t reclaimable = 0;
-  for (Arena a : {Arena::large, Arena::small}) {
-    index_.for_each_safe_largest_first(a, [&](BlockIt it) {
-      const Reservation& r = res(it->second.res);
-      size_t lo = 0, hi = 0;
-      r.inner_pages(it->first, it->second.size, &lo, &hi);
-      for (size_t p = lo; p < hi; ++p) {
-        reclaimable += r.mapped(p) && r.handle_head(p) >= lo &&
-                       r.handle_head(p) + r.handle_pages(p) <= hi;
-      }
-      return true;
-    });
-  }
+  for (const ReclaimableHandle& h : placement_.reclaimable_handles()) reclaimable += h.pages;
+  const size_t touched = supply_.touched_pages(), limit = supply_.limit_pages();
   std::ostringstream m;
   m << "expanse: out of memory on device " << device() << ": ";
   m << "asked for " << conf::format_size(req.bytes) << " (" << req.bytes << " bytes) on stream "
@@ -94,36 +71,39 @@ std::string DeviceAllocator::describe_stream_order(const void* ptr) const {
   }
   m << "; capacity " << conf::format_size(drv_.total_memory()) << ", live "
     << conf::format_size(stats_.allocated_bytes) << " (pages touched "
-    << conf::format_size(touched_pages_ * page_) << "), cached "
-    << conf::format_size((mapped_pages_ - touched_pages_) * page_) << ", reclaimable now "
+    << conf::format_size(touched * page_) << "), cached "
+    << conf::format_size((supply_.mapped_pages() - touched) * page_) << ", reclaimable now "
     << conf::format_size(reclaimable * page_) << ", pooled "
-    << conf::format_size(pool_pages_ * page_) << ", limit "
-    << (limit_pages_ == SIZE_MAX ? std::string("none") : conf::format_size(limit_pages_ * page_))
-    << "; " << (req.hopeless ? "nothing tried: the pages do not exist (" +
-                                    std::to_string(pages_left()) + " pages of " +
-                                    conf::format_size(page_) + " left)" : "tried")
+    << conf::format_size(supply_.pooled_pages() * page_) << ", limit "
+    << (limit == SIZE_MAX ? std::string("none") : conf::format_size(limit * page_)) << "; "
+    << (req.hopeless ? "nothing tried: the pages do not exist (" +
+                           std::to_string(supply_.pages_left()) + " pages of " +
+                           conf::format_size(page_) + " left)"
+                     : "tried")
     << ": pool (" << req.from_pool << " pages), reclaim (" << req.reclaimed
     << " pages), cuMemCreate (" << req.created << " pages"
     << (req.create_oom ? ", then CUDA_ERROR_OUT_OF_MEMORY" : "")
     << (req.limit_hit ? ", stopped at the limit" : "") << ")"
     << (req.waited ? ", waited for all streams' freed memory" : "")
-    << (req.va_exhausted ? "; VA budget of " + conf::format_size(va_budget_) + " exhausted" : "");
+    << (req.va_exhausted ? "; VA budget of " + conf::format_size(placement_.va_budget()) +
+                               " exhausted"
+                         : "");
   throw out_of_memory(m.str(), req.bytes, device());
 }
 
 DeviceStats DeviceAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   DeviceStats s = stats_;
-  s.touched_bytes = touched_pages_ * page_;
-  s.mapped_bytes = mapped_pages_ * page_;
-  s.cached_bytes = (mapped_pages_ - touched_pages_) * page_;
-  s.pooled_bytes = pool_pages_ * page_;
-  s.physical_bytes = held_pages() * page_;
-  s.va_reserved_bytes = va_reserved_;
+  s.touched_bytes = supply_.touched_pages() * page_;
+  s.mapped_bytes = supply_.mapped_pages() * page_;
+  s.cached_bytes = (supply_.mapped_pages() - supply_.touched_pages()) * page_;
+  s.pooled_bytes = supply_.pooled_pages() * page_;
+  s.physical_bytes = supply_.held_pages() * page_;
+  s.va_reserved_bytes = placement_.va_reserved();
   s.driver_calls = drv_.calls();
   s.modeled_driver_ns = drv_.modeled_ns();
   s.stream_queries = drv_.stream_queries();
-  s.tracked_streams = streams_.size();
+  s.tracked_streams = streams_.tracked_streams();
   return s;
 }
 
@@ -131,128 +111,52 @@ void DeviceAllocator::reset_peaks() {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.peak_requested_bytes = stats_.requested_bytes;
   stats_.peak_allocated_bytes = stats_.allocated_bytes;
-  stats_.peak_mapped_bytes = mapped_pages_ * page_;
-  stats_.peak_physical_bytes = held_pages() * page_;
-  stats_.peak_va_reserved_bytes = va_reserved_;
+  stats_.peak_mapped_bytes = supply_.mapped_pages() * page_;
+  stats_.peak_physical_bytes = supply_.held_pages() * page_;
+  stats_.peak_va_reserved_bytes = placement_.va_reserved();
 }
 
 std::string DeviceAllocator::check_invariants() const {
   std::lock_guard<std::mutex> lock(mu_);
-  std::ostringstream err;
-  size_t touched = 0, mapped = 0, free_indexed = 0;
-  const auto& blocks = index_.blocks();
-  for (const auto& rp : reservations_) {
-    if (!rp || !rp->alive) continue;
-    const Reservation& r = *rp;
-    std::vector<uint32_t> edges(r.page_count(), 0);
-    std::vector<char> interior(r.page_count(), 0);
-    CUdeviceptr at = r.base;
-    auto it = blocks.find(r.base);
-    const Block* prev = nullptr;
-    while (at < r.base + r.size) {
-      if (it == blocks.end() || it->first != at) {
-        err << "reservation " << hex(r.base) << ": no block at " << hex(at);
-        return err.str();
-      }
-      const Block& b = it->second;
-      if (b.res != r.id || b.size == 0 || b.size % kBlockAlignment != 0) {
-        err << "block " << hex(it->first) << " has bad size or reservation";
-        return err.str();
-      }
-      if (b.state == BlockState::free) {
-        ++free_indexed;
-        if (prev != nullptr && index_.mergeable(*prev, b)) {
-          err << "free blocks at " << hex(it->first) << " and before it were not coalesced";
-          return err.str();
-        }
-      }
-      if (b.state == BlockState::live) {
-        size_t a = r.first_page(it->first), z = r.last_page(it->first, b.size);
-        ++edges[a];
-        if (z != a) ++edges[z];
-        for (size_t p = a + 1; p < z; ++p) interior[p] = 1;
-        size_t lo = 0, hi = 0;
-        r.inner_pages(it->first, b.size, &lo, &hi);
-        for (size_t p = a; p <= z; ++p) {
-          if (!r.ready(p)) {
-            err << "live block " << hex(it->first) << " has an unmapped or inaccessible page " << p;
-            return err.str();
-          }
-          const size_t head = r.handle_head(p), n = r.handle_pages(p);
-          if (n > 1 && (head < lo || head + n > hi)) {
-            err << "live block " << hex(it->first) << " covers part of the " << n
-                << "-page handle at page " << head << " (or shares it on an edge page)";
-            return err.str();
-          }
-        }
-      }
-      prev = &b;
-      at += b.size;
-      ++it;
-    }
-    for (size_t p = 0; p < r.page_count(); ++p) {
-      if (edges[p] != r.edge_refs[p]) {
-        err << "reservation " << hex(r.base) << " page " << p << ": edge count " << r.edge_refs[p]
-            << ", expected " << edges[p];
-        return err.str();
-      }
-      if (edges[p] != 0 || interior[p] != 0) ++touched;
-      if (r.mapped(p)) {
-        ++mapped;
-        const size_t head = r.handle_head(p);
-        if (head + r.handle_pages(p) > r.page_count() || r.handles[head] != r.handles[p] ||
-            r.span[head] != r.span[p] || r.head[head] != head ||
-            r.granted[head] != r.granted[p]) {
-          err << "reservation " << hex(r.base) << " page " << p << ": not part of one whole "
-              << r.handle_pages(p) << "-page handle";
-          return err.str();
-        }
-      }
-    }
+  return check_invariants_locked();
+}
+
+std::string DeviceAllocator::check_invariants_locked() const {
+  size_t touched = 0, mapped = 0, free_blocks = 0;
+  std::string err = placement_.check(&touched, &mapped, &free_blocks);
+  if (!err.empty()) return err;
+  if (touched != supply_.touched_pages()) {
+    return "touched pages " + std::to_string(supply_.touched_pages()) + ", recomputed " +
+           std::to_string(touched);
   }
-  if (touched != touched_pages_) {
-    err << "touched pages " << touched_pages_ << ", recomputed " << touched;
-    return err.str();
+  if (mapped != supply_.mapped_pages()) {
+    return "mapped pages " + std::to_string(supply_.mapped_pages()) + ", recomputed " +
+           std::to_string(mapped);
   }
-  if (mapped != mapped_pages_) {
-    err << "mapped pages " << mapped_pages_ << ", recomputed " << mapped;
-    return err.str();
+  if (free_blocks != placement_.index().free_blocks()) {
+    return "free index holds " + std::to_string(placement_.index().free_blocks()) +
+           " blocks, map holds " + std::to_string(free_blocks);
   }
-  if (free_indexed != index_.free_blocks()) {
-    err << "free index holds " << index_.free_blocks() << " blocks, map holds " << free_indexed;
-    return err.str();
-  }
-  if (limit_pages_ != SIZE_MAX && held_pages() > std::max(limit_pages_, touched_pages_)) {
-    // Allowed only transiently after a limit was lowered below what cannot be trimmed.
-  }
+  // Held pages may exceed the limit only transiently, after a limit was lowered below what
+  // cannot be trimmed: no check.
   return "";
 }
 
-}  // namespace expanse::core
-
 // ---- memory history ---------------------------------------------------------------------------
-
-namespace expanse::core {
 
 void DeviceAllocator::set_events(AllocatorEvents* e) {
   std::lock_guard<std::mutex> lock(mu_);
   events_ = e;
+  supply_.set_events(e);
 }
 
 std::vector<SegmentView> DeviceAllocator::segments() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<SegmentView> out;
-  const auto& blocks = index_.blocks();
-  for (const auto& rp : reservations_) {
-    if (!rp || !rp->alive) continue;
-    const Reservation& r = *rp;
-    for (size_t p = 0; p < r.page_count();) {
-      if (!r.mapped(p)) {
-        ++p;
-        continue;
-      }
-      size_t q = p;
-      while (q < r.page_count() && r.mapped(q)) ++q;
+  const auto& blocks = placement_.index().blocks();
+  placement_.for_each_reservation([&](const Reservation& r) {
+    // A segment: a run of mapped pages [p, q).
+    auto add = [&](size_t p, size_t q) {
       SegmentView seg;
       seg.address = r.page_addr(p);
       seg.size = (q - p) * page_;
@@ -274,9 +178,17 @@ std::vector<SegmentView> DeviceAllocator::segments() const {
         seg.blocks.push_back(v);
       }
       out.push_back(std::move(seg));
-      p = q;
+    };
+    size_t p = 0, q = 0;  // the run of mapped pages so far
+    for (const HandleRun& h : r.handles_in(0, r.page_count())) {
+      if (h.head != q) {
+        if (q > p) add(p, q);
+        p = h.head;
+      }
+      q = h.end();
     }
-  }
+    if (q > p) add(p, q);
+  });
   return out;
 }
 

@@ -1,15 +1,15 @@
 #include "core/block_index.hpp"
 
+#include "core/check.hpp"
 #include "core/options.hpp"
 
 #include <algorithm>
-#include <cassert>
 
 namespace expanse::core {
 
 void BlockIndex::add_reservation(const Reservation& r) {
-  auto [it, inserted] = blocks_.emplace(r.base, Block{});
-  assert(inserted);
+  [[maybe_unused]] auto [it, inserted] = blocks_.emplace(r.base, Block{});
+  EXPANSE_ASSERT(inserted);
   it->second.size = r.size;
   it->second.res = r.id;
   index(r.arena, it);
@@ -17,7 +17,8 @@ void BlockIndex::add_reservation(const Reservation& r) {
 
 void BlockIndex::remove_reservation(const Reservation& r) {
   auto it = blocks_.find(r.base);
-  assert(it != blocks_.end() && it->second.size == r.size && it->second.state == BlockState::free);
+  EXPANSE_ASSERT(it != blocks_.end() && it->second.size == r.size &&
+                 it->second.state == BlockState::free && it->second.safe);
   unindex(r.arena, it);
   blocks_.erase(it);
 }
@@ -34,14 +35,14 @@ void BlockIndex::index(Arena a, BlockIt it) {
 
 void BlockIndex::unindex(Arena a, BlockIt it) {
   const Block& b = it->second;
-  assert(b.state == BlockState::free);
+  EXPANSE_ASSERT(b.state == BlockState::free);
   int i = static_cast<int>(a);
   if (b.safe) {
     safe_[i].erase({b.size, it->first});
     return;
   }
   auto o = owned_[i].find(b.stream);
-  assert(o != owned_[i].end());
+  EXPANSE_ASSERT(o != owned_[i].end());
   o->second.erase({b.size, it->first});
   if (o->second.empty()) owned_[i].erase(o);
 }
@@ -51,8 +52,8 @@ BlockIt BlockIndex::best_fit(Arena a, size_t bytes, StreamKey stream) {
 }
 
 BlockIt BlockIndex::carve(BlockIt it, size_t bytes, Arena a, size_t offset) {
-  assert(it->second.state == BlockState::free && it->second.size >= offset + bytes);
-  assert(bytes % kBlockAlignment == 0 && offset % kBlockAlignment == 0);
+  EXPANSE_ASSERT(it->second.state == BlockState::free && it->second.size >= offset + bytes);
+  EXPANSE_ASSERT(bytes % kBlockAlignment == 0 && offset % kBlockAlignment == 0);
   unindex(a, it);
   if (offset != 0) {
     // Leave [start, start+offset) free with the same owner; carve from the rest.
@@ -138,6 +139,7 @@ BlockIt BlockIndex::insert_free(BlockIt it, Arena a) {
 }
 
 BlockIt BlockIndex::make_safe(BlockIt it, Arena a) {
+  EXPANSE_ASSERT(it->second.state == BlockState::free && !it->second.safe);
   unindex(a, it);
   it->second.safe = true;
   it->second.freed_by = it->second.stream;
@@ -152,6 +154,7 @@ std::vector<BlockIt> BlockIndex::owned_up_to(Arena a, StreamKey stream, uint64_t
   if (o == owned_[static_cast<int>(a)].end()) return out;
   for (const auto& [size, addr] : o->second) {
     auto it = blocks_.find(addr);
+    EXPANSE_ASSERT(it != blocks_.end() && !it->second.safe && it->second.stream == stream);
     if (it->second.seq <= upto) out.push_back(it);
   }
   return out;

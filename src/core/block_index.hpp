@@ -1,11 +1,11 @@
 // Blocks carved out of the reservations, and the free-block index used for best-fit placement.
 //
-// Every byte of every reservation belongs to exactly one block. A free block is either "safe"
-// (all work that used it has completed: any stream may take it, its pages may be unmapped) or
-// owned by the stream it was freed on until a fence on that stream completes (only that stream
-// may reuse it at once; DESIGN.md invariant 3). Free neighbours coalesce when they have the same
-// owner; safe blocks always end up coalesced, so a page is reclaimable exactly when it lies
-// wholly inside one safe free block.
+// Every byte of every reservation belongs to exactly one block. A free block is either "safe" (all
+// work that used it has completed: any stream may take it, its pages may be unmapped) or owned by
+// the stream it was freed on until a fence on that stream completes (only that stream may reuse it
+// at once; docs/design.md, invariant 3). Free neighbours coalesce when they have the same owner;
+// safe blocks always end up coalesced, so a page is reclaimable exactly when it lies wholly inside
+// one safe free block.
 #pragma once
 
 #include "core/reservation.hpp"
@@ -23,7 +23,7 @@
 namespace expanse::core {
 
 // A stream as the allocator knows it: the driver's stream id (never reused, unlike handle values),
-// or a key the allocator made up (stream_order.cpp). 0 is no stream.
+// or a key the allocator made up (stream_order.hpp). 0 is no stream.
 using StreamKey = uint64_t;
 inline constexpr StreamKey kNeverFreed = 0;
 inline constexpr StreamKey kFreedByMany = ~StreamKey{0};

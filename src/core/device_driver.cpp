@@ -100,7 +100,7 @@ bool DeviceDriver::rdma_mapping_works() {
 
 DeviceDriver::~DeviceDriver() {
   // The CUdevice from cuDeviceGet, not the ordinal: the driver promises nothing about their
-  // relation (issue 8, finding 8).
+  // relation.
   if (ctx_ != nullptr) t_.device_primary_ctx_release(dev_);
 }
 

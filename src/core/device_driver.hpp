@@ -2,7 +2,7 @@
 // stream and event calls made in the stream's own context, every call counted per entry point and
 // priced by the cost model (stats.driver_calls and modeled_driver_ns). VMM failures throw
 // driver::driver_error naming the entry point; stream and event calls return the CUresult, and
-// the caller decides (stream_order.cpp: any failure means "not proven done", never "done").
+// the caller decides (stream_order.hpp: any failure means "not proven done", never "done").
 #pragma once
 
 #include "core/stats.hpp"

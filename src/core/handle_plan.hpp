@@ -1,7 +1,7 @@
 // Which handles back a run of pages: the handle sizes expanse creates and maps.
 //
-// Driver calls cost mostly per call (reference/driver_costs.md: on an H100 a 112 MiB handle costs
-// about 2x a 2 MiB one to create, set access on, unmap and release), and cuMemSetAccess over a
+// Driver calls cost mostly per call (measured on an H100: a 112 MiB handle costs about 2x a 2 MiB
+// one to create, set access on, unmap and release), and cuMemSetAccess over a
 // range is priced per mapping, so a block's inner pages (the pages wholly inside it) are backed by
 // as few handles as possible: one handle per unmapped run of them, of exactly the run's size, cut
 // into pieces of at most max_handle_size (1 GiB by default). A block's first and last page may be
@@ -10,7 +10,7 @@
 //
 // Measured on cs336b_ctx128_fullstep (first pass, default 80 GiB device): power-of-two handles
 // aligned to their size made 5,372 cuMemCreate (0.52 s modeled); one handle per run makes less
-// than half as many (README, issue 12's table).
+// than half as many.
 #pragma once
 
 #include <cstddef>

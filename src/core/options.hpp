@@ -12,4 +12,6 @@ inline constexpr size_t kBlockAlignment = 512;  // every block is carved at this
 inline constexpr size_t kNoLimit = conf::kNoLimit;
 using AllocatorOptions = conf::AllocatorOptions;
 
+inline size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
 }  // namespace expanse::core

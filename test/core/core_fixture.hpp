@@ -99,6 +99,48 @@ class CoreTest : public ::testing::Test {
     return out;
   }
 
+  // Makes device 0's primary context current on this thread for the scope (the test's own driver
+  // calls: oracle events, handle and access queries).
+  struct PrimaryCtx {
+    explicit PrimaryCtx(const driver::DriverTable& t) : t_(t) {
+      t_.device_get(&dev_, 0);
+      t_.device_primary_ctx_retain(&ctx_, dev_);
+      t_.ctx_push_current(ctx_);
+    }
+    ~PrimaryCtx() {
+      CUcontext popped = nullptr;
+      t_.ctx_pop_current(&popped);
+      t_.device_primary_ctx_release(dev_);
+    }
+    PrimaryCtx(const PrimaryCtx&) = delete;
+    PrimaryCtx& operator=(const PrimaryCtx&) = delete;
+    const driver::DriverTable& t_;
+    CUdevice dev_ = 0;
+    CUcontext ctx_ = nullptr;
+  };
+
+  // Access flags of device 0 at ptr; -1 when nothing is mapped there.
+  int access_at(CUdeviceptr ptr) {
+    PrimaryCtx c(drv_->table());
+    CUmemLocation loc{};
+    loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    loc.id = 0;
+    unsigned long long flags = 0;
+    if (drv_->table().mem_get_access(&flags, &loc, ptr) != CUDA_SUCCESS) return -1;
+    return static_cast<int>(flags);
+  }
+
+  // Handle mapped at ptr, 0 when none.
+  CUmemGenericAllocationHandle handle_at(CUdeviceptr ptr) {
+    CUmemGenericAllocationHandle h = 0;
+    if (drv_->table().mem_retain_allocation_handle(&h, reinterpret_cast<void*>(ptr)) !=
+        CUDA_SUCCESS) {
+      return 0;
+    }
+    drv_->table().mem_release(h);
+    return h;
+  }
+
   // A new stream on device 0 (created in its primary context).
   CUstream new_stream(int device = 0) {
     const auto& t = drv_->table();

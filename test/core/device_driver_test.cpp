@@ -12,7 +12,7 @@ CUresult recording_release(CUdevice d) {
   return r;
 }
 
-// Finding 8: ~DeviceDriver releases the primary context of the CUdevice it retained, not of the
+// ~DeviceDriver releases the primary context of the CUdevice it retained, not of the
 // ordinal (the sim hands out CUdevice values that differ from ordinals, as a driver may).
 TEST(DeviceDriverTest, ReleasesThePrimaryContextItRetained) {
   auto drv = driver::load_sim(sim_config(1 * GiB, true, 2), "test");
@@ -31,7 +31,7 @@ TEST(DeviceDriverTest, ReleasesThePrimaryContextItRetained) {
 }
 
 // The WSL2 RDMA probe drops the flag only when cuMemSetAccess refuses RDMA-capable memory and
-// accepts plain memory; memory running out during the probe proves nothing (review: a transient
+// accepts plain memory; memory running out during the probe proves nothing (a transient
 // OUT_OF_MEMORY would have cost NCCL its GPUDirect for the life of the process).
 TEST(DeviceDriverTest, RdmaProbeKeepsTheFlagWhenMemoryRunsOut) {
   auto drv = driver::load_sim(sim_config(1 * GiB), "test");

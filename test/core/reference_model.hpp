@@ -1,5 +1,5 @@
 // The reference model the allocator is checked against: live blocks, the pages they touch, and
-// what invariant 1 of DESIGN.md promises — allocate(n) succeeds whenever
+// what docs/design.md, invariant 1 promises — allocate(n) succeeds whenever
 // ceil(n / page) <= min(capacity, limit) pages - pages touched by live blocks.
 #pragma once
 

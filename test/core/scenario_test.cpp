@@ -283,7 +283,7 @@ TEST_F(MixedHandleTest, AFreedHandleRefilledByBlocksOfOneSizeIsSplitOnce) {
 
 // Reclaim first keeps physical memory at the live set: a reclaimed handle that matches no slot
 // of the request exactly still serves it (the slot is cut to the handle), and pages are created
-// only for the rest. Was a bug: the reclaimed 32-page handle stayed pooled beside 40 new pages.
+// only for the rest, instead of the reclaimed 32-page handle staying pooled beside 40 new pages.
 TEST_F(MixedHandleTest, ReclaimFirstUsesReclaimedHandlesOfOtherSizes) {
   core::AllocatorOptions opts;
   opts.reclaim_before_create = true;

@@ -1,6 +1,6 @@
 // A split handle's rest cut where more blocks of the new block's size would fall
-// (plan_handles_periodic, from a review of dd4b768): what the cut costs when its prediction is
-// wrong, failures among its many handles, and a few-sizes workload against the reference model.
+// (plan_handles_periodic): what the cut costs when its prediction is wrong, failures among its
+// many handles, and a few-sizes workload against the reference model.
 // The plan itself is tested in handle_plan_test.cpp.
 #include "core/handle_plan.hpp"
 #include "core_fixture.hpp"
@@ -16,16 +16,17 @@ namespace {
 
 using driver::EntryPoint;
 
-class PeriodicReviewTest : public CoreTest {};
+class SplitPredictionTest : public CoreTest {};
 
 uint64_t calls(const core::DeviceStats& s, EntryPoint e) {
   return s.driver_calls[static_cast<size_t>(e)];
 }
 
-// Failed at dd4b768 (a cost regression, not a correctness bug; fixed by kPredictedBlocks). A freed 1 GiB handle; one block of
-// a page and a bit lands at its start; then one large block of another size. The rest of the handle becomes one-page handles wherever a (never coming) block
-// of the first size would begin mid-page.
-TEST_F(PeriodicReviewTest, OneOddBlockInAFreedGiBHandle) {
+// A freed 1 GiB handle; one block of a page and a bit lands at its start; then one large block of
+// another size. The cut predicts at most kPredictedBlocks blocks of the first size, so the rest
+// of the handle does not become one-page handles wherever a (never coming) block of the first
+// size would begin mid-page.
+TEST_F(SplitPredictionTest, OneOddBlockInAFreedGiBHandle) {
   make(sim_config(8 * GiB));
   const size_t P = alloc_->page_size();
   void* a = alloc_->allocate(512 * P, nullptr);
@@ -49,10 +50,10 @@ TEST_F(PeriodicReviewTest, OneOddBlockInAFreedGiBHandle) {
               (mid.modeled_driver_ns - before.modeled_driver_ns) * 1e-6,
               static_cast<unsigned long long>(calls(st, EntryPoint::mem_create) - calls(before, EntryPoint::mem_create)),
               (st.modeled_driver_ns - before.modeled_driver_ns) * 1e-6);
-  // Before dd4b768 the rest of the handle was cut as one: 3 cuMemCreate, 1.37 ms modeled for x
-  // (2.73 ms with y). Now every page past x whose (never coming) P+512 neighbour would begin
-  // inside it is a handle alone: 512 cuMemCreate and cuMemMap, 47.3 ms modeled for x alone, and
-  // release_cached later pays 512 cuMemRelease (33 ms against 0.9 ms).
+  // Cut as one, the rest of the handle costs 3 cuMemCreate, 1.37 ms modeled for x (2.73 ms with
+  // y). Predicting a block at every page past x whose (never coming) P+512 neighbour would begin
+  // inside it costs 512 cuMemCreate and cuMemMap, 47.3 ms modeled for x alone, and release_cached
+  // later pays 512 cuMemRelease (33 ms against 0.9 ms).
   EXPECT_LE(calls(mid, EntryPoint::mem_create) - calls(before, EntryPoint::mem_create), 16u)
       << "one block of a page and 512 bytes cut the rest of a freed 1 GiB handle into one-page "
          "handles";
@@ -71,10 +72,10 @@ TEST_F(PeriodicReviewTest, OneOddBlockInAFreedGiBHandle) {
 
 // Failures injected while the many `extra` handles of a periodic cut are created, mapped and
 // granted: the allocator stays consistent, holds nothing the driver does not, and serves again.
-class PeriodicFailureReviewTest : public CoreTest,
+class SplitPredictionFailureTest : public CoreTest,
                                   public ::testing::WithParamInterface<EntryPoint> {};
 
-TEST_P(PeriodicFailureReviewTest, FailureAmongManyExtraHandles) {
+TEST_P(SplitPredictionFailureTest, FailureAmongManyExtraHandles) {
   size_t failures = 0;
   for (uint64_t nth : {1, 2, 3, 4, 100, 300, 509, 510, 511, 512, 513}) {
     for (CUresult code : {CUDA_ERROR_UNKNOWN, CUDA_ERROR_OUT_OF_MEMORY}) {
@@ -116,15 +117,15 @@ TEST_P(PeriodicFailureReviewTest, FailureAmongManyExtraHandles) {
   EXPECT_GT(failures, 0u) << "the injected failure never hit the split";
 }
 
-INSTANTIATE_TEST_SUITE_P(DriverEntryPoints, PeriodicFailureReviewTest,
+INSTANTIATE_TEST_SUITE_P(DriverEntryPoints, SplitPredictionFailureTest,
                          ::testing::ValuesIn(split_entry_points()), entry_point_param_name);
 
 // Few sizes, repeated: large blocks freed and refilled by smaller ones of one size, so splits
 // with periodic cuts happen often; invariant 1 both ways, no overlap, data kept, books checked
 // after every step.
-class FewSizesReviewTest : public CoreTest, public ::testing::WithParamInterface<int> {};
+class FewSizesSplitTest : public CoreTest, public ::testing::WithParamInterface<int> {};
 
-TEST_P(FewSizesReviewTest, RandomOpsOverAFewSizes) {
+TEST_P(FewSizesSplitTest, RandomOpsOverAFewSizes) {
   const int mode = GetParam() % 3;
   const uint64_t seed = static_cast<uint64_t>(GetParam());
   const size_t capacity = 3 * GiB;
@@ -208,7 +209,7 @@ TEST_P(FewSizesReviewTest, RandomOpsOverAFewSizes) {
               fin.modeled_driver_ns * 1e-9);
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, FewSizesReviewTest, ::testing::Range(0, 3));
+INSTANTIATE_TEST_SUITE_P(Seeds, FewSizesSplitTest, ::testing::Range(0, 3));
 
 }  // namespace
 }  // namespace expanse::test

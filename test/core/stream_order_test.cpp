@@ -187,7 +187,6 @@ TEST_F(StreamOrderTest, CallsRunInTheDevicesContextWhateverTheThreadHasCurrent) 
 // that window, deterministically. expanse closes the window by never recording on a handle
 // the current call was not given (another thread may destroy it at any time): s2's allocate
 // must not record on s1 at all, and must not hand out s1's block while its work is pending.
-// Was a bug (the soak's "handed to a stream while another stream's work runs" under TSan).
 struct RecycleOnRecord {
   static inline const driver::DriverTable* real = nullptr;
   static inline CUstream target = nullptr;  // armed: recycle this handle at its next record
@@ -295,9 +294,9 @@ TEST_F(CaptureVersusSyncTest, UnannouncedCaptureIsInvalidatedByTheWaitAndTheSimS
       << sim::capture_log();
 }
 
-// Was a bug (the soak's invalidated captures, 1 run in 25): with the capture announced, expanse
-// does not sync the context; the memory stays unproven (the request fails: there is no other),
-// the capture ends valid, and once it has ended the same request succeeds.
+// With the capture announced, expanse does not sync the context; the memory stays unproven (the
+// request fails: there is no other), the capture ends valid, and once it has ended the same request
+// succeeds.
 TEST_F(CaptureVersusSyncTest, AnnouncedCaptureIsNeverSyncedOver) {
   CUstream cap = setup(/*announce=*/true);
   CUstream s2 = new_stream();
@@ -317,10 +316,10 @@ TEST_F(CaptureVersusSyncTest, AnnouncedCaptureIsNeverSyncedOver) {
 namespace expanse::test {
 namespace {
 
-// Found on an H100 (driver 580): after the application destroyed streams it had freed memory on,
-// release_cached asked cuStreamIsCapturing of the dead handles (709, then a crash inside
-// libcuda). expanse passes the driver no stream handle but the current call's, the legacy and
-// the calling thread's per-thread stream. Failed before the fix (dead handle uses: 2+).
+// A dead stream handle must never reach the driver (on an H100 with driver 580,
+// cuStreamIsCapturing on one returned 709, then crashed inside libcuda): after the application
+// destroyed streams it had freed memory on, release_cached passes the driver no stream handle but
+// the current call's, the legacy and the calling thread's per-thread stream.
 TEST_F(StreamOrderTest, DestroyedStreamsAreNeverAskedAbout) {
   make(sim_config(1 * GiB));
   const auto& t = drv_->table();
@@ -399,10 +398,10 @@ TEST_F(StreamOrderTest, StatesOfDestroyedStreamsAreForgotten) {
   EXPECT_EQ(alloc_->check_invariants(), "");
 }
 
-// Found by review: a forgotten state made again restarted its free numbers at 0, so a pending
-// block waiting for (legacy stream, n) waited forever and the memory was lost to out-of-memory.
-// Free numbers now come from one allocator-wide clock and a state made again starts at "proven
-// up to now". 140 streams keep a live block each, so states are forgotten.
+// A forgotten state made again must not restart its free numbers at 0: a pending block waiting for
+// (legacy stream, n) would wait forever and the memory be lost to out-of-memory. Free numbers come
+// from one allocator-wide clock and a state made again starts at "proven up to now". 140 streams
+// keep a live block each, so states are forgotten.
 TEST_F(StreamOrderTest, ForgottenStateMadeAgainStrandsNothing) {
   make(sim_config(1 * GiB));
   CUstream a = new_stream(), l = new_stream(), b = new_stream();
@@ -434,8 +433,8 @@ TEST_F(StreamOrderTest, ForgottenStateMadeAgainStrandsNothing) {
 }
 
 // A sync of one context holds up an announcement in that context (a capture begun during it
-// would be invalidated) and nothing else: review found one process-wide lock held across
-// cuCtxSynchronize, blocking every context's announcements and other devices' fences.
+// would be invalidated) and nothing else: one process-wide lock held across cuCtxSynchronize
+// would block every context's announcements and other devices' fences.
 TEST(CaptureAnnouncementsThreadTest, ASyncHoldsUpOnlyItsOwnContextsAnnouncements) {
   auto* c1 = reinterpret_cast<CUcontext>(uintptr_t{0x1001});
   auto* c2 = reinterpret_cast<CUcontext>(uintptr_t{0x1002});

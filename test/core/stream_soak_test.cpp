@@ -1,7 +1,7 @@
-// Issue 8's oracle soak: 8 threads on two devices, each using its per-thread stream and a set of
-// shared streams; random record_stream across streams and devices; shared streams destroyed and
-// created again (so handle values recycle); streams held and released at random; a graph capture
-// now and then. The oracle knows every piece of "GPU work" the test launched (an event it
+// The stream-order oracle soak: 8 threads on two devices, each using its per-thread stream and a
+// set of shared streams; random record_stream across streams and devices; shared streams destroyed
+// and created again (so handle values recycle); streams held and released at random; a graph
+// capture now and then. The oracle knows every piece of "GPU work" the test launched (an event it
 // recorded on the stream that used a block) and checks, after every step and inside every
 // cuMemUnmap, that no memory is live twice, handed to a stream while work of another stream on it
 // is pending, or unmapped under pending work.

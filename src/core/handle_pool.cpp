@@ -1,0 +1,39 @@
+#include "core/handle_pool.hpp"
+
+#include "core/check.hpp"
+
+#include <iterator>
+
+namespace expanse::core {
+
+void HandlePool::put(size_t pages, CUmemGenericAllocationHandle h) {
+  EXPANSE_ASSERT(pages > 0 && h != 0);
+  by_size_[pages].push_back(h);
+  pages_ += pages;
+}
+
+CUmemGenericAllocationHandle HandlePool::take(size_t pages) {
+  auto it = by_size_.find(pages);
+  EXPANSE_ASSERT(it != by_size_.end() && !it->second.empty() && pages_ >= pages);
+  CUmemGenericAllocationHandle h = it->second.back();
+  it->second.pop_back();
+  if (it->second.empty()) by_size_.erase(it);
+  pages_ -= pages;
+  return h;
+}
+
+CUmemGenericAllocationHandle HandlePool::peek(size_t pages) const {
+  return by_size_.at(pages).back();
+}
+
+bool HandlePool::has(size_t pages) const {
+  auto it = by_size_.find(pages);
+  return it != by_size_.end() && !it->second.empty();
+}
+
+size_t HandlePool::largest_below(size_t pages) const {
+  auto it = by_size_.lower_bound(pages);
+  return it == by_size_.begin() ? 0 : std::prev(it)->first;
+}
+
+}  // namespace expanse::core

@@ -1,0 +1,134 @@
+// Where physical pages come from and where they go, and how many there are.
+//
+// A request's missing pages come from, in turn: the pool of unmapped handles; new handles
+// (cuMemCreate) while the device and the limit allow; handles reclaimed from under safe free
+// memory (compaction in VA space: docs/design.md, invariant 1), in the order
+// AllocatorOptions::reclaim_before_create says; and last, after waiting for every stream's work
+// on freed memory, reclaim again. Under pressure slots are split to use smaller pooled handles,
+// and pooled handles too large for any slot are released so smaller ones can be created: a
+// request fails only when the pages do not exist.
+//
+// The books: pages touched by live blocks, mapped, pooled (held = mapped + pooled), the limit on
+// held pages and the device's capacity. map_handle and unmap_handles are the one place each that
+// pages get mapped and unmapped.
+#pragma once
+
+#include "core/allocator_events.hpp"
+#include "core/device_driver.hpp"
+#include "core/handle_plan.hpp"
+#include "core/handle_pool.hpp"
+#include "core/options.hpp"
+#include "core/page_request.hpp"
+#include "core/placement.hpp"
+#include "core/reservation.hpp"
+#include "core/stats.hpp"
+#include "core/stream_order.hpp"
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+namespace expanse::core {
+
+class PageSupply {
+ public:
+  PageSupply(DeviceDriver& drv, Placement& placement, StreamOrder& streams, DeviceStats& stats,
+             const AllocatorOptions& opts, size_t page);
+  PageSupply(const PageSupply&) = delete;
+  PageSupply& operator=(const PageSupply&) = delete;
+
+  // ---- the books (pages) ----
+  size_t touched_pages() const noexcept { return touched_pages_; }
+  size_t mapped_pages() const noexcept { return mapped_pages_; }
+  size_t pooled_pages() const noexcept { return pool_.pages(); }
+  size_t held_pages() const noexcept { return mapped_pages_ + pool_.pages(); }
+  size_t capacity_pages() const noexcept { return capacity_pages_; }
+  // SIZE_MAX: no limit.
+  size_t limit_pages() const noexcept { return limit_pages_; }
+  void set_limit_pages(size_t n) noexcept { limit_pages_ = n; }
+  // Pages that may still become touched by live blocks: min(capacity, limit) - touched.
+  size_t pages_left() const noexcept {
+    const size_t cap = std::min(capacity_pages_, limit_pages_);
+    return cap > touched_pages_ ? cap - touched_pages_ : 0;
+  }
+  // A block over [addr, addr+bytes) of r became live, or stopped being.
+  void touch(Reservation& r, CUdeviceptr addr, size_t bytes) {
+    touched_pages_ += r.touch(addr, bytes);
+    EXPANSE_ASSERT(touched_pages_ <= mapped_pages_);
+  }
+  void untouch(Reservation& r, CUdeviceptr addr, size_t bytes) {
+    const size_t n = r.untouch(addr, bytes);
+    EXPANSE_ASSERT(n <= touched_pages_);
+    touched_pages_ -= n;
+  }
+  // Raises the mapped/physical peaks to now (plus in_hand pages created but not yet mapped or
+  // pooled).
+  void note_peaks(size_t in_hand);
+  // Memory history: told of every map and unmap.
+  void set_events(AllocatorEvents* e) noexcept { events_ = e; }
+
+  // ---- supply ----
+  // Maps and grants whatever [addr, addr+bytes) of r lacks (the block is carved, not yet live).
+  // False when the pages cannot be had (req says what was tried; nothing is mapped for it).
+  bool ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes, PageRequest& req);
+  // Unmaps about `want` pages of whole handles lying under safe free blocks into the pool.
+  size_t reclaim(size_t want);
+  // Releases pooled handles, then reclaims and releases cached ones, until at most max_held
+  // pages are held (or nothing more can go). Only safe free memory is touched.
+  void trim_to(size_t max_held);
+  // The one place pages get unmapped: the whole handles over pages [p, q) of r (one cuMemUnmap),
+  // into the pool.
+  void unmap_handles(Reservation& r, size_t p, size_t q);
+  // Releases every pooled handle, errors swallowed (shutdown: the driver may be going away).
+  void release_pool_quietly();
+
+ private:
+  using Filled = std::vector<std::pair<HandleSlot, CUmemGenericAllocationHandle>>;
+  using Grants = std::vector<std::pair<size_t, size_t>>;  // (first page, pages)
+  // What a block lacks: slots for its unmapped pages, `extra` slots for pages of split handles
+  // outside it (covered again only if memory is at hand), and mapped handles to grant access to.
+  struct Plan {
+    std::vector<HandleSlot> slots, extra;
+    Grants grant;
+  };
+  class Gathering;  // page_gathering.cpp
+  // Fills `open` slots with handles into `filled`: pool, creation, reclaim, release-and-create,
+  // wait. What is left in `open` could not be had.
+  void gather(std::vector<HandleSlot>& open, Filled& filled, PageRequest& req);
+
+  Plan plan(Reservation& r, CUdeviceptr addr, size_t bytes);
+  void split_handle(Reservation& r, size_t head, CUdeviceptr addr, size_t bytes, Plan& plan);
+  void add_extra(const std::vector<HandleSlot>& extra, Filled& filled);
+  void map_and_grant(Reservation& r, const Filled& filled, Grants grant);
+  void put_back(const Filled& filled, size_t from = 0);
+  // The one place a handle gets mapped: h (s.count pages) at page s.page of r, not yet
+  // accessible.
+  void map_handle(Reservation& r, const HandleSlot& s, CUmemGenericAllocationHandle h);
+  // Whether a pooled handle of n pages is cheaper (by the cost model) to release and create
+  // again inside a larger handle than to map on its own.
+  bool exchange_pays(size_t n) const;
+  // Releases one pooled handle of `pages` pages (one must be pooled).
+  void release_pooled(size_t pages);
+  // Releases one pooled handle of the largest size (its pages; 0 when the pool is empty).
+  size_t release_largest_pooled();
+
+  DeviceDriver& drv_;
+  Placement& placement_;
+  StreamOrder& streams_;
+  DeviceStats& stats_;
+  const AllocatorOptions& opts_;
+  size_t page_;
+  size_t max_pages_;  // most pages per handle created (AllocatorOptions::max_handle_size)
+  size_t capacity_pages_;
+  size_t limit_pages_;
+  HandlePool pool_;
+  size_t mapped_pages_ = 0;
+  size_t touched_pages_ = 0;
+  size_t high_water_ = 0;  // most pages touched by live blocks plus a request's, so far
+  AllocatorEvents* events_ = nullptr;
+};
+
+}  // namespace expanse::core

@@ -1,0 +1,244 @@
+#include "core/placement.hpp"
+
+#include "core/check.hpp"
+#include "core/format.hpp"
+#include "core/options.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+namespace expanse::core {
+
+BlockIt Placement::find_mapped(size_t sz, Arena a, StreamKey stream, size_t* offset,
+                               bool* blocked) {
+  *blocked = false;
+  return index_.first_fit_where(a, sz, stream, kMappedSearchBudget, [&](BlockIt c) {
+    size_t off = 0;
+    if (!tight_offset(c, sz, &off)) return false;
+    const Reservation& r = res(c->second.res);
+    if (!r.all_ready(r.first_page(c->first + off), r.last_page(c->first + off, sz))) return false;
+    if (!handles_fit(c, off, sz, HandleFit::splittable)) {
+      *blocked = true;
+      return false;
+    }
+    *offset = off;
+    return true;
+  });
+}
+
+BlockIt Placement::find_tight(size_t sz, Arena a, StreamKey stream, size_t budget,
+                              size_t* offset) {
+  return index_.first_fit_where(a, sz, stream, budget, [&](BlockIt c) {
+    size_t off = 0;
+    if (!tight_offset(c, sz, &off) || !handles_fit(c, off, sz, HandleFit::splittable)) {
+      return false;
+    }
+    *offset = off;
+    return true;
+  });
+}
+
+BlockIt Placement::reuse_recent(std::vector<ReusePlace>& recent, StreamKey stream, size_t sz,
+                                Arena a, size_t pages_left) {
+  for (size_t i = recent.size(); i-- > 0;) {
+    const ReusePlace place = recent[i];
+    if (place.size != sz) continue;
+    // The free block around the place, if it is still wholly free.
+    auto c = index_.blocks().upper_bound(place.addr);
+    if (c == index_.blocks().begin()) continue;
+    --c;
+    const Block& cb = c->second;
+    const Reservation& r = res(cb.res);
+    if (cb.state != BlockState::free || r.arena != a || place.addr + sz > c->first + cb.size) {
+      continue;
+    }
+    if (!cb.safe && cb.stream != stream) continue;  // merged into another stream's free memory
+    // No more new pages than a fresh placement would touch (docs/design.md, invariant 1), and no
+    // driver call.
+    const size_t fresh = r.untouched_pages(place.addr, sz);
+    const size_t off = static_cast<size_t>(place.addr - c->first);
+    if (fresh > (sz + page_ - 1) / page_ || fresh > pages_left ||
+        !handles_fit(c, off, sz, HandleFit::ready)) {
+      continue;
+    }
+    recent.erase(recent.begin() + static_cast<std::ptrdiff_t>(i));
+    BlockIt it = index_.carve(c, sz, a, off);
+    it->second.state = BlockState::live;
+    return it;
+  }
+  return index_.end();
+}
+
+// A placement of sz bytes inside free block c that needs at most ceil(sz / page) new pages
+// (docs/design.md, invariant 1): at its start when the first page is shared with a live neighbour
+// or the start is page-aligned, else on the first page boundary inside c. False when c cannot
+// hold either.
+bool Placement::tight_offset(BlockIt c, size_t sz, size_t* off) const {
+  const Reservation& r = res(c->second.res);
+  if (r.untouched_pages(c->first, sz) <= (sz + page_ - 1) / page_) {
+    *off = 0;
+    return true;
+  }
+  const size_t rel = static_cast<size_t>(c->first - r.base);
+  const size_t skip = round_up(rel, page_) - rel;
+  if (skip + sz > c->second.size) return false;
+  *off = skip;
+  return true;
+}
+
+bool Placement::handles_fit(BlockIt c, size_t off, size_t sz, HandleFit fit) const {
+  const Reservation& r = res(c->second.res);
+  const CUdeviceptr addr = c->first + off;
+  const size_t first = r.first_page(addr), last = r.last_page(addr, sz);
+  if (fit == HandleFit::ready && !r.all_ready(first, last)) return false;
+  const PageRange inner = r.inner_pages(addr, sz);
+  const PageRange free_inner = r.inner_pages(c->first, c->second.size);
+  for (const HandleRun& h : r.handles_in(first, last + 1)) {
+    if (inner.admits(h)) continue;
+    // A multi-page handle the block would cover in part, or on an edge page it shares.
+    if (fit != HandleFit::splittable || !c->second.safe || !free_inner.holds(h)) return false;
+  }
+  return true;
+}
+
+Reservation* Placement::add_reservation(Arena a, size_t min_bytes) {
+  size_t size = a == Arena::small ? opts_.small_va_size : opts_.va_size;
+  size = std::max(size, round_up(min_bytes, page_));
+  if (va_reserved_ + size > opts_.va_budget) {
+    if (va_reserved_ + round_up(min_bytes, page_) > opts_.va_budget) return nullptr;
+    size = round_up(min_bytes, page_);
+  }
+  CUdeviceptr base = drv_.reserve(size, page_);
+  auto id = static_cast<uint32_t>(reservations_.size());
+  reservations_.push_back(std::make_unique<Reservation>(id, a, base, size, page_));
+  index_.add_reservation(*reservations_.back());
+  va_reserved_ += size;
+  stats_.peak_va_reserved_bytes = std::max<uint64_t>(stats_.peak_va_reserved_bytes, va_reserved_);
+  return reservations_.back().get();
+}
+
+std::vector<ReclaimableHandle> Placement::reclaimable_handles() {
+  std::vector<ReclaimableHandle> out;
+  for (Arena a : {Arena::large, Arena::small}) {
+    index_.for_each_safe_largest_first(a, [&](BlockIt it) {
+      const Reservation& r = res(it->second.res);
+      const PageRange inner = r.inner_pages(it->first, it->second.size);
+      for (const HandleRun& h : r.handles_in(inner.lo, inner.hi)) {
+        if (inner.holds(h)) out.push_back({h.pages, r.id, h.head});
+      }
+      return true;
+    });
+  }
+  return out;
+}
+
+void Placement::release_empty_reservations() {
+  for (auto& rp : reservations_) {
+    if (!rp || !rp->alive || rp->live_blocks != 0 || rp->mapped_pages != 0) continue;
+    auto it = index_.blocks().find(rp->base);
+    if (it == index_.blocks().end() || it->second.size != rp->size ||
+        it->second.state != BlockState::free || !it->second.safe) {
+      continue;
+    }
+    drv_.address_free(rp->base, rp->size);
+    index_.remove_reservation(*rp);
+    EXPANSE_ASSERT(va_reserved_ >= rp->size);
+    va_reserved_ -= rp->size;
+    rp->alive = false;
+  }
+}
+
+// ---- the books' check -----------------------------------------------------------------------
+
+std::string Placement::check(size_t* touched, size_t* mapped, size_t* free_blocks) const {
+  *touched = 0;
+  *mapped = 0;
+  *free_blocks = 0;
+  for (const auto& rp : reservations_) {
+    if (!rp || !rp->alive) continue;
+    std::string err = check_reservation(*rp, touched, mapped, free_blocks);
+    if (!err.empty()) return err;
+  }
+  return "";
+}
+
+std::string Placement::check_reservation(const Reservation& r, size_t* touched, size_t* mapped,
+                                         size_t* free_blocks) const {
+  std::ostringstream err;
+  const auto& blocks = index_.blocks();
+  std::vector<uint32_t> edges(r.page_count(), 0);
+  std::vector<char> interior(r.page_count(), 0);
+  CUdeviceptr at = r.base;
+  auto it = blocks.find(r.base);
+  const Block* prev = nullptr;
+  while (at < r.base + r.size) {
+    if (it == blocks.end() || it->first != at) {
+      err << "reservation " << hex(r.base) << ": no block at " << hex(at);
+      return err.str();
+    }
+    const Block& b = it->second;
+    if (b.res != r.id || b.size == 0 || b.size % kBlockAlignment != 0) {
+      err << "block " << hex(it->first) << " has bad size or reservation";
+      return err.str();
+    }
+    if (b.state == BlockState::free) {
+      ++*free_blocks;
+      if (prev != nullptr && index_.mergeable(*prev, b)) {
+        err << "free blocks at " << hex(it->first) << " and before it were not coalesced";
+        return err.str();
+      }
+    }
+    if (b.state == BlockState::live) {
+      const size_t a = r.first_page(it->first), z = r.last_page(it->first, b.size);
+      ++edges[a];
+      if (z != a) ++edges[z];
+      for (size_t p = a + 1; p < z; ++p) interior[p] = 1;
+      std::string bad = check_live_block(r, it->first, b);
+      if (!bad.empty()) return bad;
+    }
+    prev = &b;
+    at += b.size;
+    ++it;
+  }
+  for (size_t p = 0; p < r.page_count(); ++p) {
+    if (edges[p] != r.edge_refs[p]) {
+      err << "reservation " << hex(r.base) << " page " << p << ": edge count " << r.edge_refs[p]
+          << ", expected " << edges[p];
+      return err.str();
+    }
+    if (edges[p] != 0 || interior[p] != 0) ++*touched;
+    if (!r.mapped(p)) continue;
+    ++*mapped;
+    const size_t head = r.handle_head(p);
+    if (head + r.handle_pages(p) > r.page_count() || r.handles[head] != r.handles[p] ||
+        r.span[head] != r.span[p] || r.head[head] != head || r.granted[head] != r.granted[p]) {
+      err << "reservation " << hex(r.base) << " page " << p << ": not part of one whole "
+          << r.handle_pages(p) << "-page handle";
+      return err.str();
+    }
+  }
+  return "";
+}
+
+// A live block's pages are mapped and accessible, under handles it may hold.
+std::string Placement::check_live_block(const Reservation& r, CUdeviceptr addr,
+                                        const Block& b) const {
+  const size_t a = r.first_page(addr), z = r.last_page(addr, b.size);
+  const PageRange inner = r.inner_pages(addr, b.size);
+  std::ostringstream err;
+  for (const HandleRun& h : r.runs_in(a, z + 1)) {
+    const size_t p = std::max(h.head, a);  // the run's first page inside the block
+    if (!h.mapped || !r.ready(p)) {
+      err << "live block " << hex(addr) << " has an unmapped or inaccessible page " << p;
+      return err.str();
+    }
+    if (!inner.admits(h)) {
+      err << "live block " << hex(addr) << " covers part of the " << h.pages
+          << "-page handle at page " << h.head << " (or shares it on an edge page)";
+      return err.str();
+    }
+  }
+  return "";
+}
+
+}  // namespace expanse::core

@@ -1,0 +1,127 @@
+// Where blocks go: the VA reservations, carved into blocks at kBlockAlignment, the free index over
+// them, and the choice of a free block (and an offset into it) for a request.
+//
+// Placement looks at which pages are mapped, not at the handles' shapes: a block goes where it
+// would go with one handle per page, and page supply splits free handles it covers in part. So
+// placements evolve exactly as with one-page handles (mapped pages only grow while memory is
+// plentiful), and once a workload's placements repeat, its handles have been refined to fit every
+// block of it: the next repeat makes no driver call. (Preferring handles that already fit makes
+// placements depend on the handles' history and drift from one repeat to the next.)
+#pragma once
+
+#include "core/block_index.hpp"
+#include "core/device_driver.hpp"
+#include "core/options.hpp"
+#include "core/reservation.hpp"
+#include "core/stats.hpp"
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace expanse::core {
+
+// Where a stream lately freed a block: a place to put the next block of the same size.
+struct ReusePlace {
+  CUdeviceptr addr;
+  size_t size;  // as carved (a multiple of kBlockAlignment)
+};
+
+// A mapped handle that lies wholly inside a safe free block: its pages can be unmapped.
+struct ReclaimableHandle {
+  size_t pages;
+  uint32_t res;
+  size_t head;
+};
+
+class Placement {
+ public:
+  // How many free blocks (in size order) a search for mapped memory inspects before settling
+  // for the best fit and mapping pages under it.
+  static constexpr size_t kMappedSearchBudget = 32;
+
+  Placement(DeviceDriver& drv, const AllocatorOptions& opts, size_t page, DeviceStats& stats)
+      : drv_(drv), opts_(opts), page_(page), stats_(stats) {}
+  Placement(const Placement&) = delete;
+  Placement& operator=(const Placement&) = delete;
+
+  BlockIndex& index() noexcept { return index_; }
+  const BlockIndex& index() const noexcept { return index_; }
+  Reservation& res(uint32_t id) { return *reservations_[id]; }
+  const Reservation& res(uint32_t id) const { return *reservations_[id]; }
+  Arena arena_of(const Block& b) const { return res(b.res).arena; }
+  Arena arena_for(size_t bytes) const noexcept {
+    return bytes <= opts_.small_max ? Arena::small : Arena::large;
+  }
+  // f(r) for every reservation still held, in the order they were made.
+  template <class F>
+  void for_each_reservation(F&& f) {
+    for (auto& rp : reservations_) {
+      if (rp && rp->alive) f(*rp);
+    }
+  }
+  template <class F>
+  void for_each_reservation(F&& f) const {
+    for (const auto& rp : reservations_) {
+      if (rp && rp->alive) f(static_cast<const Reservation&>(*rp));
+    }
+  }
+  size_t va_reserved() const noexcept { return va_reserved_; }
+  size_t va_budget() const noexcept { return opts_.va_budget; }
+
+  // The smallest free block `stream` may use whose pages under a placement of sz bytes are all
+  // mapped and accessible, among the first kMappedSearchBudget in size order. *blocked: a
+  // candidate passed over only because a handle under it needs a split and it is not yet safe.
+  BlockIt find_mapped(size_t sz, Arena a, StreamKey stream, size_t* offset, bool* blocked);
+  // The smallest free block `stream` may use that holds a placement of sz bytes touching at most
+  // ceil(sz / page) new pages, among the first `budget` in size order.
+  BlockIt find_tight(size_t sz, Arena a, StreamKey stream, size_t budget, size_t* offset);
+  // A new reservation of arena a holding at least min_bytes (one free block), within the VA
+  // budget; nullptr when the budget is spent.
+  Reservation* add_reservation(Arena a, size_t min_bytes);
+  // The exact-size hot path: a block of sz bytes at one of the places in `recent` (latest first;
+  // the one used is dropped), if that memory is still free, usable by `stream`, mapped, touches
+  // no more than pages_left new pages and needs no driver call. Carved and marked live; end()
+  // otherwise.
+  BlockIt reuse_recent(std::vector<ReusePlace>& recent, StreamKey stream, size_t sz, Arena a,
+                       size_t pages_left);
+
+  // Whether [c+off, c+off+sz) inside free block c can be used with the handles mapped there:
+  // every multi-page handle over its pages lies inside its inner pages, or (splittable) can be
+  // split first (it lies inside c's inner pages and c is safe). ready: also every page is mapped
+  // and accessible.
+  enum class HandleFit { ready, splittable };
+  bool handles_fit(BlockIt c, size_t off, size_t sz, HandleFit fit) const;
+  // An offset into free block c for sz bytes that touches at most ceil(sz / page) new pages.
+  bool tight_offset(BlockIt c, size_t sz, size_t* off) const;
+
+  // Every mapped handle lying wholly inside a safe free block's inner pages: large arena first,
+  // blocks largest first, handles in address order.
+  std::vector<ReclaimableHandle> reclaimable_handles();
+  // Gives back (cuMemAddressFree) every reservation that holds no live block and no mapping.
+  void release_empty_reservations();
+
+  // Checks the tiling of every reservation by blocks, the coalescing of free blocks, the edge
+  // counts, that live blocks are mapped and accessible under handles they may hold, and that
+  // every mapped page belongs to one whole handle. "" or the first violation; *touched, *mapped
+  // and *free_blocks get the pages touched and mapped and the free blocks, recounted.
+  std::string check(size_t* touched, size_t* mapped, size_t* free_blocks) const;
+
+ private:
+  std::string check_reservation(const Reservation& r, size_t* touched, size_t* mapped,
+                                size_t* free_blocks) const;
+  std::string check_live_block(const Reservation& r, CUdeviceptr addr, const Block& b) const;
+
+  DeviceDriver& drv_;
+  const AllocatorOptions& opts_;
+  size_t page_;
+  DeviceStats& stats_;
+  std::vector<std::unique_ptr<Reservation>> reservations_;
+  BlockIndex index_;
+  size_t va_reserved_ = 0;
+};
+
+}  // namespace expanse::core

@@ -1,0 +1,182 @@
+// Stream-ordered reuse (docs/design.md, invariant 3): when freed memory is safe for whom. A block
+// freed on a stream is owned by that stream (only it may reuse it at once) until a fence recorded
+// on it after the free completes; a block other streams used (the allocation stream, streams
+// named with record_stream) is pending until each has passed the free.
+//
+// A stream is what the driver says it is, never a handle value:
+// - a stream the application created is keyed by its driver id (cuStreamGetId, unique for the
+//   process's life). A handle value that comes back for a new stream after cuStreamDestroy gets a
+//   new id, so it inherits nothing; before a fence is recorded on a handle, its id is checked
+//   again, and a handle that names another stream now marks the old one `gone`: only a sync of its
+//   context proves its work done.
+// - CU_STREAM_PER_THREAD is the calling thread's stream of its current context (its own id);
+//   only that thread can record on it, other threads wait for its context instead.
+// - NULL / CU_STREAM_LEGACY: the legacy stream of the current context, keyed per calling thread
+//   too (in code built with --default-stream per-thread, NULL is that thread's per-thread stream);
+//   fences go on the legacy stream, which waits for every blocking stream of its context, the
+//   per-thread ones included, so they cover both meanings.
+// - a driver without stream ids (older than CUDA 12.0): every call gets a fresh key, so nothing
+//   is reused before a fence, recorded at the free by the freeing thread, or a context sync.
+// Events live in the stream's context and are recorded with that context current. Any failure to
+// record, query or synchronize means "not proven done": the memory waits, it is never reused.
+// During stream capture nothing is recorded on, queried on or synchronized with a capturing
+// stream (cuStreamIsCapturing is legal and asked first); its frees wait for the capture to end.
+#pragma once
+
+#include "core/block_index.hpp"
+#include "core/device_driver.hpp"
+#include "core/event_pool.hpp"
+#include "core/options.hpp"
+#include "core/placement.hpp"
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <ostream>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace expanse::core {
+
+// A number per thread that is never reused (std::thread::id values are, after a thread exits).
+uint64_t this_thread_serial();
+
+class StreamOrder {
+ public:
+  struct Fence {
+    CUevent event;
+    CUcontext ctx;  // the event's context (events are pooled per context)
+    uint64_t seq;
+  };
+  // One stream identity. Frees on it are numbered; a fence recorded on it after free number n
+  // proves frees up to n complete once it completes.
+  struct StreamState {
+    StreamKey key = 0;
+    StreamIdentity::Kind kind = StreamIdentity::unknown;
+    CUstream handle = nullptr;  // what fences are recorded on (CU_STREAM_LEGACY for legacy keys)
+    uint64_t id = 0;            // the driver's id: re-checked before recording on `handle`
+    CUcontext ctx = nullptr;    // the stream's context: its events live there
+    uint64_t owner_thread = 0;  // per-thread (and unknown) streams: only this thread may record
+    bool gone = false;          // `handle` no longer names it: only a context sync covers it
+    bool capture_over = false;  // capturing kind: a later call saw its handle not capturing
+    uint32_t live_refs = 0;     // live blocks allocated on it or recorded with it
+    // Free numbers come from one clock for all streams (seq_clock_), so that a state forgotten
+    // with everything proven and made again starts at "proven up to now": a pending block's
+    // (key, seq) and an unsettled block's seq from before stay satisfied.
+    uint64_t free_seq = 0;      // the clock at its latest free (and use ended by a free)
+    uint64_t safe_seq = 0;      // frees with seq <= this are known complete
+    uint64_t last_used = 0;     // use_clock_ when a call last named it (which to forget first)
+    std::deque<Fence> fences;
+    // Where this stream freed blocks lately (most recent last, at most lifo_depth): places to
+    // put the next block of the same size. Only hints: the memory is in the free index at once,
+    // so no size holds pages another size needs (measured on the shared traces: parking freed
+    // blocks out of the index held up to 8 % of peak live above it).
+    std::vector<ReusePlace> recent;
+  };
+  // Streams a freed block waits for: (stream, its free number at the free).
+  using Deps = std::vector<std::pair<StreamKey, uint64_t>>;
+
+  StreamOrder(DeviceDriver& drv, Placement& placement, const AllocatorOptions& opts)
+      : drv_(drv), placement_(placement), opts_(opts), events_(drv) {}
+  StreamOrder(const StreamOrder&) = delete;
+  StreamOrder& operator=(const StreamOrder&) = delete;
+
+  // The stream of the call under way (allocate, free, record_stream) from state() until this
+  // scope ends. Its handle is the only one expanse may pass to the driver: the caller vouches
+  // for it now; any other may name a destroyed stream (undefined: a 580 driver crashed in
+  // cuStreamIsCapturing on one), so other streams are covered by their own calls' fences or a
+  // context synchronize.
+  class Call {
+   public:
+    explicit Call(StreamOrder& o) : o_(o) {}
+    ~Call() { o_.current_ = 0; }
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+
+   private:
+    StreamOrder& o_;
+  };
+  // ss is not forgotten while this scope lasts (allocate() holds a reference to it).
+  class Hold {
+   public:
+    Hold(StreamOrder& o, const StreamState& ss) : o_(o) { o_.in_use_ = ss.key; }
+    ~Hold() { o_.in_use_ = 0; }
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+
+   private:
+    StreamOrder& o_;
+  };
+
+  // The driver's identity of s (before the allocator's lock); a failure to ask is the caller's
+  // error: expanse::usage_error naming `what` and ptr.
+  StreamIdentity identify(CUstream s, const char* what, const void* ptr);
+  // The state for what the calling thread means by s (identity from identify()). May query the
+  // stream's context on first sight. Makes it the call's stream (see Call).
+  StreamState& state(CUstream s, const StreamIdentity& id);
+
+  // A block carved for ss becomes live.
+  void on_alloc(Block& b, StreamState& ss);
+  // record_stream: ss uses live block b too.
+  void add_user(Block& b, StreamState& ss);
+  // Freeing live block b on ss ends its uses: the other streams it must wait for.
+  Deps end_uses(const Block& b, StreamState& ss);
+  // Freeing live block `it` on ss (after end_uses): pending on deps, else back in the free index
+  // owned by ss (safe at once if a fence proved ss's work done).
+  void on_free(BlockIt it, StreamState& ss, Deps deps);
+
+  // Makes freed memory whose streams' work has completed safe for every stream. With wait,
+  // blocks until that work is done wherever that can be proven (a capturing stream's frees stay
+  // unsafe).
+  void poll(bool wait);
+  // Freed memory that some stream's work may still use (pending or owned free blocks).
+  bool has_unfinished_frees() const noexcept {
+    return !pending_.empty() || placement_.index().any_unsafe();
+  }
+  size_t tracked_streams() const noexcept { return streams_.size(); }
+  // Every stream identity (kind, driver id, handle, context, free/safe numbers, fences) and
+  // every pending block, one a line.
+  void describe(std::ostream& out) const;
+  // Destroys every event (shutdown, after poll(true)).
+  void destroy_events() { events_.destroy_all(); }
+
+ private:
+  // A freed block that other streams used: free again once each (stream, seq) has passed.
+  struct Pending {
+    BlockIt it;
+    Deps deps;
+  };
+  enum class Recorded { yes, not_now, gone };
+
+  StreamKey key_for(const StreamIdentity& id);
+  void free_to_index(StreamState& ss, BlockIt it);
+  Recorded record_fence(StreamState& ss, bool at_free = false);
+  bool context_quiet(CUcontext ctx);
+  bool run_context_wide(CUcontext ctx, const std::function<bool()>& op);
+  bool sync_context(CUcontext ctx);
+  // Records and checks fences; with wait, contexts whose streams cannot be proven otherwise are
+  // synchronized.
+  void prove(bool wait);
+  void settle(StreamState& ss);
+  void release_pending();
+  void drop_finished_states();
+
+  DeviceDriver& drv_;
+  Placement& placement_;
+  const AllocatorOptions& opts_;
+  EventPool events_;
+  std::unordered_map<StreamKey, StreamState> streams_;
+  std::map<std::pair<uint64_t, uint64_t>, StreamKey> legacy_keys_;  // (legacy id, thread) -> key
+  StreamKey next_key_ = StreamKey{1} << 63;  // made-up keys; driver ids stay below
+  StreamKey in_use_ = 0;  // see Hold
+  StreamKey current_ = 0;  // see Call; 0 outside a call
+  uint64_t seq_clock_ = 0;  // numbers every free on every stream (StreamState::free_seq)
+  uint64_t use_clock_ = 0;  // counts state() calls (StreamState::last_used)
+  std::vector<Pending> pending_;
+};
+
+}  // namespace expanse::core

@@ -1,0 +1,216 @@
+// Stream-ordered reuse (docs/design.md, invariant 3) under an oracle.
+//
+// Before every free, the test records its own event on every stream that may still use the block
+// (the freeing stream, the allocating stream, record_stream users). Until those events complete
+// (a held stream's work completes on release or when someone synchronizes on it):
+//   - an allocation on stream T may overlap the block only if every such event on a stream other
+//     than T is complete;
+//   - every page under the block stays mapped with the same handle.
+// Random operations over a small device, with limits, release_cached, release_threshold, LIFO
+// depths and held streams; the reference model checks invariant 1 both ways.
+#include "core_fixture.hpp"
+#include "expanse/errors.hpp"
+#include "reference_model.hpp"
+
+#include <map>
+#include <random>
+
+namespace expanse::test {
+namespace {
+
+bool overlaps(uintptr_t x, size_t xn, uintptr_t y, size_t yn) { return x < y + yn && y < x + xn; }
+
+struct OracleParams {
+  size_t capacity;
+  size_t lifo_depth;
+  size_t release_threshold;
+  bool reclaim_first;
+  uint64_t seed;
+  size_t va_budget = 0;
+};
+
+class StreamOrderOracleTest : public CoreTest,
+                              public ::testing::WithParamInterface<OracleParams> {};
+
+TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
+  const OracleParams prm = GetParam();
+  core::AllocatorOptions opts;
+  opts.lifo_depth = prm.lifo_depth;
+  opts.release_threshold = prm.release_threshold;
+  opts.reclaim_before_create = prm.reclaim_first;
+  opts.va_budget = prm.va_budget;
+  make(sim_config(prm.capacity), opts);
+  const size_t P = alloc_->page_size();
+  ReferenceModel model(P, prm.capacity);
+  std::vector<CUstream> streams = {nullptr, new_stream(), new_stream(), new_stream()};
+  std::mt19937_64 rng(prm.seed);
+  auto pick = [&rng](size_t n) { return static_cast<size_t>(rng() % n); };
+  const auto& t = drv_->table();
+  PrimaryCtx ctx(t);
+
+  struct Freed {
+    uintptr_t addr;
+    size_t size;
+    std::vector<std::pair<CUstream, CUevent>> events;
+    std::map<uintptr_t, CUmemGenericAllocationHandle> pages;
+  };
+  std::vector<Freed> freed;
+  std::vector<CUevent> spare;
+  std::map<uintptr_t, std::vector<CUstream>> users;  // live block -> streams that used it
+  auto new_event = [&]() {
+    if (!spare.empty()) {
+      CUevent e = spare.back();
+      spare.pop_back();
+      return e;
+    }
+    CUevent e = nullptr;
+    EXPECT_EQ(t.event_create(&e, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    return e;
+  };
+  auto done = [&](CUevent e) { return t.event_query(e) == CUDA_SUCCESS; };
+
+  const size_t ops = 20000;
+  size_t n_alloc = 0, n_oom = 0, n_same_stream_reuse = 0, n_pending_pages = 0;
+  for (size_t step = 0; step < ops; ++step) {
+    // Forget freed blocks whose work is all complete.
+    for (size_t i = 0; i < freed.size();) {
+      bool all = true;
+      for (auto& [s, e] : freed[i].events) all = all && done(e);
+      if (all) {
+        for (auto& [s, e] : freed[i].events) spare.push_back(e);
+        freed[i] = std::move(freed.back());
+        freed.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    const size_t dice = pick(1000);
+    if (dice < 450 || model.live().empty()) {
+      size_t n;
+      if (pick(20) == 0) {
+        n = P + rng() % (prm.capacity / 2);
+      } else {
+        n = log_uniform_size(rng, 23);
+      }
+      CUstream s = streams[pick(streams.size())];
+      const size_t avail = model.avail();
+      void* p = nullptr;
+      try {
+        p = alloc_->allocate(n, s);
+      } catch (const out_of_memory& e) {
+        ASSERT_GT(model.pages_for(n), avail) << "step " << step << ": " << e.what();
+        model.oom();
+        ++n_oom;
+      }
+      if (p != nullptr) {
+        auto a = reinterpret_cast<uintptr_t>(p);
+        size_t sz = (n + 511) / 512 * 512;
+        ASSERT_EQ(model.placement_error(a, sz, avail), "") << "step " << step << ": " << p;
+        for (const Freed& f : freed) {
+          if (!overlaps(a, sz, f.addr, f.size)) continue;
+          ++n_same_stream_reuse;
+          for (auto& [fs, e] : f.events) {
+            ASSERT_TRUE(fs == s || done(e))
+                << "step " << step << ": block " << p << " handed to stream " << s
+                << " overlaps memory freed at " << reinterpret_cast<void*>(f.addr)
+                << " whose work on stream " << fs << " is still pending";
+          }
+        }
+        fill_pattern(p, n, step);
+        model.add(a, ModelBlock{n, sz, s, step});
+        users[a] = {s};
+        ++n_alloc;
+      }
+    } else if (dice < 800) {
+      auto it = model.live().begin();
+      std::advance(it, static_cast<std::ptrdiff_t>(pick(model.live().size())));
+      const uintptr_t a = it->first;
+      const size_t sz = it->second.size;
+      CUstream s = pick(4) == 0 ? streams[pick(streams.size())] : it->second.stream;
+      Freed f{a, sz, {}, {}};
+      std::vector<CUstream> us = users[a];
+      if (std::find(us.begin(), us.end(), s) == us.end()) us.push_back(s);
+      for (CUstream u : us) {
+        CUevent e = new_event();
+        ASSERT_EQ(t.event_record(e, u), CUDA_SUCCESS);
+        f.events.emplace_back(u, e);
+      }
+      for (uintptr_t pg = a / P * P; pg < a + sz; pg += P) f.pages[pg] = handle_at(pg);
+      alloc_->deallocate(reinterpret_cast<void*>(a), s);
+      model.remove(a);
+      users.erase(a);
+      freed.push_back(std::move(f));
+    } else if (dice < 860) {
+      auto it = model.live().begin();
+      std::advance(it, static_cast<std::ptrdiff_t>(pick(model.live().size())));
+      CUstream u = streams[pick(streams.size())];
+      alloc_->record_stream(reinterpret_cast<void*>(it->first), u);
+      auto& v = users[it->first];
+      if (std::find(v.begin(), v.end(), u) == v.end()) v.push_back(u);
+    } else if (dice < 920) {
+      sim::hold_stream(streams[pick(streams.size())]);
+    } else if (dice < 975) {
+      sim::release_stream(streams[pick(streams.size())]);
+    } else if (dice < 985) {
+      alloc_->release_cached();
+    } else {
+      size_t lim = pick(2) == 0 ? SIZE_MAX : (prm.capacity / 4) + pick(prm.capacity / P) * P;
+      alloc_->set_limit(lim);
+      model.set_limit(lim);
+    }
+
+    // Pages under memory whose work is pending stay mapped, with the same handle (memory whose
+    // work the allocator waited for during this step is exempt).
+    for (const Freed& f : freed) {
+      bool all = true;
+      for (auto& [s, e] : f.events) all = all && done(e);
+      if (all) continue;
+      n_pending_pages += f.pages.size();
+      for (const auto& [pg, h] : f.pages) {
+        ASSERT_EQ(handle_at(pg), h) << "step " << step << ": page " << reinterpret_cast<void*>(pg)
+                                    << " under memory freed at "
+                                    << reinterpret_cast<void*>(f.addr)
+                                    << " was unmapped while work on it was pending";
+      }
+    }
+    core::DeviceStats st = alloc_->stats();
+    ASSERT_EQ(st.allocated_bytes, model.allocated());
+    ASSERT_EQ(st.touched_bytes, model.touched() * P) << "step " << step;
+    if (step % 64 == 0) {
+      ASSERT_EQ(books_vs_driver(), "") << "step " << step;
+    }
+    for (const auto& [a, b] : model.live()) {
+      ASSERT_EQ(check_pattern(reinterpret_cast<void*>(a), b.requested, b.seed, 3), SIZE_MAX)
+          << "step " << step;
+    }
+  }
+  for (const auto& [a, b] : model.live()) alloc_->deallocate(reinterpret_cast<void*>(a), b.stream);
+  for (CUstream s : streams) sim::release_stream(s);
+  for (Freed& f : freed) {
+    for (auto& [s, e] : f.events) spare.push_back(e);
+  }
+  for (CUevent e : spare) t.event_destroy(e);
+  EXPECT_GT(n_oom, 0u);
+  EXPECT_GT(n_alloc, ops / 5);
+  EXPECT_GT(n_same_stream_reuse, 0u) << "the oracle never saw memory reused under pending work";
+  EXPECT_GT(n_pending_pages, 0u);
+  std::printf("allocs %zu, ooms %zu, reuses of memory with work pending %zu, pending page checks %zu\n",
+              n_alloc, n_oom, n_same_stream_reuse, n_pending_pages);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, StreamOrderOracleTest,
+    ::testing::Values(OracleParams{256 * MiB, 16, core::kNoLimit, false, 1},
+                      OracleParams{256 * MiB, 0, core::kNoLimit, false, 2},
+                      OracleParams{256 * MiB, 4, 16 * MiB, false, 3},
+                      OracleParams{256 * MiB, 2, core::kNoLimit, true, 4},
+                      OracleParams{64 * MiB, 1, 8 * MiB, true, 5},
+                      OracleParams{1 * GiB, 16, core::kNoLimit, false, 6},
+                      OracleParams{256 * MiB, 16, core::kNoLimit, false, 7, 2 * GiB},
+                      OracleParams{256 * MiB, 4, core::kNoLimit, true, 8, 1536 * MiB}),
+    [](const ::testing::TestParamInfo<OracleParams>& p) {
+      return "seed" + std::to_string(p.param.seed);
+    });
+
+}  // namespace
+}  // namespace expanse::test
