@@ -126,10 +126,10 @@ def _explain_configure_failure(output):
     """A sentence naming what the failed configure lacked, for the causes a user can fix."""
     if "CUDAToolkit" in output and re.search(r"Could NOT find CUDAToolkit|CUDAToolkit.*not found",
                                              output):
-        return ("CMake found no CUDA toolkit: libexpanse.so needs its headers (cuda.h; nothing "
-                "links the CUDA libraries). Install the CUDA toolkit (NVIDIA's cuda-toolkit "
-                "package, e.g. under /usr/local/cuda; Debian/Ubuntu: nvidia-cuda-toolkit) and put "
-                "its bin/ on PATH, or pass CMAKE_ARGS=-DCUDAToolkit_ROOT=/path/to/cuda")
+        return ("CMake found no CUDA toolkit: libexpanse.so is compiled against its headers "
+                "(cuda.h) and links no CUDA library. Install the CUDA 13 toolkit "
+                "(https://developer.nvidia.com/cuda-downloads; it goes to /usr/local/cuda, where "
+                "CMake looks), or pass CMAKE_ARGS=-DCUDAToolkit_ROOT=/path/to/cuda")
     if re.search(r"No CMAKE_CXX_COMPILER could be found|CMAKE_CXX_COMPILER.*not", output):
         return ("CMake found no C++ compiler: install one with C++17 (Debian/Ubuntu: apt-get "
                 "install g++) or name it in CXX")

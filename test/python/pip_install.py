@@ -89,7 +89,8 @@ def cmd_sdist(work, repo):
     import expanse_build
     name = expanse_build.build_sdist(work)
     with tarfile.open(os.path.join(work, name)) as t:
-        t.extractall(work)
+        # The "data" filter where this Python has it (newer ones warn without a filter).
+        t.extractall(work, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     tree = os.path.join(work, name[:-len(".tar.gz")])
     # The sdist alone must configure the library-only build (no file it needs left out).
     run(["cmake", "-S", tree, "-B", os.path.join(work, "build"), *expanse_build.CMAKE_OPTIONS],
