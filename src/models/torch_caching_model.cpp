@@ -201,6 +201,7 @@ bool TorchCachingModel::get_free_block(Pool& pool, uint64_t stream, uint64_t siz
 bool TorchCachingModel::alloc_block(Pool& pool, uint64_t stream, uint64_t size, uint64_t alloc_size,
                                     Block** out) {
   if (s_.memory_fraction > 0 && reserved_ + alloc_size > allowed_) return false;
+  if (refuse_device_) return false;
   if (s_.expandable_segments) {
     *out = try_allocate_expandable(pool, stream, size);
     return *out != nullptr;
@@ -389,6 +390,7 @@ void TorchCachingModel::release_blocks(Pool& pool) {
 void TorchCachingModel::release_cached_blocks() {
   release_blocks(*large_);
   release_blocks(*small_);
+  refuse_device_ = false;  // the retry after a full release gets its memory
 }
 
 void TorchCachingModel::empty_cache() { release_cached_blocks(); }
@@ -519,6 +521,7 @@ bool TorchCachingModel::malloc(uint32_t id, uint64_t size, uint64_t stream) {
       found = alloc_block(pool, stream, rounded, alloc_size, &b);
     }
   }
+  refuse_device_ = false;
   if (!found) {
     note_oom(size, rounded);
     return false;

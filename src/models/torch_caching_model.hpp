@@ -89,6 +89,10 @@ class TorchCachingModel {
   void free(uint32_t id);
   // torch.cuda.empty_cache(): releases every unsplit cached segment / unused page.
   void empty_cache();
+  // The device refuses the next malloc's new memory (cudaMalloc, or mapping pages) until that
+  // malloc has released every cached segment it can: a free-and-retry a recording shows
+  // (trace::TraceRelease). A malloc that a cached block serves releases nothing.
+  void refuse_next_device_allocation() noexcept { refuse_device_ = true; }
 
   uint64_t reserved() const noexcept { return reserved_; }
   uint64_t peak_reserved() const noexcept { return peak_reserved_; }
@@ -147,6 +151,7 @@ class TorchCachingModel {
   uint64_t ooms_ = 0;
   uint64_t op_ = 0;
   bool record_events_ = true;
+  bool refuse_device_ = false;  // refuse_next_device_allocation
   std::optional<TorchOom> first_oom_;
   std::vector<TorchSegmentEvent> events_;
   DriverTally calls_;

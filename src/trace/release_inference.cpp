@@ -1,0 +1,113 @@
+#include "trace/release_inference.hpp"
+
+#include <algorithm>
+
+namespace expanse::trace {
+
+const char* release_kind_name(TraceRelease::Kind k) noexcept {
+  switch (k) {
+    case TraceRelease::Kind::empty_cache:
+      return "empty_cache";
+    case TraceRelease::Kind::free_and_retry:
+      return "free_and_retry";
+  }
+  return "?";
+}
+
+namespace {
+
+// A run of consecutive segment_free events, and what the allocator held before it.
+struct Run {
+  uint64_t frees = 0;
+  uint64_t bytes = 0;
+  int64_t reserved_before = 0;
+  int64_t peak_before = 0;  // the highest reserved memory reached before the run
+  uint64_t last_seq = 0;
+  bool in_empty_cache = false;
+};
+
+// Whether the segment_alloc `e`, recorded before ops[op], made the segment that op's allocation
+// was placed in (rather than one for a later allocation, or an unrelated one).
+bool serves(const Trace& t, const TorchRecording::SegmentEvent& e, uint64_t op) {
+  if (op < t.preexisting || op >= t.ops.size()) return false;
+  const TraceOp& o = t.ops[op];
+  if (o.type != TraceOp::Type::alloc || o.block >= t.torch->block_addr.size()) return false;
+  const uint64_t a = t.torch->block_addr[o.block];
+  return a >= e.addr && a - e.addr < e.size;
+}
+
+}  // namespace
+
+void infer_releases(Trace& t) {
+  t.releases.clear();
+  if (!t.torch) return;
+  const TorchRecording& rec = *t.torch;
+  for (const auto& e : rec.events) {
+    if (e.action == "segment_map" || e.action == "segment_unmap") return;
+  }
+
+  // Reserved memory when recording began: the end state less the recorded net change (the
+  // reader checked that these sums fit).
+  int64_t reserved = 0;
+  for (const auto& s : rec.end_segments) reserved += static_cast<int64_t>(s.size);
+  for (const auto& e : rec.events) {
+    if (e.action == "segment_alloc") reserved -= static_cast<int64_t>(e.size);
+    if (e.action == "segment_free") reserved += static_cast<int64_t>(e.size);
+  }
+  int64_t peak = reserved;
+
+  size_t next_oom = 0;
+  Run run;
+  uint64_t run_op = 0;
+  auto close_run = [&](TraceRelease::Kind kind, bool before_oom) {
+    if (run.frees == 0) return;
+    t.releases.push_back({kind, run_op, before_oom, run.frees, run.bytes});
+    run = Run{};
+  };
+  // A run that nothing serves: the retry of an allocation that then failed, when the
+  // recording's next record after it is an oom; else an empty_cache() call.
+  auto close_unserved = [&]() {
+    if (run.frees == 0) return;
+    while (next_oom < rec.ooms.size() && rec.ooms[next_oom].seq < run.last_seq) ++next_oom;
+    const bool oom_next = next_oom < rec.ooms.size() && rec.ooms[next_oom].op == run_op &&
+                          !run.in_empty_cache;
+    close_run(oom_next ? TraceRelease::Kind::free_and_retry : TraceRelease::Kind::empty_cache,
+              oom_next);
+  };
+
+  for (size_t i = 0; i < rec.events.size(); ++i) {
+    const auto& e = rec.events[i];
+    if (run.frees != 0 && e.op != run_op) close_unserved();
+    if (e.action == "segment_free") {
+      if (run.frees == 0) {
+        run_op = e.op;
+        run.reserved_before = reserved;
+        run.peak_before = peak;
+      }
+      ++run.frees;
+      run.bytes += e.size;
+      run.last_seq = e.seq;
+      run.in_empty_cache = run.in_empty_cache || e.in_empty_cache;
+      reserved -= static_cast<int64_t>(e.size);
+    } else if (e.action == "segment_alloc") {
+      if (run.frees != 0) {
+        // An oom record between the frees and this segment_alloc ends the run first.
+        while (next_oom < rec.ooms.size() && rec.ooms[next_oom].seq < run.last_seq) ++next_oom;
+        if (next_oom < rec.ooms.size() && rec.ooms[next_oom].seq < e.seq) {
+          close_unserved();
+        } else {
+          const bool past_peak =
+              run.reserved_before + static_cast<int64_t>(e.size) > run.peak_before;
+          const bool retry = serves(t, e, e.op) && past_peak && !run.in_empty_cache;
+          close_run(retry ? TraceRelease::Kind::free_and_retry : TraceRelease::Kind::empty_cache,
+                    false);
+        }
+      }
+      reserved += static_cast<int64_t>(e.size);
+      peak = std::max(peak, reserved);
+    }
+  }
+  close_unserved();
+}
+
+}  // namespace expanse::trace
