@@ -490,6 +490,12 @@ uint64_t TorchCachingModel::largest_free_block() const {
   return m;
 }
 
+std::optional<uint64_t> TorchCachingModel::address_of(uint32_t id) const {
+  auto it = live_.find(id);
+  if (it == live_.end()) return std::nullopt;
+  return it->second->ptr;
+}
+
 void TorchCachingModel::note_oom(uint64_t size, uint64_t rounded) {
   ++ooms_;
   if (first_oom_) return;

@@ -104,6 +104,8 @@ class TorchCachingModel {
   const trace::TorchSettings& settings() const noexcept { return s_; }
   // Largest free cached block (any pool, any stream).
   uint64_t largest_free_block() const;
+  // Where live block `id` lies; nullopt for an id not live.
+  std::optional<uint64_t> address_of(uint32_t id) const;
 
   struct Block;
   struct Pool;

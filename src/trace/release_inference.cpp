@@ -24,16 +24,40 @@ struct Run {
   int64_t peak_before = 0;  // the highest reserved memory reached before the run
   uint64_t last_seq = 0;
   bool in_empty_cache = false;
+  struct Freed {
+    uint64_t size, stream;
+  };
+  std::vector<Freed> freed;
 };
 
-// Whether the segment_alloc `e`, recorded before ops[op], made the segment that op's allocation
-// was placed in (rather than one for a later allocation, or an unrelated one).
-bool serves(const Trace& t, const TorchRecording::SegmentEvent& e, uint64_t op) {
+// Whether a wholly free segment of `seg_size` on `seg_stream` would have served a request of
+// `rounded` bytes on `stream` from the cache (get_free_block): same stream and pool (small-pool
+// segments are the only 2 MiB ones), large enough, and within the max_split_size rules.
+bool could_serve(const TorchSettings& s, uint64_t seg_size, uint64_t seg_stream, uint64_t rounded,
+                 uint64_t stream) {
+  if (seg_stream != stream || seg_size < rounded) return false;
+  if ((rounded <= kSmallSize) != (seg_size == kSmallBuffer)) return false;
+  if (rounded < s.max_split_size && seg_size >= s.max_split_size) return false;
+  if (rounded >= s.max_split_size && seg_size >= rounded + s.max_non_split_rounding) return false;
+  return true;
+}
+
+// Whether the run's frees can be the free-and-retry of ops[op]'s allocation, followed by the
+// segment_alloc `e`: that segment holds the allocation's block (it was made for it), and none of
+// the released segments would have served the request from the cache before any release
+// (PyTorch tries the cache first, and releases only after a cudaMalloc failed).
+bool retry_of(const Trace& t, const Run& run, const TorchRecording::SegmentEvent& e, uint64_t op) {
   if (op < t.preexisting || op >= t.ops.size()) return false;
   const TraceOp& o = t.ops[op];
   if (o.type != TraceOp::Type::alloc || o.block >= t.torch->block_addr.size()) return false;
   const uint64_t a = t.torch->block_addr[o.block];
-  return a >= e.addr && a - e.addr < e.size;
+  if (a < e.addr || a - e.addr >= e.size) return false;
+  const TorchSettings s = t.torch->settings.value_or(TorchSettings{});
+  const uint64_t rounded = torch_round_size(s, o.size);
+  for (const Run::Freed& f : run.freed) {
+    if (could_serve(s, f.size, f.stream, rounded, t.streams[o.stream])) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -88,6 +112,7 @@ void infer_releases(Trace& t) {
       run.bytes += e.size;
       run.last_seq = e.seq;
       run.in_empty_cache = run.in_empty_cache || e.in_empty_cache;
+      run.freed.push_back({e.size, e.stream});
       reserved -= static_cast<int64_t>(e.size);
     } else if (e.action == "segment_alloc") {
       if (run.frees != 0) {
@@ -98,7 +123,7 @@ void infer_releases(Trace& t) {
         } else {
           const bool past_peak =
               run.reserved_before + static_cast<int64_t>(e.size) > run.peak_before;
-          const bool retry = serves(t, e, e.op) && past_peak && !run.in_empty_cache;
+          const bool retry = past_peak && !run.in_empty_cache && retry_of(t, run, e, e.op);
           close_run(retry ? TraceRelease::Kind::free_and_retry : TraceRelease::Kind::empty_cache,
                     false);
         }
