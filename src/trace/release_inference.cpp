@@ -70,14 +70,16 @@ void infer_releases(Trace& t) {
     if (e.action == "segment_map" || e.action == "segment_unmap") return;
   }
 
-  // Reserved memory when recording began: the end state less the recorded net change (the
-  // reader checked that these sums fit).
-  int64_t reserved = 0;
-  for (const auto& s : rec.end_segments) reserved += static_cast<int64_t>(s.size);
+  // Reserved memory when recording began: the end state less the recorded net change. The reader
+  // checked that the end sum, every partial sum of the changes and every reserved value along
+  // the way fit in 63 bits, so these sums are taken in that order.
+  int64_t end = 0, net = 0;
+  for (const auto& s : rec.end_segments) end += static_cast<int64_t>(s.size);
   for (const auto& e : rec.events) {
-    if (e.action == "segment_alloc") reserved -= static_cast<int64_t>(e.size);
-    if (e.action == "segment_free") reserved += static_cast<int64_t>(e.size);
+    if (e.action == "segment_alloc") net += static_cast<int64_t>(e.size);
+    if (e.action == "segment_free") net -= static_cast<int64_t>(e.size);
   }
+  int64_t reserved = end - net;
   int64_t peak = reserved;
 
   size_t next_oom = 0;
