@@ -201,7 +201,7 @@ bool TorchCachingModel::get_free_block(Pool& pool, uint64_t stream, uint64_t siz
 bool TorchCachingModel::alloc_block(Pool& pool, uint64_t stream, uint64_t size, uint64_t alloc_size,
                                     Block** out) {
   if (s_.memory_fraction > 0 && reserved_ + alloc_size > allowed_) return false;
-  if (refuse_device_) return false;
+  if (refuse_device_ && refuse_until_released_ > 0) return false;
   if (s_.expandable_segments) {
     *out = try_allocate_expandable(pool, stream, size);
     return *out != nullptr;
@@ -318,6 +318,7 @@ void TorchCachingModel::unmap_block(Block* b) {
   try_merge(b, b->next, pool);
   pool.unmapped.insert(b);
   reserved_ -= range.size;
+  refuse_until_released_ -= std::min(refuse_until_released_, range.size);
   event(TorchSegmentEvent::Kind::segment_unmap, range.ptr, range.size);
 }
 
@@ -331,6 +332,7 @@ void TorchCachingModel::release_expandable_segment(Block* b) {
 }
 
 void TorchCachingModel::release_block(Block* b) {
+  refuse_until_released_ -= std::min(refuse_until_released_, b->size);
   calls_.cuda_free(b->size);
   mem_.give(b->size);
   reserved_ -= b->size;
@@ -394,6 +396,13 @@ void TorchCachingModel::release_cached_blocks() {
 }
 
 void TorchCachingModel::empty_cache() { release_cached_blocks(); }
+
+void TorchCachingModel::release_for_failed_malloc(uint64_t size, uint64_t stream) {
+  const uint64_t rounded = trace::torch_round_size(s_, size);
+  release_available_cached_blocks(rounded <= trace::kSmallSize ? *small_ : *large_, stream,
+                                  rounded);
+  release_cached_blocks();
+}
 
 void TorchCachingModel::garbage_collect() {
   const auto threshold =

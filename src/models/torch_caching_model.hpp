@@ -90,9 +90,18 @@ class TorchCachingModel {
   // torch.cuda.empty_cache(): releases every unsplit cached segment / unused page.
   void empty_cache();
   // The device refuses the next malloc's new memory (cudaMalloc, or mapping pages) until that
-  // malloc has released every cached segment it can: a free-and-retry a recording shows
-  // (trace::TraceRelease). A malloc that a cached block serves releases nothing.
-  void refuse_next_device_allocation() noexcept { refuse_device_ = true; }
+  // malloc has released `bytes` of cached segments, or every one it can: a free-and-retry a
+  // recording shows (trace::TraceRelease), where the real device took the retry once PyTorch
+  // had released that much. A malloc that a cached block serves releases nothing.
+  // What a malloc of `size` bytes on `stream` that found no cached block and whose every
+  // cudaMalloc failed releases before it reports the OOM: oversize cached blocks (with
+  // max_split_size), then every unsplit cached segment. For a recorded OOM, whose allocation
+  // is not in the trace.
+  void release_for_failed_malloc(uint64_t size, uint64_t stream);
+  void refuse_next_device_allocation(uint64_t bytes) noexcept {
+    refuse_device_ = true;
+    refuse_until_released_ = bytes;
+  }
 
   uint64_t reserved() const noexcept { return reserved_; }
   uint64_t peak_reserved() const noexcept { return peak_reserved_; }
@@ -154,6 +163,7 @@ class TorchCachingModel {
   uint64_t op_ = 0;
   bool record_events_ = true;
   bool refuse_device_ = false;  // refuse_next_device_allocation
+  uint64_t refuse_until_released_ = 0;
   std::optional<TorchOom> first_oom_;
   std::vector<TorchSegmentEvent> events_;
   DriverTally calls_;

@@ -147,10 +147,13 @@ TorchRun run_torch_model(const trace::Trace& t, const trace::TorchSettings& s,
     for (; next_release < t.releases.size() && t.releases[next_release].op <= i; ++next_release) {
       const trace::TraceRelease& rel = t.releases[next_release];
       if (rel.op < first_op) continue;
-      if (rel.kind == trace::TraceRelease::Kind::free_and_retry && !rel.before_oom) {
-        m.refuse_next_device_allocation();  // ops[i]'s malloc releases, if it needs memory
-      } else {
+      if (rel.kind == trace::TraceRelease::Kind::empty_cache) {
         m.empty_cache();
+      } else if (rel.before_oom) {
+        m.release_for_failed_malloc(rel.oom_request, rel.oom_stream);
+      } else {
+        // ops[i]'s malloc releases what the recording did, if it needs new memory at all.
+        m.refuse_next_device_allocation(rel.bytes);
       }
     }
   };

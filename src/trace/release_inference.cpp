@@ -85,9 +85,10 @@ void infer_releases(Trace& t) {
   size_t next_oom = 0;
   Run run;
   uint64_t run_op = 0;
-  auto close_run = [&](TraceRelease::Kind kind, bool before_oom) {
+  auto close_run = [&](TraceRelease::Kind kind, const TorchRecording::Oom* oom) {
     if (run.frees == 0) return;
-    t.releases.push_back({kind, run_op, before_oom, run.frees, run.bytes});
+    t.releases.push_back({kind, run_op, oom != nullptr, oom != nullptr ? oom->size : 0,
+                          oom != nullptr ? oom->stream : 0, run.frees, run.bytes});
     run = Run{};
   };
   // A run that nothing serves: the retry of an allocation that then failed, when the
@@ -98,7 +99,7 @@ void infer_releases(Trace& t) {
     const bool oom_next = next_oom < rec.ooms.size() && rec.ooms[next_oom].op == run_op &&
                           !run.in_empty_cache;
     close_run(oom_next ? TraceRelease::Kind::free_and_retry : TraceRelease::Kind::empty_cache,
-              oom_next);
+              oom_next ? &rec.ooms[next_oom] : nullptr);
   };
 
   for (size_t i = 0; i < rec.events.size(); ++i) {
@@ -127,7 +128,7 @@ void infer_releases(Trace& t) {
               run.reserved_before + static_cast<int64_t>(e.size) > run.peak_before;
           const bool retry = past_peak && !run.in_empty_cache && retry_of(t, run, e, e.op);
           close_run(retry ? TraceRelease::Kind::free_and_retry : TraceRelease::Kind::empty_cache,
-                    false);
+                    nullptr);
         }
       }
       reserved += static_cast<int64_t>(e.size);

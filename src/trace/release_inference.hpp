@@ -19,8 +19,9 @@
 // empty_cache() called right before an allocation that no released segment could serve and that
 // grows the reserved memory to a new peak looks like a free-and-retry unless the snapshot
 // recorded stacks (_record_memory_history(context="all")): such a call is counted as a
-// free-and-retry. In the models of PyTorch's allocator both then make the same release (the
-// cache could not serve the allocation, so the retry releases what empty_cache() released).
+// free-and-retry. In the models of PyTorch's allocator both then release the same segments (the
+// cache could not serve the allocation, so the retry releases what empty_cache() released); with
+// max_split_size the retry releases the oversize ones first, so only their order may differ.
 //
 // Recordings with expandable segments (segment_map / segment_unmap) are left alone: their
 // releases unmap pages and the models do not start from their recorded state.

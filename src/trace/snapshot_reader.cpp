@@ -279,8 +279,10 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
     } else if (action == "oom") {
       const pickle::Node* f = r.get_opt(e, "device_free");
       const pickle::Node* sz = r.get_opt(e, "size");
+      const pickle::Node* st = r.get_opt(e, "stream");
       rec.ooms.push_back({b.recorded_ops(), sz != nullptr ? r.uint(e, "size", where_s()) : 0,
-                          f != nullptr ? r.uint(e, "device_free", where_s()) : 0, i});
+                          f != nullptr ? r.uint(e, "device_free", where_s()) : 0, i,
+                          st != nullptr ? r.id(e, "stream", where_s()) : 0});
     }
     if (action == "segment_alloc" || action == "segment_map") {
       seg_delta = sum(seg_delta, r.uint(e, "size", where_s()), +1, e, where_s());

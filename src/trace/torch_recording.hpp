@@ -50,6 +50,7 @@ struct TorchRecording {
     uint64_t size = 0;
     uint64_t device_free = 0;
     uint64_t seq = 0;  // as SegmentEvent::seq
+    uint64_t stream = 0;
   };
 
   std::vector<SegmentEvent> events;

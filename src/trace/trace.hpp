@@ -41,6 +41,8 @@ struct TraceRelease {
   uint64_t op = 0;            // index into Trace::ops (ops.size(): after the last one)
   bool before_oom = false;    // free_and_retry whose allocation then failed (an oom record,
                               // not in ops): the release happens before ops[op]
+  uint64_t oom_request = 0;   // before_oom: the failed request's bytes and stream id
+  uint64_t oom_stream = 0;
   uint64_t segment_frees = 0; // recorded segment_free events it accounts for
   uint64_t bytes = 0;         // their sizes
 };
