@@ -38,7 +38,7 @@ bool could_serve(const TorchSettings& s, uint64_t seg_size, uint64_t seg_stream,
   if (seg_stream != stream || seg_size < rounded) return false;
   if ((rounded <= kSmallSize) != (seg_size == kSmallBuffer)) return false;
   if (rounded < s.max_split_size && seg_size >= s.max_split_size) return false;
-  if (rounded >= s.max_split_size && seg_size >= rounded + s.max_non_split_rounding) return false;
+  if (rounded >= s.max_split_size && seg_size - rounded >= s.max_non_split_rounding) return false;
   return true;
 }
 
@@ -124,8 +124,10 @@ void infer_releases(Trace& t) {
         if (next_oom < rec.ooms.size() && rec.ooms[next_oom].seq < e.seq) {
           close_unserved();
         } else {
+          // The first cudaMalloc asked for e.size on top of reserved_before. (peak >= reserved
+          // always, so the difference does not overflow where a sum might.)
           const bool past_peak =
-              run.reserved_before + static_cast<int64_t>(e.size) > run.peak_before;
+              e.size > static_cast<uint64_t>(run.peak_before - run.reserved_before);
           const bool retry = past_peak && !run.in_empty_cache && retry_of(t, run, e, e.op);
           close_run(retry ? TraceRelease::Kind::free_and_retry : TraceRelease::Kind::empty_cache,
                     nullptr);

@@ -11,9 +11,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <iterator>
 #include <map>
 #include <random>
-#include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace expanse::test {
 namespace {
@@ -86,7 +90,8 @@ std::vector<SnapEvent> free_and_retry(const std::string& free_frame = "") {
 
 TEST(ReleaseInference, EmptyCacheWithNoAllocationAfterIt) {
   const Trace t = load_snapshot(
-      "s.pickle", snapshot_pickle({{0, C, 12 * MiB, {{C, 12 * MiB}}}}, {empty_cache_between_frees()}));
+      "s.pickle",
+      snapshot_pickle({{0, C, 12 * MiB, {{C, 12 * MiB}}}}, {empty_cache_between_frees()}));
   expect_releases(t, {{Kind::empty_cache, 3}});
   EXPECT_EQ(t.releases[0].segment_frees, 1u);
   EXPECT_EQ(t.releases[0].bytes, 12 * MiB);
@@ -173,8 +178,9 @@ TEST(ReleaseInference, ReleaseBeforeAnOomIsTheFailedAllocationsRetry) {
                                      {"oom", 0, 100 * MiB},           {"segment_alloc", S, 2 * MiB},
                                      {"alloc", S, 4096}};
   const Trace t = load_snapshot(
-      "s.pickle", snapshot_pickle({{0, S, 2 * MiB, {{S, 4096}, {S + 4096, 2 * MiB - 4096, "inactive"}}}},
-                                  {ev}));
+      "s.pickle",
+      snapshot_pickle({{0, S, 2 * MiB, {{S, 4096}, {S + 4096, 2 * MiB - 4096, "inactive"}}}},
+                      {ev}));
   expect_releases(t, {{Kind::free_and_retry, 2, true}});
   expect_reproduced(t);
 }
@@ -190,8 +196,10 @@ TEST(ReleaseInference, EmptyCacheAfterTheLastOperation) {
 }
 
 TEST(ReleaseInference, TraceWithoutReleasesIsUnchanged) {
-  const std::vector<SnapEvent> ev = {{"segment_alloc", A, 20 * MiB}, {"alloc", A, 3 * MiB},
-                                     {"alloc", A + 3 * MiB, 3 * MiB}, {"free_completed", A, 3 * MiB},
+  const std::vector<SnapEvent> ev = {{"segment_alloc", A, 20 * MiB},
+                                     {"alloc", A, 3 * MiB},
+                                     {"alloc", A + 3 * MiB, 3 * MiB},
+                                     {"free_completed", A, 3 * MiB},
                                      {"alloc", A, 3 * MiB}};
   const Trace t = load_snapshot(
       "s.pickle",
@@ -212,7 +220,8 @@ TEST(ReleaseInference, ExpanseReleasesOnlyAtEmptyCache) {
   const conf::Config conf = conf::parse_config("");
   constexpr uint64_t GiB = uint64_t{1} << 30;
   const Trace ec = load_snapshot(
-      "s.pickle", snapshot_pickle({{0, C, 12 * MiB, {{C, 12 * MiB}}}}, {empty_cache_between_frees()}));
+      "s.pickle",
+      snapshot_pickle({{0, C, 12 * MiB, {{C, 12 * MiB}}}}, {empty_cache_between_frees()}));
   const auto with = replay::replay_trace(ec, conf, 8 * GiB);
   const auto without = replay::replay_trace(without_releases(ec), conf, 8 * GiB);
   EXPECT_GT(with.stats.total_driver_calls(), without.stats.total_driver_calls());
@@ -256,7 +265,8 @@ struct Recording {
   std::vector<Want> releases;  // what happened, in order
 };
 
-Recording record(uint32_t seed, uint64_t capacity, bool stacks, const trace::TorchSettings& settings) {
+Recording record(uint32_t seed, uint64_t capacity, bool stacks,
+                 const trace::TorchSettings& settings) {
   std::mt19937_64 rng(seed);
   TorchCachingModel m(settings, capacity);
   std::vector<SnapEvent> ev;
