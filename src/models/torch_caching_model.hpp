@@ -93,15 +93,15 @@ class TorchCachingModel {
   // malloc has released `bytes` of cached segments, or every one it can: a free-and-retry a
   // recording shows (trace::TraceRelease), where the real device took the retry once PyTorch
   // had released that much. A malloc that a cached block serves releases nothing.
+  void refuse_next_device_allocation(uint64_t bytes) noexcept {
+    refuse_device_ = true;
+    refuse_until_released_ = bytes;
+  }
   // What a malloc of `size` bytes on `stream` that found no cached block and whose every
   // cudaMalloc failed releases before it reports the OOM: oversize cached blocks (with
   // max_split_size), then every unsplit cached segment. For a recorded OOM, whose allocation
   // is not in the trace.
   void release_for_failed_malloc(uint64_t size, uint64_t stream);
-  void refuse_next_device_allocation(uint64_t bytes) noexcept {
-    refuse_device_ = true;
-    refuse_until_released_ = bytes;
-  }
 
   uint64_t reserved() const noexcept { return reserved_; }
   uint64_t peak_reserved() const noexcept { return peak_reserved_; }

@@ -80,6 +80,7 @@ class SnapshotReader {
 };
 
 bool is_replayed_alloc(const std::string& a) { return a == "alloc"; }
+bool is_replayed_free(const std::string& a) { return a == "free_completed" || a == "free"; }
 
 // Whether an event's recorded stack (a list of {'name', 'filename', 'line'} frames) passes
 // through torch.cuda.empty_cache(): Python's empty_cache or the allocator's emptyCache. Frames
@@ -98,7 +99,6 @@ bool stack_names_empty_cache(const pickle::Document& doc, const pickle::Node& e)
   }
   return false;
 }
-bool is_replayed_free(const std::string& a) { return a == "free_completed" || a == "free"; }
 
 // One of the snapshot's segments, for the PyTorch model's start state (blocks added by the caller).
 TorchRecording::Segment torch_segment(const SnapshotReader& r, const pickle::Node& seg,
@@ -335,8 +335,7 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
   for (auto& e : rec.events) e.op += t.preexisting;
   for (auto& o : rec.ooms) o.op += t.preexisting;
   rec.preexisting = b.preexisting_blocks();
-  // Trace::ops order: the preexisting blocks' ids come first, as in ops.
-  rec.block_addr = b.block_addresses();
+  rec.block_addr = b.block_addresses();  // by block id, for trace/release_inference
   t.torch = std::move(rec);
 
   // Reserved before recording = reserved at the end minus the net change the trace recorded.
