@@ -214,6 +214,43 @@ TEST(ReleaseInference, TraceWithoutReleasesIsUnchanged) {
   EXPECT_EQ(r1.segment_events.size(), r2.segment_events.size());
 }
 
+uint64_t unmaps(const replay::TorchRun& r) {
+  return static_cast<uint64_t>(
+      std::count_if(r.segment_events.begin(), r.segment_events.end(), [](const auto& e) {
+        return e.kind == TorchSegmentEvent::Kind::segment_unmap;
+      }));
+}
+
+// The expandable-segments model makes the releases too: an empty_cache() unmaps its free pages,
+// and a free-and-retry makes the allocation that needs more pages unmap the free ones first.
+// Here 30 MiB is freed and its segment released, then 44 MiB asked for: the two 20 MiB pages
+// mapped for the first do not hold the second, so without a release the model maps a third.
+TEST(ReleaseInference, ExpandableModelMakesTheReleases) {
+  trace::TorchSettings s;
+  s.expandable_segments = true;
+  for (const char* frame : {"", "empty_cache"}) {
+    SCOPED_TRACE(frame);
+    const std::vector<SnapEvent> ev = {{"segment_alloc", A, 30 * MiB},
+                                       {"alloc", A, 30 * MiB},
+                                       {"free_completed", A, 30 * MiB},
+                                       {"segment_free", A, 30 * MiB, 0, frame},
+                                       {"segment_alloc", B, 44 * MiB},
+                                       {"alloc", B, 44 * MiB}};
+    const Trace t =
+        load_snapshot("s.pickle", snapshot_pickle({{0, B, 44 * MiB, {{B, 44 * MiB}}}}, {ev}));
+    expect_releases(t, {{*frame != 0 ? Kind::empty_cache : Kind::free_and_retry, 2}});
+    const replay::TorchRun with = replay::run_torch_model(t, s, {});
+    EXPECT_EQ(unmaps(with), 1u);
+    EXPECT_EQ(with.peak_reserved, 60 * MiB);
+    for (const auto& e : with.segment_events) {
+      if (e.kind == TorchSegmentEvent::Kind::segment_unmap) {
+        EXPECT_EQ(e.op, 2u);
+      }
+    }
+    EXPECT_EQ(unmaps(replay::run_torch_model(without_releases(t), s, {})), 0u);
+  }
+}
+
 // expanse gives its cache back at an empty_cache() (the program's call) and makes no release for
 // a free-and-retry (PyTorch's answer to its own device running out).
 TEST(ReleaseInference, ExpanseReleasesOnlyAtEmptyCache) {
