@@ -146,10 +146,12 @@ class OperationSequenceTest : public CoreTest {
     std::vector<Live> live;
     std::ostringstream out, addresses;
     const std::vector<EntryPoint> faults = {
-        EntryPoint::mem_create,         EntryPoint::mem_map,         EntryPoint::mem_set_access,
-        EntryPoint::mem_unmap,          EntryPoint::mem_release,     EntryPoint::mem_address_reserve,
-        EntryPoint::mem_address_free,   EntryPoint::event_record,    EntryPoint::event_query,
-        EntryPoint::event_synchronize,  EntryPoint::ctx_synchronize, EntryPoint::event_create};
+        EntryPoint::mem_create,        EntryPoint::mem_map,
+        EntryPoint::mem_set_access,    EntryPoint::mem_unmap,
+        EntryPoint::mem_release,       EntryPoint::mem_address_reserve,
+        EntryPoint::mem_address_free,  EntryPoint::event_record,
+        EntryPoint::event_query,       EntryPoint::event_synchronize,
+        EntryPoint::ctx_synchronize,   EntryPoint::event_create};
     for (size_t step = 0; step < steps; ++step) {
       const size_t op = pick(100);
       std::string what, message;
