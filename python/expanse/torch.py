@@ -21,6 +21,7 @@ to expanse (see expanse.capture_begin), so that no expanse call from another thr
 them.
 """
 import ctypes
+import glob
 import hashlib
 import os
 import shutil
@@ -117,16 +118,22 @@ def _include_dir():
                             "package or the library; set EXPANSE_INCLUDE to its include folder")
 
 
-def _cuda_runtime_include():
-    """CUDA runtime headers from the nvidia-cuda-runtime wheel PyTorch depends on, or None."""
+def _cuda_runtime_include(cpp_extension):
+    """The CUDA runtime headers to compile against: those of the nvidia wheels PyTorch depends on
+    (they match its CUDA), else the toolkit's (CUDA_HOME); None when neither is there."""
     try:
-        import nvidia.cuda_runtime as rt
+        import nvidia
+        roots = list(getattr(nvidia, "__path__", []))
     except ImportError:
-        return None
-    for base in getattr(rt, "__path__", []):
-        inc = os.path.join(base, "include")
-        if os.path.isfile(os.path.join(inc, "cuda_runtime_api.h")):
-            return inc
+        roots = []
+    for root in roots:  # nvidia/cuda_runtime/include (CUDA 12), nvidia/cu13/include (CUDA 13)
+        for pattern in ("*/include", "*/*/include"):
+            for inc in sorted(glob.glob(os.path.join(root, pattern))):
+                if os.path.isfile(os.path.join(inc, "cuda_runtime_api.h")):
+                    return inc
+    cuda_home = getattr(cpp_extension, "CUDA_HOME", None)
+    if cuda_home and os.path.isfile(os.path.join(cuda_home, "include", "cuda_runtime_api.h")):
+        return os.path.join(cuda_home, "include")
     return None
 
 
@@ -139,30 +146,27 @@ def native_build_args(torch, cpp_extension):
     if not cpp_extension.is_ninja_available():
         raise NativeUnavailable("torch.utils.cpp_extension needs ninja, which is not installed "
                                 "(pip install ninja)")
-    lib = _expanse.library_path()
+    lib = os.path.realpath(_expanse.library_path())
     include = _include_dir()
-    cuda_home = getattr(cpp_extension, "CUDA_HOME", None)
-    cuda_inc = None if cuda_home else _cuda_runtime_include()
-    if not cuda_home and cuda_inc is None:
-        raise NativeUnavailable("no CUDA runtime headers (neither CUDA_HOME nor the "
-                                "nvidia-cuda-runtime wheel's include folder)")
+    cuda_inc = _cuda_runtime_include(cpp_extension)
+    if cuda_inc is None:
+        raise NativeUnavailable("no CUDA runtime headers (cuda_runtime_api.h: neither the nvidia "
+                                "wheels' include folders nor CUDA_HOME's)")
     sources = [os.path.join(_NATIVE_DIR, f) for f in _NATIVE_SOURCES]
     # One build per torch, library and header location: a cached build never mixes them.
-    key = hashlib.sha1("\0".join([torch.__version__, os.path.realpath(lib), include]).encode())
+    key = hashlib.sha1("\0".join([torch.__version__, lib, include, cuda_inc]).encode())
     build_dir = os.environ.get("EXPANSE_TORCH_BUILD_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
         "expanse", "torch_native", f"{torch.__version__}-{key.hexdigest()[:12]}")
-    ldflags = [os.path.realpath(lib), "-Wl,-rpath," + os.path.dirname(os.path.realpath(lib))]
-    include_paths = [_NATIVE_DIR, include]
-    if cuda_inc is not None:
-        # No toolkit: the wheel's headers, and PyTorch's CUDA libraries (which bring cudart).
-        include_paths.append(cuda_inc)
-        torch_lib = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "lib")
-        ldflags += ["-L" + torch_lib, "-ltorch_cuda", "-lc10_cuda"]
-    return dict(name=NATIVE_NAME, sources=sources, extra_include_paths=include_paths,
-                extra_cflags=["-O2"], extra_ldflags=ldflags, with_cuda=bool(cuda_home),
-                build_directory=build_dir, is_python_module=False,
-                verbose=os.environ.get("EXPANSE_TORCH_VERBOSE") == "1")
+    # The CUDA runtime is the one PyTorch loaded, reached through libtorch_cuda's own
+    # dependencies: linking a toolkit's libcudart could load a second, different one.
+    torch_lib = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "lib")
+    ldflags = [lib, "-Wl,-rpath," + os.path.dirname(lib),
+               "-L" + torch_lib, "-ltorch_cuda", "-lc10_cuda"]
+    return dict(name=NATIVE_NAME, sources=sources,
+                extra_include_paths=[_NATIVE_DIR, include, cuda_inc], extra_cflags=["-O2"],
+                extra_ldflags=ldflags, with_cuda=False, build_directory=build_dir,
+                is_python_module=False, verbose=os.environ.get("EXPANSE_TORCH_VERBOSE") == "1")
 
 
 def _install_native(torch):
@@ -173,11 +177,13 @@ def _install_native(torch):
     args = native_build_args(torch, cpp_extension)
     os.makedirs(args["build_directory"], exist_ok=True)
     try:
-        cpp_extension.load(**args)
+        built = cpp_extension.load(**args)
     except Exception as e:  # noqa: BLE001  (compiler and ninja failures come in many types)
         raise NativeUnavailable(f"building the native allocator in {args['build_directory']} "
                                 f"failed ({type(e).__name__}: {str(e).strip()[-2000:]})") from e
-    path = os.path.join(args["build_directory"], NATIVE_NAME + ".so")
+    # load() returns the library's path for a non-Python module (and loads it already).
+    path = built if isinstance(built, str) else os.path.join(args["build_directory"],
+                                                             NATIVE_NAME + ".so")
     ext = ctypes.CDLL(path)
     ext.expanse_torch_native_error.restype = ctypes.c_char_p
     if ext.expanse_torch_native_install() != 0:

@@ -13,7 +13,7 @@ from test_torch import FakeTorch
 
 
 class FakeCppExtension:
-    def __init__(self, ninja=True, cuda_home="/usr/local/cuda", fail=None):
+    def __init__(self, ninja=True, cuda_home=None, fail=None):
         self.module = types.ModuleType("torch.utils.cpp_extension")
         self.module.is_ninja_available = lambda: ninja
         self.module.CUDA_HOME = cuda_home
@@ -34,7 +34,10 @@ def native_torch(monkeypatch, ex, tmp_path):
     fake = FakeTorch()
     fake.module.__version__ = "2.99.0+fake"
     fake.module.__file__ = str(tmp_path / "torch" / "__init__.py")
-    ext = FakeCppExtension()
+    cuda = tmp_path / "cuda"  # a stand-in toolkit: only the header the build looks for
+    (cuda / "include").mkdir(parents=True)
+    (cuda / "include" / "cuda_runtime_api.h").write_text("")
+    ext = FakeCppExtension(cuda_home=str(cuda))
     utils = types.ModuleType("torch.utils")
     utils.cpp_extension = ext.module
     fake.module.utils = utils
@@ -58,7 +61,11 @@ def test_build_args_compile_the_native_sources_against_this_library(native_torch
     lib = os.path.realpath(expanse.library_path())
     assert lib in args["extra_ldflags"]
     assert "-Wl,-rpath," + os.path.dirname(lib) in args["extra_ldflags"]
-    assert args["with_cuda"] is True and args["is_python_module"] is False
+    assert args["is_python_module"] is False
+    # PyTorch's own CUDA runtime, through libtorch_cuda; never a toolkit's libcudart.
+    assert args["with_cuda"] is False
+    assert "-ltorch_cuda" in args["extra_ldflags"]
+    assert not any("cudart" in f for f in args["extra_ldflags"])
     assert args["build_directory"] == os.environ["EXPANSE_TORCH_BUILD_DIR"]
 
 
@@ -108,14 +115,14 @@ def test_a_failed_build_falls_back_with_the_compilers_words(native_torch):
 
 def test_no_cuda_headers_is_named(native_torch):
     fake, ext, et = native_torch
-    ext.module.CUDA_HOME = None
+    ext.module.CUDA_HOME = "/nonexistent/cuda"
     import importlib.util
     try:
-        wheel = importlib.util.find_spec("nvidia.cuda_runtime") is not None
+        wheel = importlib.util.find_spec("nvidia") is not None
     except ImportError:
         wheel = False
     if wheel:
-        pytest.skip("the nvidia-cuda-runtime wheel is installed here: its headers would do")
+        pytest.skip("nvidia wheels are installed here: their headers may do")
     with pytest.raises(et.NativeUnavailable, match="no CUDA runtime headers"):
         et.native_build_args(fake.module, ext.module)
 
