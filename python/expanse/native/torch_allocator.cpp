@@ -115,8 +115,10 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
     return {p, a, &delete_allocation, c10::Device(c10::DeviceType::CUDA, dev)};
   }
 
-  // The DataPtrs above carry an Allocation, not the pointer, as context: c10's raw_allocate /
-  // raw_deallocate (which need the two equal) are served by raw_alloc / raw_delete instead.
+  // The DataPtrs above carry an Allocation, not the pointer, as context (as PyTorch's own
+  // CUDAPluggableAllocator's carry its deleter context), so there is no raw deleter: c10's
+  // raw_allocate / raw_deallocate (which need the two equal) are served by raw_alloc /
+  // raw_delete instead.
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {

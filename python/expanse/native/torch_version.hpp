@@ -1,8 +1,12 @@
 // What differs between the PyTorch versions expanse's native allocator builds against (2.6 to the
 // newest): every version test of torch_allocator.cpp is made here, from torch/version.h, and named
-// by what it selects. Checked against the headers of the versions test/torch_compile_check.sh
-// compiles (docs/integrations.md lists them); the others follow PyTorch's release notes and may
-// need a line here.
+// by what it selects.
+//
+// Read from the headers of torch 2.6, 2.8, 2.11, 2.13 and 2.15 (the source compiles against each:
+// -DEXPANSE_TORCH_INCLUDE, test/torch_compile_check.sh). A change that happened in a version
+// between two of those (2.7, 2.9, 2.10, 2.12, 2.14) is placed at the later checked one unless
+// noted; a version placed wrongly fails to compile, and expanse.torch.use() then falls back to
+// the pluggable allocator naming the compiler's error.
 #pragma once
 
 #include <torch/version.h>
@@ -13,35 +17,38 @@
 #error "expanse's native allocator needs PyTorch 2.6 or newer; use expanse.torch.use(native=False)"
 #endif
 
-// c10::DeviceAllocator (initialized, emptyCache(MempoolId_t), getDeviceStats, ...) became
-// CUDAAllocator's base in 2.8; before, CUDAAllocator declared them itself and emptyCache took no
-// pool.
+// c10::DeviceAllocator (initialized, emptyCache(MempoolId_t), getDeviceStats, ...) is
+// CUDAAllocator's base from 2.8; in 2.6 CUDAAllocator declares them itself and emptyCache takes
+// no pool.
 #define EXPANSE_TORCH_EMPTY_CACHE_TAKES_POOL (EXPANSE_TORCH_VERSION >= 208)
 
-// snapshot(MempoolId_t, bool include_traces) since 2.10 (2.8/2.9: snapshot(MempoolId_t); before:
-// snapshot()).
-#define EXPANSE_TORCH_SNAPSHOT_ARGS (EXPANSE_TORCH_VERSION >= 210 ? 2 : EXPANSE_TORCH_VERSION >= 208 ? 1 : 0)
+// snapshot(): no arguments in 2.6, (MempoolId_t) in 2.8, (MempoolId_t, bool include_traces) in
+// 2.11 (placed at 2.10).
+#define EXPANSE_TORCH_SNAPSHOT_ARGS \
+  (EXPANSE_TORCH_VERSION >= 210 ? 2 : EXPANSE_TORCH_VERSION >= 208 ? 1 : 0)
 
-// recordHistory(..., bool clearHistory, const std::vector<std::string>& skip_actions) since 2.10
-// (2.7..2.9: clearHistory only; 2.6: neither).
-#define EXPANSE_TORCH_RECORD_HISTORY_ARGS (EXPANSE_TORCH_VERSION >= 210 ? 6 : EXPANSE_TORCH_VERSION >= 207 ? 5 : 4)
+// recordHistory(enabled, recorder, max_entries, when): + bool clearHistory in 2.8 (placed at
+// 2.7), + skip_actions in 2.11 (placed at 2.10).
+#define EXPANSE_TORCH_RECORD_HISTORY_ARGS \
+  (EXPANSE_TORCH_VERSION >= 210 ? 6 : EXPANSE_TORCH_VERSION >= 207 ? 5 : 4)
 
-// TraceEntry's constructor takes the trace's MempoolId_t (before the time) since 2.7.
+// TraceEntry's constructor takes the trace's MempoolId_t (before the time) in 2.8, not in 2.6
+// (placed at 2.7).
 #define EXPANSE_TORCH_TRACE_ENTRY_HAS_POOL (EXPANSE_TORCH_VERSION >= 207)
 
-// The pool hook MemPool calls: 0 = ensureExistsAndIncrefPool(device, id) (before 2.8),
-// 1 = createOrIncrefPool(device, id, CUDAAllocator*) (2.8; 2.9 and 2.10 unchecked),
-// 2 = createOrIncrefPool(device, id, std::shared_ptr<CUDAAllocator>) (2.11 on).
-#define EXPANSE_TORCH_POOL_INCREF_FORM (EXPANSE_TORCH_VERSION >= 211 ? 2 : EXPANSE_TORCH_VERSION >= 208 ? 1 : 0)
+// The pool hook MemPool calls: 0 = ensureExistsAndIncrefPool(device, id) (2.6),
+// 1 = createOrIncrefPool(device, id, CUDAAllocator*) (2.8),
+// 2 = createOrIncrefPool(device, id, std::shared_ptr<CUDAAllocator>) (2.11).
+#define EXPANSE_TORCH_POOL_INCREF_FORM \
+  (EXPANSE_TORCH_VERSION >= 211 ? 2 : EXPANSE_TORCH_VERSION >= 208 ? 1 : 0)
 
-// setUseOnOOM / setNoSplit (MemPool options) since 2.9.
+// setUseOnOOM / setNoSplit (MemPool options): in 2.11, not in 2.8 (placed at 2.9).
 #define EXPANSE_TORCH_HAS_POOL_OPTIONS (EXPANSE_TORCH_VERSION >= 209)
 
-// getExpandableSegmentSizes (a pure virtual) since 2.10.
+// getExpandableSegmentSizes (a pure virtual): in 2.11, not in 2.8 (placed at 2.10).
 #define EXPANSE_TORCH_HAS_GET_EXPANDABLE_SEGMENT_SIZES (EXPANSE_TORCH_VERSION >= 210)
 
-// attachOomRejectionObserver (a pure virtual) since 2.13 (2.12 unchecked).
+// attachOomRejectionObserver (a pure virtual) and getContextForPointer (a virtual with a
+// default): in 2.13, not in 2.11.
 #define EXPANSE_TORCH_HAS_OOM_REJECTION_OBSERVER (EXPANSE_TORCH_VERSION >= 213)
-
-// getContextForPointer (a virtual with a default) since 2.15.
-#define EXPANSE_TORCH_HAS_CONTEXT_FOR_POINTER (EXPANSE_TORCH_VERSION >= 215)
+#define EXPANSE_TORCH_HAS_CONTEXT_FOR_POINTER (EXPANSE_TORCH_VERSION >= 213)
