@@ -153,6 +153,12 @@ def native_build_args(torch, cpp_extension):
         raise NativeUnavailable("no CUDA runtime headers (cuda_runtime_api.h: neither the nvidia "
                                 "wheels' include folders nor CUDA_HOME's)")
     sources = [os.path.join(_NATIVE_DIR, f) for f in _NATIVE_SOURCES]
+    missing = [f for f in sources + [os.path.join(_NATIVE_DIR, "torch_adapter.hpp"),
+                                     os.path.join(_NATIVE_DIR, "torch_version.hpp")]
+               if not os.path.isfile(f)]
+    if missing:
+        raise NativeUnavailable("the native allocator's sources are not installed with this "
+                                f"package (missing: {', '.join(missing)})")
     # One build per torch, library and header location: a cached build never mixes them.
     key = hashlib.sha1("\0".join([torch.__version__, lib, include, cuda_inc]).encode())
     build_dir = os.environ.get("EXPANSE_TORCH_BUILD_DIR") or os.path.join(

@@ -133,3 +133,10 @@ def test_native_false_uses_the_pluggable_pair_without_a_warning(native_torch, re
     assert fake.calls[0][0] == "CUDAPluggableAllocator"
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
     assert ext.loads == []
+
+
+def test_missing_sources_are_named(native_torch, monkeypatch, tmp_path):
+    fake, ext, et = native_torch
+    monkeypatch.setattr(et, "_NATIVE_DIR", str(tmp_path / "no-native"))
+    with pytest.raises(et.NativeUnavailable, match="sources are not installed"):
+        et.native_build_args(fake.module, ext.module)
