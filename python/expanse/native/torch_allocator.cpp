@@ -16,7 +16,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
+#ifndef EXPANSE_TORCH_NATIVE_WITHOUT_INSTALL
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+#endif
 
 #include <atomic>
 #include <cstring>
@@ -652,12 +654,19 @@ void delete_allocation(void* ctx) {
   g_installed->free_from_deleter(static_cast<Allocation*>(ctx));
 }
 
-thread_local std::string g_install_error;
-
 }  // namespace
 }  // namespace expanse::torch_native
 
 // ---- what Python calls (ctypes) ------------------------------------------------------------
+// Left out where the class is exercised without libtorch_cuda (test/torch_adapter's
+// torch_native_smoke, which links only c10): installing needs changeCurrentAllocator.
+#ifndef EXPANSE_TORCH_NATIVE_WITHOUT_INSTALL
+namespace expanse::torch_native {
+namespace {
+thread_local std::string g_install_error;
+}  // namespace
+}  // namespace expanse::torch_native
+
 extern "C" {
 
 // Makes expanse PyTorch's CUDA allocator. 0 on success; otherwise the reason is in
@@ -690,3 +699,4 @@ __attribute__((visibility("default"))) int expanse_torch_native_installed(void) 
 }
 
 }  // extern "C"
+#endif  // EXPANSE_TORCH_NATIVE_WITHOUT_INSTALL
