@@ -112,7 +112,13 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev).stream();
     if (n == 0) return {nullptr, nullptr, &delete_allocation, c10::Device(c10::DeviceType::CUDA, dev)};
     void* p = malloc_or_throw(n, dev, stream);
-    auto* a = new Allocation{p, stream, dev};
+    Allocation* a = nullptr;
+    try {
+      a = new Allocation{p, stream, dev};
+    } catch (...) {  // out of host memory: the block goes back before the error leaves
+      (void)expanse_free_checked(p, 0, dev, reinterpret_cast<CUstream_st*>(stream));
+      throw;
+    }
     after_alloc(p, n, dev, stream);
     return {p, a, &delete_allocation, c10::Device(c10::DeviceType::CUDA, dev)};
   }
@@ -203,10 +209,11 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
   void emptyCache() override { release_all(); }
 #endif
 
+  // torch.cuda.memory.caching_allocator_enable(False): expanse has no uncached mode.
   void enable(bool value) override {
-    TORCH_CHECK(value, "expanse: its native PyTorch allocator cannot be disabled (PyTorch disables "
-                       "its allocator only around CUDA graph pool checkpoints, which"
-                       , kPoolsMissing, ")");
+    TORCH_CHECK(value, "expanse: its native PyTorch allocator cannot be disabled "
+                       "(caching_allocator_enable(False) is not supported); cached memory goes "
+                       "back to the driver with torch.cuda.empty_cache()");
   }
   bool isEnabled() const override { return true; }
 
