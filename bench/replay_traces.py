@@ -2,7 +2,9 @@
 """Replays every trace under a traces folder with `expanse replay --compare --min-capacity
 --repeat 3 --json` and prints a Markdown table: peak live bytes, what PyTorch's caching allocator
 reserved for the same workload (recorded, and by expanse's model of it, with how many of the
-recorded segment events the model reproduced), the model's and the expandable-segments model's
+recorded segment events the model reproduced, and how many empty_cache() calls and
+free-and-retries after a failed cudaMalloc were inferred from the recording and replayed), the
+model's and the expandable-segments model's
 smallest device, expanse's peak mapped memory on the default 80 GiB device (first pass) and the
 smallest device on which expanse replays the trace with no OOM, each also as a ratio to peak
 live; the first pass's modeled driver time, the least any placement keeping invariant 1 exact
@@ -85,6 +87,9 @@ def columns(check):
         ("recorded segment events reproduced",
          lambda n, j: f"{agree(j)['reproduced_segment_events']} of "
                       f"{agree(j)['recorded_segment_events']}"),
+        ("inferred empty_cache() / free-and-retry",
+         lambda n, j: f"{agree(j)['inferred_empty_cache_calls']} / "
+                      f"{agree(j)['inferred_free_and_retries']}"),
         ("PyTorch model min capacity (x live)", lambda n, j: model_min(j, "pytorch")),
         ("expandable segments model min capacity (x live)",
          lambda n, j: model_min(j, "pytorch_expandable")),

@@ -95,6 +95,9 @@ Json compare_json(const CompareReport& c) {
       {"model_peak_reserved_bytes", a.model_peak_reserved},
       {"peak_reserved_error", a.peak_error()},
       {"from_recorded_state", a.from_recorded_state},
+      {"inferred_empty_cache_calls", c.inferred.empty_cache_calls},
+      {"inferred_free_and_retries", c.inferred.free_and_retries},
+      {"inferred_segment_frees", c.inferred.segment_frees},
       {"caveats", a.caveats}};
   j["headline"] = replay::compare_headline(c);
   j["compare_seconds"] = c.wall_seconds;
@@ -151,6 +154,12 @@ std::string compare_text(const CompareReport& c, uint64_t peak_live) {
       << conf::format_size(a.recorded_peak_reserved) << " recorded ("
       << fixed(100 * a.peak_error(), 2) << " %)"
       << (a.from_recorded_state ? ", from the recorded start state" : "") << "\n";
+    o << "inferred from the recording (the snapshot does not mark them): "
+      << c.inferred.empty_cache_calls << " empty_cache() call(s), " << c.inferred.free_and_retries
+      << " free-and-retry(s) after a failed cudaMalloc, accounting for "
+      << c.inferred.segment_frees
+      << " recorded segment frees; both models make them, expanse releases its cache at each "
+         "empty_cache()\n";
   }
   for (const auto& cv : a.caveats) o << "  note: " << cv << "\n";
   for (const auto& e : c.recorded_ooms) o << "OOM (recorded) " << explain_text(e) << "\n";

@@ -7,7 +7,7 @@
 set -eu
 
 packages="cmake g++ make pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
-nlohmann-json3-dev python3 python3-pip python3-pytest"
+nlohmann-json3-dev python3 python3-pip python3-pytest python3-venv"
 
 missing=""
 for p in $packages; do

@@ -1,7 +1,8 @@
 """expanse: a virtual-memory GPU allocator, from Python.
 
 Everything here works without PyTorch; `expanse.torch` makes expanse PyTorch's CUDA allocator.
-The library is found through EXPANSE_LIBRARY, next to this package, or on the loader path.
+The library is found through EXPANSE_LIBRARY, inside this package (where `pip install` puts it),
+where `cmake --install` put it, or on the loader path.
 Configuration: EXPANSE_CONF (see the README), or expanse.init(conf).
 
     import expanse

@@ -47,14 +47,13 @@ def _candidates():
     if env:
         return [env], True
     here = os.path.dirname(os.path.abspath(__file__))
-    out = []
+    # First the package's own copy: a pip-installed wheel carries libexpanse.so in the package.
+    out = [os.path.join(here, name) for name in ("libexpanse.so", "libexpanse.so.0")]
     try:
         from . import _installed  # written by `cmake --install`
         out.append(_installed.LIBRARY)
     except ImportError:
         pass
-    for name in ("libexpanse.so", "libexpanse.so.0"):
-        out.append(os.path.join(here, name))
     for name in ("libexpanse.so", "libexpanse.so.0"):
         out.append(name)  # the loader path (LD_LIBRARY_PATH, ld.so.cache)
     found = ctypes.util.find_library("expanse")
@@ -124,7 +123,8 @@ def library():
         _path = name
         _lib = _declare(lib)
         return _lib
-    how = "EXPANSE_LIBRARY" if explicit else "next to the package, then on the loader path"
+    how = ("EXPANSE_LIBRARY" if explicit else
+           "in the package, where cmake --install put it, then on the loader path")
     raise ExpanseError(f"expanse: cannot load libexpanse.so ({how}): " + "; ".join(errors))
 
 

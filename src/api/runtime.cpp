@@ -19,7 +19,7 @@ int g_init_failure_code = 0;  // 0: usage_error, else the CUresult of a driver_f
 
 }  // namespace
 
-Runtime::Runtime(const std::string& conf) : config_(parse_config(conf)) {
+Runtime::Runtime(const std::string& conf) : config_(conf::parse_config(conf)) {
   try {
     driver_ = driver::select_driver(conf, /*allow_sim_fallback=*/false);
   } catch (const driver::driver_error& e) {
@@ -71,7 +71,7 @@ void Runtime::init(const std::string& conf) {
   if (old != nullptr && old->any_live()) {
     throw usage_error("expanse_init: blocks are still live; free them before reconfiguring");
   }
-  Config checked = parse_config(conf);  // fail on a bad string before tearing anything down
+  conf::Config checked = conf::parse_config(conf);  // fail on a bad string before tearing anything down
   (void)checked;
   g_runtime.store(nullptr, std::memory_order_release);
   delete old;
@@ -126,7 +126,7 @@ core::DeviceAllocator& Runtime::device(int device) {
     driver_->check(driver_->table().device_total_mem(&capacity, dev),
                    driver::EntryPoint::device_total_mem);
     owned_[static_cast<size_t>(device)] = std::make_unique<core::DeviceAllocator>(
-        *driver_, device, options_for_device(config_, capacity));
+        *driver_, device, conf::options_for_device(config_, capacity));
   } catch (const driver::driver_error& e) {
     throw driver_failure("expanse: setting up device " + std::to_string(device) + ": " + e.what(),
                          static_cast<int>(e.code()));

@@ -2,7 +2,8 @@
 // from EXPANSE_CONF, and one allocator per device, created on first use.
 #pragma once
 
-#include "api/config.hpp"
+#include "conf/config.hpp"
+#include "core/options.hpp"
 #include "core/device_allocator.hpp"
 #include "driver/driver.hpp"
 
@@ -37,7 +38,7 @@ class Runtime {
   explicit Runtime(const std::string& conf);
   bool any_live() const;
 
-  Config config_;
+  conf::Config config_;
   std::unique_ptr<driver::LoadedDriver> driver_;
   std::mutex create_mu_;
   std::vector<std::atomic<core::DeviceAllocator*>> slots_;

@@ -201,6 +201,7 @@ bool TorchCachingModel::get_free_block(Pool& pool, uint64_t stream, uint64_t siz
 bool TorchCachingModel::alloc_block(Pool& pool, uint64_t stream, uint64_t size, uint64_t alloc_size,
                                     Block** out) {
   if (s_.memory_fraction > 0 && reserved_ + alloc_size > allowed_) return false;
+  if (refuse_device_ && refuse_until_released_ > 0) return false;
   if (s_.expandable_segments) {
     *out = try_allocate_expandable(pool, stream, size);
     return *out != nullptr;
@@ -317,6 +318,7 @@ void TorchCachingModel::unmap_block(Block* b) {
   try_merge(b, b->next, pool);
   pool.unmapped.insert(b);
   reserved_ -= range.size;
+  refuse_until_released_ -= std::min(refuse_until_released_, range.size);
   event(TorchSegmentEvent::Kind::segment_unmap, range.ptr, range.size);
 }
 
@@ -330,6 +332,7 @@ void TorchCachingModel::release_expandable_segment(Block* b) {
 }
 
 void TorchCachingModel::release_block(Block* b) {
+  refuse_until_released_ -= std::min(refuse_until_released_, b->size);
   calls_.cuda_free(b->size);
   mem_.give(b->size);
   reserved_ -= b->size;
@@ -389,9 +392,17 @@ void TorchCachingModel::release_blocks(Pool& pool) {
 void TorchCachingModel::release_cached_blocks() {
   release_blocks(*large_);
   release_blocks(*small_);
+  refuse_device_ = false;  // the retry after a full release gets its memory
 }
 
 void TorchCachingModel::empty_cache() { release_cached_blocks(); }
+
+void TorchCachingModel::release_for_failed_malloc(uint64_t size, uint64_t stream) {
+  const uint64_t rounded = trace::torch_round_size(s_, size);
+  release_available_cached_blocks(rounded <= trace::kSmallSize ? *small_ : *large_, stream,
+                                  rounded);
+  release_cached_blocks();
+}
 
 void TorchCachingModel::garbage_collect() {
   const auto threshold =
@@ -488,6 +499,12 @@ uint64_t TorchCachingModel::largest_free_block() const {
   return m;
 }
 
+std::optional<uint64_t> TorchCachingModel::address_of(uint32_t id) const {
+  auto it = live_.find(id);
+  if (it == live_.end()) return std::nullopt;
+  return it->second->ptr;
+}
+
 void TorchCachingModel::note_oom(uint64_t size, uint64_t rounded) {
   ++ooms_;
   if (first_oom_) return;
@@ -519,6 +536,7 @@ bool TorchCachingModel::malloc(uint32_t id, uint64_t size, uint64_t stream) {
       found = alloc_block(pool, stream, rounded, alloc_size, &b);
     }
   }
+  refuse_device_ = false;
   if (!found) {
     note_oom(size, rounded);
     return false;

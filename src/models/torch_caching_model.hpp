@@ -89,6 +89,19 @@ class TorchCachingModel {
   void free(uint32_t id);
   // torch.cuda.empty_cache(): releases every unsplit cached segment / unused page.
   void empty_cache();
+  // The device refuses the next malloc's new memory (cudaMalloc, or mapping pages) until that
+  // malloc has released `bytes` of cached segments, or every one it can: a free-and-retry a
+  // recording shows (trace::TraceRelease), where the real device took the retry once PyTorch
+  // had released that much. A malloc that a cached block serves releases nothing.
+  void refuse_next_device_allocation(uint64_t bytes) noexcept {
+    refuse_device_ = true;
+    refuse_until_released_ = bytes;
+  }
+  // What a malloc of `size` bytes on `stream` that found no cached block and whose every
+  // cudaMalloc failed releases before it reports the OOM: oversize cached blocks (with
+  // max_split_size), then every unsplit cached segment. For a recorded OOM, whose allocation
+  // is not in the trace.
+  void release_for_failed_malloc(uint64_t size, uint64_t stream);
 
   uint64_t reserved() const noexcept { return reserved_; }
   uint64_t peak_reserved() const noexcept { return peak_reserved_; }
@@ -100,6 +113,8 @@ class TorchCachingModel {
   const trace::TorchSettings& settings() const noexcept { return s_; }
   // Largest free cached block (any pool, any stream).
   uint64_t largest_free_block() const;
+  // Where live block `id` lies; nullopt for an id not live.
+  std::optional<uint64_t> address_of(uint32_t id) const;
 
   struct Block;
   struct Pool;
@@ -147,6 +162,8 @@ class TorchCachingModel {
   uint64_t ooms_ = 0;
   uint64_t op_ = 0;
   bool record_events_ = true;
+  bool refuse_device_ = false;  // refuse_next_device_allocation
+  uint64_t refuse_until_released_ = 0;
   std::optional<TorchOom> first_oom_;
   std::vector<TorchSegmentEvent> events_;
   DriverTally calls_;

@@ -96,11 +96,21 @@ TorchRun run_torch_model(const trace::Trace& t, const trace::TorchSettings& s,
   // Recorded cudaMalloc addresses by size, handed out in order while not in use by the model.
   std::unordered_map<uint64_t, std::deque<uint64_t>> recorded;
   std::set<uint64_t> in_use;
+  size_t seen_events = 0;
+  // Addresses the model's cudaFree gave back may be handed out again (as the real cudaMalloc
+  // does after a free-and-retry).
+  auto note_freed = [&] {
+    const auto& ev = m.segment_events();
+    for (; seen_events < ev.size(); ++seen_events) {
+      if (ev[seen_events].kind == Kind::segment_free) in_use.erase(ev[seen_events].addr);
+    }
+  };
   if (o.recorded_addresses && t.torch) {
     for (const auto& e : t.torch->events) {
       if (e.action == "segment_alloc") recorded[e.size].push_back(e.addr);
     }
     m.set_address_source([&](uint64_t size) -> std::optional<uint64_t> {
+      note_freed();
       auto it = recorded.find(size);
       while (it != recorded.end() && !it->second.empty()) {
         const uint64_t a = it->second.front();
@@ -130,10 +140,27 @@ TorchRun run_torch_model(const trace::Trace& t, const trace::TorchSettings& s,
     }
     first_op = t.preexisting;  // those blocks are in the start state
   }
-  size_t seen_events = 0;
+  // The inferred releases, in op order, made before the operation they precede.
+  size_t next_release = 0;
+  auto releases_before = [&](uint64_t i) {
+    if (!o.inferred_releases) return;
+    for (; next_release < t.releases.size() && t.releases[next_release].op <= i; ++next_release) {
+      const trace::TraceRelease& rel = t.releases[next_release];
+      if (rel.op < first_op) continue;
+      if (rel.kind == trace::TraceRelease::Kind::empty_cache) {
+        m.empty_cache();
+      } else if (rel.before_oom) {
+        m.release_for_failed_malloc(rel.oom_request, rel.oom_stream);
+      } else {
+        // ops[i]'s malloc releases what the recording did, if it needs new memory at all.
+        m.refuse_next_device_allocation(rel.bytes);
+      }
+    }
+  };
   for (uint64_t i = 0; i < t.ops.size(); ++i) {
     const trace::TraceOp& op = t.ops[i];
     m.set_op(i);
+    releases_before(i);
     if (i >= first_op) {
       if (op.type == trace::TraceOp::Type::alloc) {
         if (!m.malloc(op.block, op.size, t.streams[op.stream]) && o.stop_at_first_oom) break;
@@ -141,14 +168,13 @@ TorchRun run_torch_model(const trace::Trace& t, const trace::TorchSettings& s,
         m.free(op.block);
       }
     }
-    if (o.recorded_addresses) {
-      const auto& ev = m.segment_events();
-      for (; seen_events < ev.size(); ++seen_events) {
-        if (ev[seen_events].kind == Kind::segment_free) in_use.erase(ev[seen_events].addr);
-      }
-    }
+    if (o.recorded_addresses) note_freed();
     r.ops_done = i + 1;
     if (o.record_reserved) r.reserved_after_op.push_back(m.reserved());
+  }
+  if (r.ops_done == t.ops.size()) {  // releases recorded after the last operation
+    m.set_op(t.ops.size());
+    releases_before(t.ops.size());
   }
   r.peak_reserved = m.peak_reserved();
   r.ooms = m.oom_count();
@@ -226,9 +252,9 @@ TorchAgreement check_torch_model(const trace::Trace& t, const trace::TorchSettin
     for (const auto& e : rec.events) frees = frees || e.action == "segment_free";
     if (frees) {
       a.caveats.push_back(
-          "recorded segment_free events can come from torch.cuda.empty_cache() "
-          "or a cudaMalloc that failed on the real device, neither of which the "
-          "trace records");
+          "recorded segment_free events come from torch.cuda.empty_cache() or a cudaMalloc "
+          "that failed on the real device, which the snapshot does not mark: the releases "
+          "inferred from the recording did not account for all of them");
     }
   }
   return a;

@@ -46,6 +46,10 @@ struct TorchRunOptions {
   // Hand new cudaMalloc segments the addresses the recording gave segments of their size (in
   // recorded order), so that best fit breaks ties between equal blocks as the real one did.
   bool recorded_addresses = false;
+  // Make the releases inferred from the recording (trace::Trace::releases): empty_cache() calls
+  // and free-and-retries, which the trace's operations alone do not cause on an unbounded
+  // device.
+  bool inferred_releases = true;
 };
 
 struct TorchRun {

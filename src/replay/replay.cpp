@@ -23,6 +23,19 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// The releases inferred from the recording up to ops[op]. An empty_cache() call is the
+// program's: expanse gives back its cached pages as it does for torch.cuda.empty_cache().
+// A free-and-retry is PyTorch's own answer to a cudaMalloc the real device refused, not a
+// request of the program: expanse makes no release there. Under the same pressure, on its own
+// device, expanse reclaims cached pages itself before it fails an allocation; copying PyTorch's
+// policy into it would credit expanse with releases it never chose.
+void release_before(const trace::Trace& t, uint64_t op, size_t& next,
+                    core::DeviceAllocator& alloc) {
+  for (; next < t.releases.size() && t.releases[next].op <= op; ++next) {
+    if (t.releases[next].kind == trace::TraceRelease::Kind::empty_cache) alloc.release_cached();
+  }
+}
+
 }  // namespace
 
 size_t replay_granularity(const conf::Config& conf) {
@@ -59,8 +72,10 @@ ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_
     for (int pass = 1; pass <= passes && !stopped; ++pass) {
       const core::DeviceStats before = alloc.stats();
       PassResult pr;
+      size_t next_release = 0;
       for (uint64_t i = 0; i < t.ops.size(); ++i) {
         const trace::TraceOp& op = t.ops[i];
+        release_before(t, i, next_release, alloc);
         if (op.type == trace::TraceOp::Type::alloc) {
           std::string failure;
           try {
@@ -91,6 +106,7 @@ ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_
         if (record_mapped && pass == 1) r.mapped_after_op.push_back(alloc.stats().mapped_bytes);
         if (progress && (r.ops_done & 4095) == 0) progress(r.ops_done, total);
       }
+      if (!stopped) release_before(t, t.ops.size(), next_release, alloc);
       if (pass < passes && !stopped) {
         // What the pass left live goes before the next one starts from nothing live.
         for (uint32_t b = 0; b < t.blocks; ++b) {

@@ -53,6 +53,9 @@ size_t replay_granularity(const conf::Config& conf);
 // state shows): the blocks a pass leaves live are freed before the next one. An OOM is counted
 // and its block's free skipped; with stop_at_first_oom the replay ends there. Throws driver /
 // usage errors from the allocator, and usage_error for a capacity above kMaxReplayCapacity.
+// The trace's inferred empty_cache() calls (trace::Trace::releases) release the allocator's
+// cached pages (DeviceAllocator::release_cached) before the operation they precede; its
+// free-and-retries release nothing (see replay.cpp).
 ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_t capacity,
                           bool stop_at_first_oom = false,
                           const ReplayProgress& progress = {}, int passes = 1,

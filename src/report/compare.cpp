@@ -93,6 +93,11 @@ CompareReport make_compare_report(const ReplayReport& rep, const conf::Config& c
     c.settings_source = "PyTorch's defaults";
   }
   c.recorded_peak_reserved_bytes = t.torch_peak_reserved_bytes;
+  for (const trace::TraceRelease& rel : t.releases) {
+    ++(rel.kind == trace::TraceRelease::Kind::empty_cache ? c.inferred.empty_cache_calls
+                                                         : c.inferred.free_and_retries);
+    c.inferred.segment_frees += rel.segment_frees;
+  }
 
   // PyTorch, modelled: from the recorded start state when there is one. The check against the
   // recording uses the same settings (cudaMalloc'd segments, as the shared snapshots have).

@@ -52,6 +52,13 @@ struct CompareReport {
   std::vector<OomExplanation> recorded_ooms;  // the snapshot's own oom events
   CompareRow pytorch, pytorch_expandable, expanse;
   TorchAgreement agreement;
+  // Releases the snapshot does not mark, inferred from its segment events and made in both
+  // models (and, for empty_cache() calls, in expanse): trace::Trace::releases.
+  struct Inferred {
+    uint64_t empty_cache_calls = 0;
+    uint64_t free_and_retries = 0;
+    uint64_t segment_frees = 0;  // recorded segment_free events they account for
+  } inferred;
   double wall_seconds = 0;
 
   // With CompareRequest::series: bytes after every operation of trace::Trace::ops.

@@ -2,6 +2,7 @@
 #include "trace/trace.hpp"
 
 #include "trace/pickle_reader.hpp"
+#include "trace/release_inference.hpp"
 #include "trace/trace_builder.hpp"
 
 #include <algorithm>
@@ -80,6 +81,24 @@ class SnapshotReader {
 
 bool is_replayed_alloc(const std::string& a) { return a == "alloc"; }
 bool is_replayed_free(const std::string& a) { return a == "free_completed" || a == "free"; }
+
+// Whether an event's recorded stack (a list of {'name', 'filename', 'line'} frames) passes
+// through torch.cuda.empty_cache(): Python's empty_cache or the allocator's emptyCache. Frames
+// that are not dicts with a str name are skipped: stacks are a hint, never an error.
+bool stack_names_empty_cache(const pickle::Document& doc, const pickle::Node& e) {
+  const pickle::Node* frames = doc.find(e, "frames");
+  if (frames == nullptr || frames->kind != pickle::Kind::list) return false;
+  for (pickle::NodeId id : frames->items) {
+    const pickle::Node& f = doc[id];
+    if (f.kind != pickle::Kind::dict) continue;
+    const pickle::Node* name = doc.find(f, "name");
+    if (name == nullptr || name->kind != pickle::Kind::string) continue;
+    if (name->text == "empty_cache" || name->text.find("emptyCache") != std::string::npos) {
+      return true;
+    }
+  }
+  return false;
+}
 
 // One of the snapshot's segments, for the PyTorch model's start state (blocks added by the caller).
 TorchRecording::Segment torch_segment(const SnapshotReader& r, const pickle::Node& seg,
@@ -255,12 +274,15 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
       const pickle::Node* s = r.get_opt(e, "stream");
       rec.events.push_back({action, b.recorded_ops(), r.uint(e, "addr", where_s()),
                             r.uint(e, "size", where_s()),
-                            s != nullptr ? r.id(e, "stream", where_s()) : 0});
+                            s != nullptr ? r.id(e, "stream", where_s()) : 0, i,
+                            action == "segment_free" && stack_names_empty_cache(doc, e)});
     } else if (action == "oom") {
       const pickle::Node* f = r.get_opt(e, "device_free");
       const pickle::Node* sz = r.get_opt(e, "size");
+      const pickle::Node* st = r.get_opt(e, "stream");
       rec.ooms.push_back({b.recorded_ops(), sz != nullptr ? r.uint(e, "size", where_s()) : 0,
-                          f != nullptr ? r.uint(e, "device_free", where_s()) : 0});
+                          f != nullptr ? r.uint(e, "device_free", where_s()) : 0, i,
+                          st != nullptr ? r.id(e, "stream", where_s()) : 0});
     }
     if (action == "segment_alloc" || action == "segment_map") {
       seg_delta = sum(seg_delta, r.uint(e, "size", where_s()), +1, e, where_s());
@@ -313,6 +335,7 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
   for (auto& e : rec.events) e.op += t.preexisting;
   for (auto& o : rec.ooms) o.op += t.preexisting;
   rec.preexisting = b.preexisting_blocks();
+  rec.block_addr = b.block_addresses();  // by block id, for trace/release_inference
   t.torch = std::move(rec);
 
   // Reserved before recording = reserved at the end minus the net change the trace recorded.
@@ -329,6 +352,7 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
     peak = std::max(peak, v);
   }
   t.torch_peak_reserved_bytes = static_cast<uint64_t>(std::max<int64_t>(peak, 0));
+  infer_releases(t);
   return t;
 }
 

@@ -20,6 +20,10 @@ struct TorchRecording {
     uint64_t addr = 0;
     uint64_t size = 0;
     uint64_t stream = 0;
+    uint64_t seq = 0;  // position among the device's recorded events (orders it against ooms)
+    // Its recorded stack names torch.cuda.empty_cache() (stacks are recorded with
+    // _record_memory_history(context="all")): the one mark a snapshot gives such a call.
+    bool in_empty_cache = false;
   };
   struct Block {
     uint64_t addr = 0;
@@ -45,11 +49,14 @@ struct TorchRecording {
     uint64_t op = 0;  // as SegmentEvent::op
     uint64_t size = 0;
     uint64_t device_free = 0;
+    uint64_t seq = 0;  // as SegmentEvent::seq
+    uint64_t stream = 0;
   };
 
   std::vector<SegmentEvent> events;
   std::vector<Segment> end_segments;  // the snapshot's segments of the device replayed
   std::vector<Preexisting> preexisting;
+  std::vector<uint64_t> block_addr;  // each Trace block's address, by block id
   std::vector<Oom> ooms;
   std::optional<TorchSettings> settings;  // from allocator_settings, when recorded
   std::string settings_error;             // why allocator_settings could not be used

@@ -29,6 +29,25 @@ struct TraceOp {
   uint64_t size = 0;    // bytes (alloc only)
 };
 
+// A release of cached memory the recording shows but does not mark, inferred from its segment
+// events (trace/release_inference.hpp). Replayers run it before Trace::ops[op].
+struct TraceRelease {
+  enum class Kind : uint8_t {
+    empty_cache,     // torch.cuda.empty_cache(): every wholly free cached segment released
+    free_and_retry,  // cudaMalloc failed during ops[op]'s allocation: the allocator released
+                     // its cached segments and tried again
+  };
+  Kind kind = Kind::empty_cache;
+  uint64_t op = 0;            // index into Trace::ops (ops.size(): after the last one)
+  bool before_oom = false;    // free_and_retry whose allocation then failed (an oom record,
+                              // not in ops): the release happens before ops[op]
+  uint64_t oom_request = 0;   // before_oom: the failed request's bytes and stream id
+  uint64_t oom_stream = 0;
+  uint64_t segment_frees = 0; // recorded segment_free events it accounts for
+  uint64_t bytes = 0;         // their sizes
+};
+const char* release_kind_name(TraceRelease::Kind k) noexcept;
+
 struct Trace {
   std::string path;
   std::string format;  // "pytorch-snapshot" or "rmm-csv"
@@ -46,6 +65,7 @@ struct Trace {
   std::optional<uint64_t> torch_peak_reserved_bytes;  // snapshots: PyTorch's own segments
   std::vector<uint64_t> streams;  // the trace's stream ids (0 = the legacy default stream)
   std::vector<TraceOp> ops;       // preexisting allocations first, then the trace in order
+  std::vector<TraceRelease> releases;  // inferred from a snapshot's segment events, by op
   uint32_t blocks = 0;
   // Snapshots: what PyTorch's caching allocator itself did (segments, their events, settings).
   std::optional<TorchRecording> torch;

@@ -32,7 +32,7 @@ class TraceBuilder {
       fail(where, "allocation at " + hex(addr) + ", which is still live (allocated at " +
                       it->second.where + " and not freed since)");
     }
-    uint32_t b = next_block();
+    uint32_t b = next_block(addr);
     live_.emplace(addr, Live{b, size, where()});
     freed_.erase(addr);
     ops_.push_back({TraceOp::Type::alloc, stream_index(stream), b, size});
@@ -75,6 +75,8 @@ class TraceBuilder {
   uint64_t recorded_ops() const { return ops_.size(); }
   // The blocks allocated before recording began, in Trace::ops order, with their addresses.
   const std::vector<TorchRecording::Preexisting>& preexisting_blocks() const { return pre_at_; }
+  // Every block's address, by block id.
+  const std::vector<uint64_t>& block_addresses() const { return addr_; }
 
   void finish() {
     t_.ops.clear();
@@ -117,15 +119,16 @@ class TraceBuilder {
     throw input_error(locate_(where()) + ": " + what);
   }
 
-  uint32_t next_block() {
+  uint32_t next_block(uint64_t addr) {
     if (t_.blocks == UINT32_MAX) throw input_error(t_.path + ": too many allocations");
+    addr_.push_back(addr);
     return t_.blocks++;
   }
 
   void preexisting(uint64_t size, uint64_t addr, bool live_at_end = false) {
     ++t_.preexisting;
     t_.preexisting_bytes += size;
-    pre_.push_back({TraceOp::Type::alloc, stream_index(0), next_block(), size});
+    pre_.push_back({TraceOp::Type::alloc, stream_index(0), next_block(addr), size});
     pre_at_.push_back({pre_.back().block, addr, size, live_at_end});
   }
 
@@ -147,6 +150,7 @@ class TraceBuilder {
   std::vector<TraceOp> pre_;
   std::vector<TorchRecording::Preexisting> pre_at_;
   std::vector<TraceOp> ops_;
+  std::vector<uint64_t> addr_;
 };
 
 }  // namespace expanse::trace

@@ -1,4 +1,4 @@
-// Issue 8: the allocator stays safe where the real driver is strict — streams of other contexts,
+// The allocator stays safe where the real driver is strict — streams of other contexts,
 // destroyed streams whose handle values come back, per-thread default streams, stream capture,
 // peer access, allocation properties, older drivers. Each case runs through the C ABI twice: on
 // the in-process sim (driver:sim) and on libexpanse_simcuda.so loaded as the CUDA driver

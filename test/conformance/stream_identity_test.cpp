@@ -1,4 +1,4 @@
-// Rules for what a stream is (issue 8): the context it belongs to, its unique id, per-thread
+// Rules for what a stream is: the context it belongs to, its unique id, per-thread
 // default streams, the legacy stream's implicit synchronization, recycled handle values, and
 // CUdevice values that are not ordinals.
 #include "conformance.hpp"

@@ -38,6 +38,11 @@ inline std::string trace_problem(const trace::Trace& t) {
       live -= size[op.block];
     }
   }
+  for (size_t i = 0; i < t.releases.size(); ++i) {
+    if (t.releases[i].op > t.ops.size()) return "release " + std::to_string(i) + " after the end";
+    if (i > 0 && t.releases[i].op < t.releases[i - 1].op) return "releases out of order";
+  }
+  if (t.torch && t.torch->block_addr.size() != t.blocks) return "block_addr does not cover blocks";
   if (peak != t.peak_live_bytes) return "peak_live_bytes differs from the ops'";
   if (live != t.live_at_end_bytes) return "live_at_end_bytes differs from the ops'";
   if (allocs != t.allocs + t.preexisting) return "allocs + preexisting differs from the ops'";

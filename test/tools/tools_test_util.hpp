@@ -118,6 +118,7 @@ struct SnapEvent {
   uint64_t addr = 0;
   uint64_t size = 0;
   uint64_t stream = 0;
+  std::string frame = "";  // when set: 'frames' holds one frame of this name (a recorded stack)
 };
 struct SnapBlock {
   uint64_t address = 0;
@@ -173,6 +174,12 @@ inline std::string snapshot_pickle(const std::vector<SnapSegment>& segments,
         w.str("addr").integer(static_cast<int64_t>(e.addr));
         w.str("size").integer(static_cast<int64_t>(e.size));
         w.str("stream").integer(static_cast<int64_t>(e.stream));
+        if (!e.frame.empty()) {
+          w.str("frames").empty_list().mark();
+          w.empty_dict().mark();
+          w.str("name").str(e.frame).str("filename").str("memory.py").str("line").integer(1);
+          w.setitems().appends();
+        }
         w.setitems();
       }
       w.appends();
