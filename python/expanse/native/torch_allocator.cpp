@@ -620,7 +620,6 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
     }
     out.config_metadata.expandable_segments = true;
     out.config_metadata.max_split_size = SIZE_MAX;  // expanse never limits splitting
-    out.config_metadata.last_allocator_settings = "expanse";
     return out;
   }
 
