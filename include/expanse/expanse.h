@@ -40,6 +40,10 @@ enum {
 /* Allocates size bytes on device, ordered on stream. NULL on failure (see expanse_last_error), and
  * NULL without an error for size 0. */
 EXPANSE_C_API void* expanse_malloc(size_t size, int device, struct CUstream_st* stream);
+/* Like expanse_malloc, with a status code: EXPANSE_ENOMEM tells lack of device memory from the
+ * other failures. *out is NULL unless it returns EXPANSE_OK (and NULL for size 0). */
+EXPANSE_C_API int expanse_malloc_checked(void** out, size_t size, int device,
+                                         struct CUstream_st* stream);
 /* Frees ptr (size: as passed to expanse_malloc, or 0 when unknown). NULL is ignored. A pointer
  * that is not live on device (double free, interior, foreign, wrong device or size) changes
  * nothing and sets expanse_last_error. */
@@ -131,6 +135,55 @@ EXPANSE_C_API int expanse_record_history(int enabled, size_t max_entries);
  * device; "allocator_settings"), which pytorch.org/memory_viz draws and `expanse replay` replays.
  * No stack frames ("frames" lists are empty). */
 EXPANSE_C_API int expanse_dump_snapshot(const char* path);
+
+/* The segments and blocks of device now, and its recorded memory history, as plain records (what
+ * expanse_dump_snapshot writes, for callers that build their own view: the PyTorch native
+ * allocator's snapshot and memory_stats). Both calls take capacities in *num_* and set them to the
+ * totals; entries past a capacity are not written, so a caller whose totals came back larger
+ * calls again with more room (the books may have changed in between). NULL arrays with zero
+ * capacities ask for the totals only. A device expanse has not used yet has no segments. */
+enum {
+  EXPANSE_BLOCK_FREE = 0,         /* mapped, no live block: reusable */
+  EXPANSE_BLOCK_LIVE = 1,         /* allocated and not freed */
+  EXPANSE_BLOCK_AWAITING_FREE = 2 /* freed, waiting for other streams' work (record_stream) */
+};
+typedef struct expanse_block_info {
+  uint64_t address;
+  uint64_t size;      /* bytes of the block inside its segment (512 B granularity) */
+  uint64_t requested; /* live: bytes asked for; else 0 */
+  uint32_t state;     /* EXPANSE_BLOCK_* */
+  uint32_t unused_;
+} expanse_block_info;
+typedef struct expanse_segment_info {
+  uint64_t address;     /* one maximal run of mapped pages */
+  uint64_t size;
+  uint64_t first_block; /* its blocks: blocks[first_block .. first_block + num_blocks) */
+  uint64_t num_blocks;
+  uint32_t small_arena; /* 1: the arena of requests up to EXPANSE_CONF small_max (1 MiB) */
+  uint32_t unused_;
+} expanse_segment_info;
+EXPANSE_C_API int expanse_get_segments(int device, expanse_segment_info* segments,
+                                       size_t* num_segments, expanse_block_info* blocks,
+                                       size_t* num_blocks);
+
+enum {
+  EXPANSE_TRACE_ALLOC = 0,
+  EXPANSE_TRACE_FREE_REQUESTED = 1,
+  EXPANSE_TRACE_FREE_COMPLETED = 2,
+  EXPANSE_TRACE_SEGMENT_MAP = 3,
+  EXPANSE_TRACE_SEGMENT_UNMAP = 4,
+  EXPANSE_TRACE_OOM = 5
+};
+typedef struct expanse_trace_entry {
+  uint32_t action; /* EXPANSE_TRACE_* */
+  uint32_t unused_;
+  uint64_t addr;   /* OOM: the bytes the device could still give */
+  uint64_t size;
+  uint64_t stream;
+  int64_t time_us; /* microseconds since the Unix epoch */
+} expanse_trace_entry;
+/* The trace expanse_record_history keeps for device, oldest first. */
+EXPANSE_C_API int expanse_get_trace(int device, expanse_trace_entry* entries, size_t* num_entries);
 
 /* Grants device `peer` read-write access to all of `device`'s memory, present and future (VMM
  * memory needs its own access grant per device: cudaDeviceEnablePeerAccess does not cover it).

@@ -4,12 +4,29 @@
     expanse.torch.use()          # before the first CUDA tensor
     x = torch.empty(..., device="cuda")   # allocated by expanse
 
-An OOM raises RuntimeError("CUDA out of memory. Tried to allocate ..."). torch.cuda.graph
-captures are announced to expanse (see expanse.capture_begin), so that no expanse call from
-another thread invalidates them. Statistics, empty_cache and snapshots of expanse's memory are in
-the expanse module (expanse.memory_stats(), ...): torch.cuda.memory_stats() and friends do not
-support a pluggable allocator.
+use() makes expanse PyTorch's own allocator (native: a C++ CUDAAllocator compiled against the
+installed torch at first use, then cached): torch.cuda.memory_stats(), memory_snapshot(),
+_record_memory_history(), empty_cache(), set_per_process_memory_fraction(),
+torch.backends.cudnn.benchmark (cacheInfo) and Tensor.record_stream answer from expanse's books,
+and an OOM raises torch.cuda.OutOfMemoryError. Not yet: CUDA graph capture, torch.cuda.MemPool and
+torch.compile(mode="reduce-overhead") (they need memory pools; they raise an error that says so),
+and sharing CUDA tensors between processes.
+
+Where the native allocator cannot be built (no C++ compiler, no CUDA headers, no ninja), use()
+falls back, with a warning naming what is lost, to the pluggable pair (CUDAPluggableAllocator
+with expanse_torch_malloc / expanse_torch_free): an OOM is then a RuntimeError("CUDA out of
+memory. Tried to allocate ..."), torch.cuda.memory_stats() and friends are not supported (the
+expanse module has them: expanse.memory_stats(), ...), and torch.cuda.graph captures are announced
+to expanse (see expanse.capture_begin), so that no expanse call from another thread invalidates
+them.
 """
+import ctypes
+import glob
+import hashlib
+import os
+import shutil
+import warnings
+
 import expanse as _expanse
 
 MALLOC = "expanse_torch_malloc"
@@ -18,14 +35,42 @@ FREE = "expanse_torch_free"
 _allocator = None
 
 
-def use(conf=None):
-    """Makes expanse PyTorch's CUDA allocator (CUDAPluggableAllocator with expanse_torch_malloc /
-    expanse_torch_free). conf: an EXPANSE_CONF-style string applied first (None: EXPANSE_CONF).
-    Must run before PyTorch allocates CUDA memory; raises RuntimeError otherwise. Calling it
-    again once in use does nothing (and fails if conf would change the configuration)."""
+# What the pluggable pair does not give a PyTorch user (the fallback's warning names it).
+PLUGGABLE_LOSES = ("torch.cuda.memory_stats() / memory_snapshot() / _record_memory_history() "
+                   "(use expanse.memory_stats() / expanse.dump_snapshot()), "
+                   "torch.backends.cudnn.benchmark (cacheInfo raises), "
+                   "Tensor.record_stream (a no-op: memory may be reused under other streams' work), "
+                   "torch.cuda.OutOfMemoryError (an OOM is a RuntimeError)")
+
+NATIVE_NAME = "expanse_torch_native"
+_NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
+_NATIVE_SOURCES = ("torch_allocator.cpp", "torch_adapter.cpp")
+
+
+class NativeUnavailable(RuntimeError):
+    """The native allocator cannot be built here; the message says what is missing."""
+
+
+class NativeAllocator:
+    """What use() returns when expanse is PyTorch's native allocator."""
+
+    def __init__(self, extension):
+        self.extension = extension  # the compiled module's path
+
+    def __repr__(self):
+        return f"<expanse native PyTorch allocator {self.extension}>"
+
+
+def use(conf=None, native=None):
+    """Makes expanse PyTorch's CUDA allocator. conf: an EXPANSE_CONF-style string applied first
+    (None: EXPANSE_CONF). native: None (default) = the native allocator, or the pluggable pair
+    with a warning where it cannot be built; True = the native allocator or an error saying why
+    not; False = the pluggable pair. Must run before PyTorch allocates CUDA memory; raises
+    RuntimeError otherwise. Calling it again once in use does nothing (and fails if conf would
+    change the configuration). Returns the allocator object (NativeAllocator, or PyTorch's
+    CUDAPluggableAllocator)."""
     global _allocator
     import torch  # noqa: F401  (ImportError names the missing dependency)
-    from torch.cuda import memory as tmem
 
     if _allocator is not None:
         if conf is not None:
@@ -40,12 +85,117 @@ def use(conf=None):
             "initializes CUDA.")
     if conf is not None:
         _expanse.init(conf)
+    if native is not False:
+        try:
+            _allocator = _install_native(torch)
+            return _allocator
+        except NativeUnavailable as e:
+            if native:
+                raise
+            warnings.warn(f"expanse.torch.use(): {e}; using the pluggable allocator instead, "
+                          f"which loses {PLUGGABLE_LOSES}. expanse.torch.use(native=False) "
+                          "chooses it without this warning.", RuntimeWarning, stacklevel=2)
+    from torch.cuda import memory as tmem
     path = _expanse.library_path()
     allocator = tmem.CUDAPluggableAllocator(path, MALLOC, FREE)
     tmem.change_current_allocator(allocator)
     _announce_graph_captures(torch)
     _allocator = allocator
     return allocator
+
+
+def _include_dir():
+    """The folder holding expanse/expanse.h: EXPANSE_INCLUDE, a copy inside the package, the
+    checkout this package lies in, or next to the library (an installed prefix)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    lib_dir = os.path.dirname(_expanse.library_path())
+    for cand in (os.environ.get("EXPANSE_INCLUDE"), os.path.join(here, "include"),
+                 os.path.join(here, "..", "..", "include"), os.path.join(lib_dir, "..", "include"),
+                 os.path.join(lib_dir, "..", "..", "include")):
+        if cand and os.path.isfile(os.path.join(cand, "expanse", "expanse.h")):
+            return os.path.abspath(cand)
+    raise NativeUnavailable("expanse's C header (expanse/expanse.h) was not found next to the "
+                            "package or the library; set EXPANSE_INCLUDE to its include folder")
+
+
+def _cuda_runtime_include(cpp_extension):
+    """The CUDA runtime headers to compile against: those of the nvidia wheels PyTorch depends on
+    (they match its CUDA), else the toolkit's (CUDA_HOME); None when neither is there."""
+    try:
+        import nvidia
+        roots = list(getattr(nvidia, "__path__", []))
+    except ImportError:
+        roots = []
+    for root in roots:  # nvidia/cuda_runtime/include (CUDA 12), nvidia/cu13/include (CUDA 13)
+        for pattern in ("*/include", "*/*/include"):
+            for inc in sorted(glob.glob(os.path.join(root, pattern))):
+                if os.path.isfile(os.path.join(inc, "cuda_runtime_api.h")):
+                    return inc
+    cuda_home = getattr(cpp_extension, "CUDA_HOME", None)
+    if cuda_home and os.path.isfile(os.path.join(cuda_home, "include", "cuda_runtime_api.h")):
+        return os.path.join(cuda_home, "include")
+    return None
+
+
+def native_build_args(torch, cpp_extension):
+    """The arguments of torch.utils.cpp_extension.load that build the native allocator, or
+    NativeUnavailable naming what this machine lacks."""
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        raise NativeUnavailable(f"no C++ compiler found (CXX={cxx!r} is not on PATH)")
+    if not cpp_extension.is_ninja_available():
+        raise NativeUnavailable("torch.utils.cpp_extension needs ninja, which is not installed "
+                                "(pip install ninja)")
+    lib = os.path.realpath(_expanse.library_path())
+    include = _include_dir()
+    cuda_inc = _cuda_runtime_include(cpp_extension)
+    if cuda_inc is None:
+        raise NativeUnavailable("no CUDA runtime headers (cuda_runtime_api.h: neither the nvidia "
+                                "wheels' include folders nor CUDA_HOME's)")
+    sources = [os.path.join(_NATIVE_DIR, f) for f in _NATIVE_SOURCES]
+    missing = [f for f in sources + [os.path.join(_NATIVE_DIR, "torch_adapter.hpp"),
+                                     os.path.join(_NATIVE_DIR, "torch_version.hpp")]
+               if not os.path.isfile(f)]
+    if missing:
+        raise NativeUnavailable("the native allocator's sources are not installed with this "
+                                f"package (missing: {', '.join(missing)})")
+    # One build per torch, library and header location: a cached build never mixes them.
+    key = hashlib.sha1("\0".join([torch.__version__, lib, include, cuda_inc]).encode())
+    build_dir = os.environ.get("EXPANSE_TORCH_BUILD_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "expanse", "torch_native", f"{torch.__version__}-{key.hexdigest()[:12]}")
+    # The CUDA runtime is the one PyTorch loaded, reached through libtorch_cuda's own
+    # dependencies: linking a toolkit's libcudart could load a second, different one.
+    torch_lib = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "lib")
+    ldflags = [lib, "-Wl,-rpath," + os.path.dirname(lib),
+               "-L" + torch_lib, "-ltorch_cuda", "-lc10_cuda"]
+    return dict(name=NATIVE_NAME, sources=sources,
+                extra_include_paths=[_NATIVE_DIR, include, cuda_inc], extra_cflags=["-O2"],
+                extra_ldflags=ldflags, with_cuda=False, build_directory=build_dir,
+                is_python_module=False, verbose=os.environ.get("EXPANSE_TORCH_VERBOSE") == "1")
+
+
+def _install_native(torch):
+    try:
+        from torch.utils import cpp_extension
+    except ImportError as e:
+        raise NativeUnavailable(f"torch.utils.cpp_extension cannot be imported ({e})") from e
+    args = native_build_args(torch, cpp_extension)
+    os.makedirs(args["build_directory"], exist_ok=True)
+    try:
+        built = cpp_extension.load(**args)
+    except Exception as e:  # noqa: BLE001  (compiler and ninja failures come in many types)
+        raise NativeUnavailable(f"building the native allocator in {args['build_directory']} "
+                                f"failed ({type(e).__name__}: {str(e).strip()[-2000:]})") from e
+    # load() returns the library's path for a non-Python module (and loads it already).
+    path = built if isinstance(built, str) else os.path.join(args["build_directory"],
+                                                             NATIVE_NAME + ".so")
+    ext = ctypes.CDLL(path)
+    ext.expanse_torch_native_error.restype = ctypes.c_char_p
+    if ext.expanse_torch_native_install() != 0:
+        raise RuntimeError("expanse.torch.use(): installing the native allocator failed: " +
+                           ext.expanse_torch_native_error().decode(errors="replace"))
+    return NativeAllocator(path)
 
 
 def _announce_graph_captures(torch):
@@ -87,3 +237,8 @@ def _announce_graph_captures(torch):
 def in_use():
     """True once use() has made expanse PyTorch's allocator in this process."""
     return _allocator is not None
+
+
+def native_in_use():
+    """True once use() has made expanse PyTorch's native allocator in this process."""
+    return isinstance(_allocator, NativeAllocator)

@@ -9,9 +9,23 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 using expanse::api::Runtime;
 using expanse::api::guarded;
+
+// expanse_get_trace hands out TraceEntry::Action as EXPANSE_TRACE_*.
+static_assert(static_cast<int>(expanse::api::TraceEntry::Action::alloc) == EXPANSE_TRACE_ALLOC &&
+                  static_cast<int>(expanse::api::TraceEntry::Action::free_requested) ==
+                      EXPANSE_TRACE_FREE_REQUESTED &&
+                  static_cast<int>(expanse::api::TraceEntry::Action::free_completed) ==
+                      EXPANSE_TRACE_FREE_COMPLETED &&
+                  static_cast<int>(expanse::api::TraceEntry::Action::segment_map) ==
+                      EXPANSE_TRACE_SEGMENT_MAP &&
+                  static_cast<int>(expanse::api::TraceEntry::Action::segment_unmap) ==
+                      EXPANSE_TRACE_SEGMENT_UNMAP &&
+                  static_cast<int>(expanse::api::TraceEntry::Action::oom) == EXPANSE_TRACE_OOM,
+              "EXPANSE_TRACE_* and TraceEntry::Action disagree");
 
 namespace {
 
@@ -42,6 +56,16 @@ EXPANSE_C_API void* expanse_malloc(size_t size, int device, struct CUstream_st* 
   void* out = nullptr;
   guarded([&] { out = Runtime::get().device(device).allocate(size, to_cu(stream)); });
   return out;
+}
+
+EXPANSE_C_API int expanse_malloc_checked(void** out, size_t size, int device,
+                                         struct CUstream_st* stream) {
+  if (out == nullptr) {
+    expanse::api::last_error() = "expanse_malloc_checked: out must not be NULL";
+    return EXPANSE_EINVAL;
+  }
+  *out = nullptr;
+  return guarded([&] { *out = Runtime::get().device(device).allocate(size, to_cu(stream)); });
 }
 
 EXPANSE_C_API int expanse_free_checked(void* ptr, size_t size, int device,
@@ -133,6 +157,66 @@ EXPANSE_C_API int expanse_dump_snapshot(const char* path) {
   return guarded([&] {
     if (path == nullptr) throw expanse::usage_error("expanse_dump_snapshot: path is NULL");
     expanse::api::dump_snapshot(path);
+  });
+}
+
+EXPANSE_C_API int expanse_get_segments(int device, expanse_segment_info* segments,
+                                       size_t* num_segments, expanse_block_info* blocks,
+                                       size_t* num_blocks) {
+  return guarded([&] {
+    if (num_segments == nullptr || num_blocks == nullptr) {
+      throw expanse::usage_error("expanse_get_segments: num_segments and num_blocks must not be NULL");
+    }
+    if ((segments == nullptr && *num_segments != 0) || (blocks == nullptr && *num_blocks != 0)) {
+      throw expanse::usage_error("expanse_get_segments: a NULL array needs a capacity of 0");
+    }
+    Runtime& rt = Runtime::get();
+    if (device < 0 || device >= rt.device_count()) {
+      throw expanse::usage_error("expanse_get_segments: device " + std::to_string(device) +
+                                 " does not exist (" + std::to_string(rt.device_count()) +
+                                 " devices)");
+    }
+    const expanse::core::DeviceAllocator* a = rt.existing(device);
+    const auto segs = a == nullptr ? std::vector<expanse::core::SegmentView>{} : a->segments();
+    size_t nb = 0;
+    for (size_t i = 0; i < segs.size(); ++i) {
+      const auto& sv = segs[i];
+      if (i < *num_segments) {
+        segments[i] = expanse_segment_info{sv.address, sv.size, nb, sv.blocks.size(),
+                                           sv.small_arena ? 1u : 0u, 0};
+      }
+      for (const auto& b : sv.blocks) {
+        if (nb < *num_blocks) {
+          const uint32_t state =
+              b.state == expanse::core::BlockView::State::live            ? EXPANSE_BLOCK_LIVE
+              : b.state == expanse::core::BlockView::State::awaiting_free ? EXPANSE_BLOCK_AWAITING_FREE
+                                                                          : EXPANSE_BLOCK_FREE;
+          blocks[nb] = expanse_block_info{b.address, b.size, b.requested, state, 0};
+        }
+        ++nb;
+      }
+    }
+    *num_segments = segs.size();
+    *num_blocks = nb;
+  });
+}
+
+EXPANSE_C_API int expanse_get_trace(int device, expanse_trace_entry* entries, size_t* num_entries) {
+  return guarded([&] {
+    if (num_entries == nullptr) {
+      throw expanse::usage_error("expanse_get_trace: num_entries must not be NULL");
+    }
+    if (entries == nullptr && *num_entries != 0) {
+      throw expanse::usage_error("expanse_get_trace: a NULL array needs a capacity of 0");
+    }
+    const auto trace = expanse::api::History::get().trace(device);
+    for (size_t i = 0; i < trace.size() && i < *num_entries; ++i) {
+      const auto& e = trace[i];
+      // TraceEntry::Action lists the actions in the order of EXPANSE_TRACE_*.
+      entries[i] = expanse_trace_entry{static_cast<uint32_t>(e.action), 0, e.addr, e.size,
+                                       e.stream, e.time_us};
+    }
+    *num_entries = trace.size();
   });
 }
 

@@ -4,7 +4,8 @@
 #   nvidia-smi, `expanse info`, the conformance suite (its libcuda.so.1 variant), `expanse
 #   selftest` (checks + cost calibration), `expanse stress` (32 GiB on an 80 GiB GPU), the nvcc
 #   tests (Thrust's CUDA backend; invariant 3 under running kernels), the hot path on the real
-#   driver next to the sim on the same machine, and PyTorch with expanse as its allocator.
+#   driver next to the sim on the same machine, and PyTorch with expanse as its allocator
+#   (torch-checks: the pluggable pair; torch-native: the native allocator).
 #
 #   test/gpu/run_on_gpu.sh BUILD_DIR OUT_DIR [STEP ...]     (no STEP: all of them)
 #
@@ -49,6 +50,7 @@ step thrust-cuda 120 env EXPANSE_CONF=driver:cuda "$B/bin/expanse_thrust_cuda_te
 step conformance 300 "$B/bin/expanse_conformance_tests" --gtest_brief=1
 step stress 300 sh -c "EXPANSE_CONF=driver:cuda '$B/bin/expanse' stress --json > '$OUT/stress.json'; rc=\$?; cat '$OUT/stress.json'; exit \$rc"
 step torch-checks 400 env EXPANSE_CONF=driver:cuda EXPANSE_LIBRARY="$B/lib/libexpanse.so" python3 "$SRC/test/python/torch_gpu_checks.py"
+step torch-native 400 env EXPANSE_CONF=driver:cuda EXPANSE_LIBRARY="$B/lib/libexpanse.so" python3 "$SRC/test/gpu/torch_native_checks.py"
 step torch-example 300 env EXPANSE_CONF=driver:cuda python3 "$SRC/examples/pytorch/expanse_with_pytorch.py" "$B/lib/libexpanse.so"
 step pytest 300 env EXPANSE_LIBRARY="$B/lib/libexpanse.so" EXPANSE_CLI="$B/bin/expanse" \
   EXPANSE_CONF=driver:sim,sim_capacity:1GiB EXPANSE_TORCH_CONF=driver:cuda \

@@ -56,7 +56,9 @@ def note(name, fn):
     sys.stdout.flush()
 
 
-expanse.torch.use()
+# The pluggable pair (what this script documents); test/gpu/torch_native_checks.py checks the
+# native allocator.
+expanse.torch.use(native=False)
 expanse.record_history(True)
 print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))
 print("expanse driver:", expanse.driver_description())

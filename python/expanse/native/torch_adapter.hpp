@@ -1,0 +1,123 @@
+// The torch-free half of expanse's native PyTorch allocator (torch_allocator.cpp): what PyTorch's
+// CUDAAllocator asks, answered from expanse's public C API (expanse/expanse.h) in plain types, so
+// that it builds and is tested (test/torch_adapter) without PyTorch. torch_allocator.cpp only
+// copies these answers into c10's types.
+//
+// Only the C ABI is used: the extension is compiled with the flags of the user's torch
+// (_GLIBCXX_USE_CXX11_ABI among them), which may differ from libexpanse's, so no std:: type
+// crosses into libexpanse.
+#pragma once
+
+#include "expanse/expanse.h"
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace expanse::torch_adapter {
+
+// c10::CachingAllocator::Stat, field for field.
+struct Stat {
+  int64_t current = 0;
+  int64_t peak = 0;
+  int64_t allocated = 0;
+  int64_t freed = 0;
+};
+
+// c10's StatType order: AGGREGATE, SMALL_POOL, LARGE_POOL.
+enum Pool : size_t { kAggregate = 0, kSmallPool = 1, kLargePool = 2, kNumPools = 3 };
+using StatArray = std::array<Stat, kNumPools>;
+
+// c10::CachingDeviceAllocator::DeviceStats, less the private-pool map (expanse has no pools yet).
+// How each figure comes from expanse's books: map_device_stats (torch_adapter.cpp) and
+// docs/integrations.md.
+struct DeviceStats {
+  StatArray allocation;
+  StatArray segment;
+  StatArray active;
+  StatArray inactive_split;
+  StatArray allocated_bytes;
+  StatArray reserved_bytes;
+  StatArray active_bytes;
+  StatArray inactive_split_bytes;
+  StatArray requested_bytes;
+  int64_t num_alloc_retries = 0;
+  int64_t num_ooms = 0;
+  Stat oversize_allocations;
+  Stat oversize_segments;
+  int64_t num_sync_all_streams = 0;
+  int64_t num_device_alloc = 0;
+  int64_t num_device_free = 0;
+  int64_t max_split_size = -1;  // PyTorch's "no limit" as memory_stats() shows it
+};
+
+// One device's segments and blocks (expanse_get_segments), in expanse's order.
+struct Segments {
+  std::vector<expanse_segment_info> segments;
+  std::vector<expanse_block_info> blocks;
+};
+
+// Reads the segments of device, growing the arrays until the books fit. Returns an expanse
+// error code (expanse_last_error() says why).
+int read_segments(int device, Segments& out);
+// Reads the recorded history of device (expanse_get_trace), likewise.
+int read_trace(int device, std::vector<expanse_trace_entry>& out);
+
+// Per-segment sums: what DeviceStats's current values are made of, per pool.
+struct PoolFigures {
+  int64_t segments = 0, segment_bytes = 0;
+  int64_t live_blocks = 0, live_bytes = 0, requested_bytes = 0;
+  int64_t awaiting_blocks = 0, awaiting_bytes = 0;
+  int64_t free_blocks = 0, free_bytes = 0;
+};
+std::array<PoolFigures, kNumPools> pool_figures(const Segments& segs);
+
+// What expanse keeps no running total or peak of, kept here per device: the counters at the last
+// resetAccumulatedStats (PyTorch's accumulated figures are counted from there) and the highest
+// current values seen by reads since the last resetPeakStats (expanse keeps exact peaks of the
+// aggregate allocated, requested and physical bytes only).
+struct Baseline {
+  uint64_t num_allocs = 0, num_frees = 0, num_ooms = 0;
+  uint64_t created_pages = 0, released_pages = 0, syncs = 0;
+  std::array<StatArray, 9> seen_peaks{};  // indexed like the StatArrays of DeviceStats, in order
+};
+
+// The number of context synchronizations expanse made (driver_calls of cuCtxSynchronize): the
+// closest it has to PyTorch's synchronize-all-streams count.
+uint64_t context_syncs(const expanse_stats& s);
+
+// DeviceStats from expanse's stats and segments. Updates b.seen_peaks.
+DeviceStats map_device_stats(const expanse_stats& s, const Segments& segs, Baseline& b);
+// The Baseline that makes every accumulated figure 0 from now on (peaks kept).
+void reset_accumulated(const expanse_stats& s, Baseline& b);
+// Forgets the seen peaks (expanse_reset_peak_stats resets expanse's own).
+void reset_seen_peaks(Baseline& b);
+
+// cacheInfo's answer: the largest single block expanse could hand out now. Free memory the
+// driver reports (device_free; pass UINT64_MAX when unknown to use capacity - physical) plus what
+// expanse holds unused (cached mapped pages and pooled unmapped ones: expanse remaps pages, so
+// its unused memory serves one contiguous request), within the limit (expanse_set_limit) on
+// pages touched by live blocks; whole pages only.
+uint64_t largest_block(const expanse_stats& s, uint64_t device_free);
+
+// The fraction setMemoryFraction sets, as expanse_set_limit's bytes (whole pages, rounded down;
+// fraction 1 removes the cap), and the fraction getMemoryFraction answers from the limit.
+uint64_t limit_for_fraction(const expanse_stats& s, double fraction);
+double fraction_of_limit(const expanse_stats& s);
+
+// PyTorch's size format in its OOM messages: "512 bytes", "2.00 KiB", "20.00 MiB", "1.50 GiB".
+std::string format_size(uint64_t bytes);
+// The message of the c10::OutOfMemoryError an allocation of `requested` bytes that expanse
+// refused raises: PyTorch's start ("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a
+// total capacity of ..."), the figures from expanse's stats, then expanse's own explanation
+// (expanse_last_error at the failure).
+std::string oom_message(uint64_t requested, int device, const expanse_stats& s,
+                        const std::string& expanse_error);
+
+// expanse_get_stats with struct_size set; an expanse error code.
+int read_stats(int device, expanse_stats& out);
+
+}  // namespace expanse::torch_adapter

@@ -1,0 +1,351 @@
+// The torch-free half of the native PyTorch allocator against expanse on the sim: what
+// torch.cuda.memory_stats(), cudnn.benchmark's cacheInfo and torch.cuda.OutOfMemoryError's
+// message are made of, and the C API calls it reads them through.
+#include "torch_adapter.hpp"
+
+#include "expanse/expanse.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace ta = expanse::torch_adapter;
+
+namespace {
+
+constexpr uint64_t KiB = 1024;
+constexpr uint64_t MiB = 1024 * KiB;
+constexpr uint64_t GiB = 1024 * MiB;
+
+class TorchAdapterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(expanse_init("driver:sim,sim_capacity:1GiB"), EXPANSE_OK) << expanse_last_error();
+  }
+  void TearDown() override {
+    for (void* p : live_) expanse_free(p, 0, 0, nullptr);
+    EXPECT_EQ(expanse_shutdown(), EXPANSE_OK) << expanse_last_error();
+  }
+  void* alloc(uint64_t n) {
+    void* p = nullptr;
+    EXPECT_EQ(expanse_malloc_checked(&p, n, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+    if (p != nullptr) live_.push_back(p);
+    return p;
+  }
+  void release(void* p) {
+    for (auto it = live_.begin(); it != live_.end(); ++it) {
+      if (*it == p) {
+        live_.erase(it);
+        break;
+      }
+    }
+    ASSERT_EQ(expanse_free_checked(p, 0, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  }
+  static expanse_stats stats() {
+    expanse_stats s;
+    EXPECT_EQ(ta::read_stats(0, s), EXPANSE_OK) << expanse_last_error();
+    return s;
+  }
+  static ta::Segments segments() {
+    ta::Segments s;
+    EXPECT_EQ(ta::read_segments(0, s), EXPANSE_OK) << expanse_last_error();
+    return s;
+  }
+  static int64_t i(uint64_t v) { return static_cast<int64_t>(v); }
+
+  std::vector<void*> live_;
+};
+
+// ---- the C API the adapter reads --------------------------------------------------------------
+
+TEST_F(TorchAdapterTest, SegmentsCountFirstThenCopyWithinCapacity) {
+  alloc(4 * KiB);
+  alloc(8 * MiB);
+  size_t ns = 0, nb = 0;
+  ASSERT_EQ(expanse_get_segments(0, nullptr, &ns, nullptr, &nb), EXPANSE_OK) << expanse_last_error();
+  ASSERT_GE(ns, 2u);  // one in each arena
+  ASSERT_GE(nb, 2u);
+  // Room for one segment and one block: the totals come back, nothing past the room is written.
+  std::vector<expanse_segment_info> segs(2);
+  std::vector<expanse_block_info> blocks(2);
+  segs[1].address = 0xDEAD;
+  blocks[1].address = 0xBEEF;
+  size_t ns1 = 1, nb1 = 1;
+  ASSERT_EQ(expanse_get_segments(0, segs.data(), &ns1, blocks.data(), &nb1), EXPANSE_OK);
+  EXPECT_EQ(ns1, ns);
+  EXPECT_EQ(nb1, nb);
+  EXPECT_EQ(segs[1].address, 0xDEADu);
+  EXPECT_EQ(blocks[1].address, 0xBEEFu);
+  EXPECT_NE(segs[0].address, 0u);
+}
+
+TEST_F(TorchAdapterTest, SegmentsRefuseNullWithRoomAndNameIt) {
+  size_t ns = 4, nb = 0;
+  EXPECT_EQ(expanse_get_segments(0, nullptr, &ns, nullptr, &nb), EXPANSE_EINVAL);
+  EXPECT_NE(std::string(expanse_last_error()).find("capacity of 0"), std::string::npos);
+  EXPECT_EQ(expanse_get_segments(0, nullptr, nullptr, nullptr, &nb), EXPANSE_EINVAL);
+  ns = 0;
+  EXPECT_EQ(expanse_get_segments(7, nullptr, &ns, nullptr, &nb), EXPANSE_EINVAL);
+  EXPECT_NE(std::string(expanse_last_error()).find("device 7"), std::string::npos);
+}
+
+TEST_F(TorchAdapterTest, SegmentsOfAnUnusedDeviceAreNone) {
+  ta::Segments s;
+  ASSERT_EQ(ta::read_segments(0, s), EXPANSE_OK) << expanse_last_error();
+  EXPECT_TRUE(s.segments.empty());
+  EXPECT_TRUE(s.blocks.empty());
+}
+
+TEST_F(TorchAdapterTest, BlocksTellLiveFromFreeWithRequestedSizes) {
+  void* a = alloc(3 * MiB + 100);
+  void* b = alloc(5 * MiB);
+  release(b);
+  const ta::Segments s = segments();
+  bool saw_a = false;
+  for (const expanse_block_info& blk : s.blocks) {
+    if (blk.address == reinterpret_cast<uint64_t>(a)) {
+      saw_a = true;
+      EXPECT_EQ(blk.state, static_cast<uint32_t>(EXPANSE_BLOCK_LIVE));
+      EXPECT_EQ(blk.requested, 3 * MiB + 100);
+      EXPECT_EQ(blk.size % 512, 0u);
+      EXPECT_GE(blk.size, blk.requested);
+    } else {
+      EXPECT_NE(blk.state, static_cast<uint32_t>(EXPANSE_BLOCK_LIVE));
+      EXPECT_EQ(blk.requested, 0u);
+    }
+  }
+  EXPECT_TRUE(saw_a);
+  // Every block lies inside its segment, and the segments' block ranges cover the list.
+  uint64_t covered = 0;
+  for (const expanse_segment_info& seg : s.segments) {
+    EXPECT_EQ(seg.first_block, covered);
+    covered += seg.num_blocks;
+    for (uint64_t k = seg.first_block; k < seg.first_block + seg.num_blocks; ++k) {
+      EXPECT_GE(s.blocks[k].address, seg.address);
+      EXPECT_LE(s.blocks[k].address + s.blocks[k].size, seg.address + seg.size);
+    }
+  }
+  EXPECT_EQ(covered, s.blocks.size());
+}
+
+TEST_F(TorchAdapterTest, TraceHandsOutTheRecordedHistory) {
+  ASSERT_EQ(expanse_record_history(1, 1000), EXPANSE_OK) << expanse_last_error();
+  void* p = alloc(1 * MiB);
+  release(p);
+  std::vector<expanse_trace_entry> t;
+  ASSERT_EQ(ta::read_trace(0, t), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_record_history(0, 0), EXPANSE_OK);
+  std::vector<uint32_t> actions;
+  for (const auto& e : t) {
+    const bool block_event = e.action != EXPANSE_TRACE_SEGMENT_MAP && e.action != EXPANSE_TRACE_SEGMENT_UNMAP;
+    if (block_event && e.addr == reinterpret_cast<uint64_t>(p)) actions.push_back(e.action);
+  }
+  const std::vector<uint32_t> want = {EXPANSE_TRACE_ALLOC, EXPANSE_TRACE_FREE_REQUESTED,
+                                      EXPANSE_TRACE_FREE_COMPLETED};
+  EXPECT_EQ(actions, want);
+  bool mapped = false;
+  for (const auto& e : t) mapped = mapped || e.action == EXPANSE_TRACE_SEGMENT_MAP;
+  EXPECT_TRUE(mapped);
+  EXPECT_GT(t.front().time_us, 0);
+}
+
+TEST_F(TorchAdapterTest, MallocCheckedTellsOutOfMemoryFromBadInput) {
+  void* p = reinterpret_cast<void*>(0x1);
+  EXPECT_EQ(expanse_malloc_checked(&p, 4 * GiB, 0, nullptr), EXPANSE_ENOMEM);
+  EXPECT_EQ(p, nullptr);
+  EXPECT_EQ(expanse_malloc_checked(&p, 1 * MiB, 9, nullptr), EXPANSE_EINVAL);
+  EXPECT_EQ(expanse_malloc_checked(nullptr, 1 * MiB, 0, nullptr), EXPANSE_EINVAL);
+  EXPECT_NE(std::string(expanse_last_error()).find("out must not be NULL"), std::string::npos);
+  EXPECT_EQ(expanse_malloc_checked(&p, 0, 0, nullptr), EXPANSE_OK);
+  EXPECT_EQ(p, nullptr);
+}
+
+// ---- memory_stats ----------------------------------------------------------------------------
+
+TEST_F(TorchAdapterTest, StatsAggregateIsExpansesOwnBooks) {
+  alloc(4 * KiB);
+  alloc(100 * KiB);
+  void* big = alloc(8 * MiB + 1);
+  alloc(30 * MiB);
+  release(big);
+  const expanse_stats s = stats();
+  ta::Baseline b;
+  const ta::DeviceStats d = ta::map_device_stats(s, segments(), b);
+  const size_t A = ta::kAggregate;
+  EXPECT_EQ(d.allocation[A].current, i(s.live_blocks));
+  EXPECT_EQ(d.allocated_bytes[A].current, i(s.allocated_bytes));
+  EXPECT_EQ(d.requested_bytes[A].current, i(s.requested_bytes));
+  EXPECT_EQ(d.reserved_bytes[A].current, i(s.physical_bytes));
+  EXPECT_EQ(d.allocated_bytes[A].peak, i(s.peak_allocated_bytes));
+  EXPECT_EQ(d.requested_bytes[A].peak, i(s.peak_requested_bytes));
+  EXPECT_EQ(d.reserved_bytes[A].peak, i(s.peak_physical_bytes));
+  EXPECT_EQ(d.allocation[A].allocated, 4);
+  EXPECT_EQ(d.allocation[A].freed, 1);
+  EXPECT_EQ(d.num_ooms, 0);
+  EXPECT_EQ(d.max_split_size, -1);
+  // No free block is awaiting other streams here: active is what is allocated.
+  EXPECT_EQ(d.active_bytes[A].current, d.allocated_bytes[A].current);
+  EXPECT_EQ(d.active[A].current, d.allocation[A].current);
+}
+
+TEST_F(TorchAdapterTest, StatsSplitSmallAndLargePoolsLikePyTorch) {
+  alloc(4 * KiB);    // small arena (<= 1 MiB)
+  alloc(512 * KiB);  // small
+  alloc(3 * MiB);    // large
+  ta::Baseline b;
+  const ta::DeviceStats d = ta::map_device_stats(stats(), segments(), b);
+  EXPECT_EQ(d.allocation[ta::kSmallPool].current, 2);
+  EXPECT_EQ(d.allocation[ta::kLargePool].current, 1);
+  EXPECT_EQ(d.requested_bytes[ta::kSmallPool].current, i(516 * KiB));
+  EXPECT_EQ(d.requested_bytes[ta::kLargePool].current, i(3 * MiB));
+  // The pools add up to the aggregate, figure by figure.
+  const ta::StatArray* arrays[] = {&d.allocation,      &d.segment,         &d.active,
+                                   &d.inactive_split,  &d.allocated_bytes, &d.reserved_bytes,
+                                   &d.active_bytes,    &d.inactive_split_bytes,
+                                   &d.requested_bytes};
+  for (const ta::StatArray* a : arrays) {
+    EXPECT_EQ((*a)[ta::kAggregate].current,
+              (*a)[ta::kSmallPool].current + (*a)[ta::kLargePool].current);
+  }
+  // Reserved covers what is allocated and what lies free inside the segments.
+  for (size_t k : {ta::kSmallPool, ta::kLargePool}) {
+    EXPECT_GE(d.reserved_bytes[k].current,
+              d.allocated_bytes[k].current + d.inactive_split_bytes[k].current);
+    EXPECT_GE(d.segment[k].current, 1);
+  }
+}
+
+TEST_F(TorchAdapterTest, ResetAccumulatedCountsFromThere) {
+  void* p = alloc(1 * MiB);
+  release(p);
+  ta::Baseline b;
+  ta::reset_accumulated(stats(), b);
+  ta::DeviceStats d = ta::map_device_stats(stats(), segments(), b);
+  EXPECT_EQ(d.allocation[ta::kAggregate].allocated, 0);
+  EXPECT_EQ(d.allocation[ta::kAggregate].freed, 0);
+  alloc(2 * MiB);
+  d = ta::map_device_stats(stats(), segments(), b);
+  EXPECT_EQ(d.allocation[ta::kAggregate].allocated, 1);
+  EXPECT_EQ(d.allocation[ta::kAggregate].freed, 0);
+}
+
+TEST_F(TorchAdapterTest, PeaksFollowExpanseAndTheirReset) {
+  void* a = alloc(16 * MiB);
+  void* b2 = alloc(16 * MiB);
+  release(a);
+  release(b2);
+  ta::Baseline b;
+  ta::DeviceStats d = ta::map_device_stats(stats(), segments(), b);
+  EXPECT_GE(d.allocated_bytes[ta::kAggregate].peak, i(32 * MiB));
+  EXPECT_EQ(d.allocated_bytes[ta::kAggregate].current, 0);
+  // A count's peak is the most seen by a read: the read above saw none live.
+  EXPECT_EQ(d.allocation[ta::kAggregate].peak, 0);
+  void* c = alloc(1 * MiB);
+  d = ta::map_device_stats(stats(), segments(), b);
+  EXPECT_EQ(d.allocation[ta::kAggregate].peak, 1);
+  release(c);
+  d = ta::map_device_stats(stats(), segments(), b);
+  EXPECT_EQ(d.allocation[ta::kAggregate].peak, 1);  // kept after the free
+  ASSERT_EQ(expanse_reset_peak_stats(0), EXPANSE_OK);
+  ta::reset_seen_peaks(b);
+  d = ta::map_device_stats(stats(), segments(), b);
+  EXPECT_EQ(d.allocated_bytes[ta::kAggregate].peak, 0);
+  EXPECT_EQ(d.allocation[ta::kAggregate].peak, 0);
+  for (size_t k = 0; k < ta::kNumPools; ++k) {
+    EXPECT_GE(d.reserved_bytes[k].peak, d.reserved_bytes[k].current);
+  }
+}
+
+TEST_F(TorchAdapterTest, OomsAreCountedAfterTheBaseline) {
+  void* p = nullptr;
+  ta::Baseline b;
+  ta::reset_accumulated(stats(), b);
+  EXPECT_EQ(expanse_malloc_checked(&p, 2 * GiB, 0, nullptr), EXPANSE_ENOMEM);
+  const ta::DeviceStats d = ta::map_device_stats(stats(), segments(), b);
+  EXPECT_EQ(d.num_ooms, 1);
+}
+
+// ---- cacheInfo ------------------------------------------------------------------------------
+
+TEST_F(TorchAdapterTest, LargestBlockCanBeAllocatedAndOnePageMoreCannot) {
+  ASSERT_EQ(expanse_set_limit(0, 64 * MiB), EXPANSE_OK) << expanse_last_error();
+  alloc(10 * MiB);
+  void* freed = alloc(6 * MiB);
+  release(freed);  // cached: counts as obtainable
+  const expanse_stats s = stats();
+  const uint64_t largest = ta::largest_block(s, UINT64_MAX);
+  ASSERT_GT(largest, 0u);
+  EXPECT_EQ(largest % s.page_size, 0u);
+  EXPECT_LE(largest, 64 * MiB - s.touched_bytes);
+  void* p = nullptr;
+  EXPECT_EQ(expanse_malloc_checked(&p, largest + s.page_size, 0, nullptr), EXPANSE_ENOMEM);
+  EXPECT_EQ(expanse_malloc_checked(&p, largest, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  if (p != nullptr) live_.push_back(p);
+}
+
+TEST_F(TorchAdapterTest, LargestBlockUsesTheDriversFreeMemoryWhenKnown) {
+  alloc(10 * MiB);
+  const expanse_stats s = stats();
+  const uint64_t unused = s.cached_bytes + s.pooled_bytes;
+  EXPECT_EQ(ta::largest_block(s, 100 * MiB), (100 * MiB + unused) / s.page_size * s.page_size);
+  // Unknown: the device's capacity less what expanse holds.
+  EXPECT_EQ(ta::largest_block(s, UINT64_MAX),
+            (s.capacity_bytes - s.physical_bytes + unused) / s.page_size * s.page_size);
+}
+
+// ---- set_per_process_memory_fraction --------------------------------------------------------
+
+TEST_F(TorchAdapterTest, FractionBecomesALimitInWholePages) {
+  expanse_stats s = stats();
+  const uint64_t limit = ta::limit_for_fraction(s, 0.25);
+  EXPECT_EQ(limit, s.capacity_bytes / 4 / s.page_size * s.page_size);
+  EXPECT_EQ(ta::limit_for_fraction(s, 1.0), static_cast<uint64_t>(SIZE_MAX));
+  ASSERT_EQ(expanse_set_limit(0, static_cast<size_t>(limit)), EXPANSE_OK);
+  s = stats();
+  EXPECT_DOUBLE_EQ(ta::fraction_of_limit(s), 0.25);
+  ASSERT_EQ(expanse_set_limit(0, SIZE_MAX), EXPANSE_OK);
+  EXPECT_DOUBLE_EQ(ta::fraction_of_limit(stats()), 1.0);
+}
+
+// ---- torch.cuda.OutOfMemoryError's message --------------------------------------------------
+
+TEST_F(TorchAdapterTest, SizesArePrintedAsPyTorchPrintsThem) {
+  EXPECT_EQ(ta::format_size(512), "512 bytes");
+  EXPECT_EQ(ta::format_size(1024), "1024 bytes");
+  EXPECT_EQ(ta::format_size(1536), "1.50 KiB");
+  EXPECT_EQ(ta::format_size(20 * MiB), "20.00 MiB");
+  EXPECT_EQ(ta::format_size(3 * GiB / 2), "1.50 GiB");
+}
+
+TEST_F(TorchAdapterTest, OomMessageStartsLikePyTorchsAndEndsWithExpansesReason) {
+  void* p = nullptr;
+  ASSERT_EQ(expanse_malloc_checked(&p, 2 * GiB, 0, nullptr), EXPANSE_ENOMEM);
+  const std::string why = expanse_last_error();
+  ASSERT_FALSE(why.empty());
+  const std::string m = ta::oom_message(2 * GiB, 0, stats(), why);
+  const std::string start = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                            "capacity of 1024.00 MiB of which ";
+  EXPECT_EQ(m.compare(0, start.size(), start), 0) << m;
+  EXPECT_NE(m.find("allocated by PyTorch through expanse"), std::string::npos) << m;
+  const std::string tail = " " + why;  // expanse's messages name expanse themselves
+  EXPECT_EQ(why.rfind("expanse", 0), 0u) << why;
+  ASSERT_GE(m.size(), tail.size());
+  EXPECT_EQ(m.compare(m.size() - tail.size(), tail.size(), tail), 0) << m;
+}
+
+TEST_F(TorchAdapterTest, OomMessageNamesExpanseBeforeAReasonThatDoesNot) {
+  const std::string m = ta::oom_message(1 * MiB, 0, stats(), "the sim said no");
+  const std::string tail = " expanse: the sim said no";
+  EXPECT_EQ(m.compare(m.size() - tail.size(), tail.size(), tail), 0) << m;
+}
+
+TEST_F(TorchAdapterTest, OomMessageNamesTheLimit) {
+  ASSERT_EQ(expanse_set_limit(0, 32 * MiB), EXPANSE_OK);
+  void* p = nullptr;
+  ASSERT_EQ(expanse_malloc_checked(&p, 64 * MiB, 0, nullptr), EXPANSE_ENOMEM);
+  const std::string m = ta::oom_message(64 * MiB, 0, stats(), expanse_last_error());
+  EXPECT_NE(m.find("under its limit of 32.00 MiB"), std::string::npos) << m;
+}
+
+}  // namespace
