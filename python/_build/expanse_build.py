@@ -60,9 +60,20 @@ def _package_files():
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
         for f in sorted(filenames):
             # _installed.py is cmake --install's; a wheel's library lies in the package instead.
-            if (f.endswith(".py") and f != "_installed.py") or f == "py.typed":
+            # native/: the PyTorch allocator's C++ sources, compiled against the user's torch.
+            native = os.path.basename(dirpath) == "native" and f.endswith((".cpp", ".hpp"))
+            if (f.endswith(".py") and f != "_installed.py") or f == "py.typed" or native:
                 full = os.path.join(dirpath, f)
                 yield full, os.path.relpath(full, PY_DIR).replace(os.sep, "/")
+
+
+def _header_files():
+    # The C headers the native PyTorch allocator compiles against (expanse.h and what it
+    # includes), where expanse.torch looks for them: the package's include/ folder.
+    inc = os.path.join(ROOT, "include", NAME)
+    for f in sorted(os.listdir(inc)):
+        if f.endswith(".h"):
+            yield os.path.join(inc, f), f"{NAME}/include/{NAME}/{f}"
 
 
 def _metadata():
@@ -242,7 +253,7 @@ def _write_wheel(wheel_directory, entries, pure):
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     entries = []
-    for full, arcname in _package_files():
+    for full, arcname in list(_package_files()) + list(_header_files()):
         with open(full, "rb") as f:
             entries.append((arcname, f.read(), 0o644))
     with tempfile.TemporaryDirectory(prefix="expanse-build-") as work:

@@ -20,6 +20,10 @@ import time
 CHECK = ("import expanse, expanse.torch\n"
          "s = expanse.memory_stats()\n"
          "assert s['allocated_bytes.all.current'] == 0, s\n"
+         "import os\n"
+         "for f in expanse.torch._NATIVE_SOURCES:\n"
+         "    assert os.path.isfile(os.path.join(expanse.torch._NATIVE_DIR, f)), f\n"
+         "print(expanse.torch._include_dir())\n"
          "print(expanse.library_path())\n"
          "print(expanse.driver_description())\n")
 
@@ -59,10 +63,13 @@ def check_import(python, site, work, under):
         env["PYTHONPATH"] = site
     out, _ = run([python, "-c", CHECK], env=env, cwd=work, what="import expanse")
     lines = out.strip().splitlines()
-    if len(lines) < 2 or not lines[-1].startswith("sim"):
+    if len(lines) < 3 or not lines[-1].startswith("sim"):
         fail(f"unexpected output of the import check:\n{out}")
-    lib = lines[-2]
+    lib, inc = lines[-2], lines[-3]
     under = os.path.realpath(under) + os.sep
+    # The native PyTorch allocator compiles against the headers the package carries.
+    if not os.path.realpath(inc).startswith(under):
+        fail(f"the installed package found expanse.h in {inc}, not in the package")
     if os.path.basename(os.path.dirname(lib)) != "expanse" or not os.path.realpath(lib).startswith(under):
         fail(f"the installed package loaded {lib}, not the library it carries")
     print(f"ok: {lib}, {lines[-1]}")
