@@ -257,6 +257,20 @@ TEST_F(TorchAdapterTest, PeaksFollowExpanseAndTheirReset) {
   }
 }
 
+// torch.cuda.empty_cache() releases every device's cache: a device expanse never set up has
+// none, and setting it up (a CUDA context on a GPU this process may never use) is not asked for.
+// The witness: a configuration that no device can be set up with.
+TEST(TorchAdapterEmptyCache, ReleasingAnUnusedDeviceDoesNotSetItUp) {
+  ASSERT_EQ(expanse_init("driver:sim,sim_devices:2,sim_granularity:2MiB,page_size:1MiB"),
+            EXPANSE_OK)
+      << expanse_last_error();
+  void* p = nullptr;
+  ASSERT_NE(expanse_malloc_checked(&p, 4096, 1, nullptr), EXPANSE_OK);  // device setup fails
+  EXPECT_EQ(expanse_release_cached(0), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(expanse_release_cached(2), EXPANSE_EINVAL);  // no such device
+  EXPECT_EQ(expanse_shutdown(), EXPANSE_OK) << expanse_last_error();
+}
+
 TEST_F(TorchAdapterTest, OomsAreCountedAfterTheBaseline) {
   void* p = nullptr;
   ta::Baseline b;
