@@ -354,6 +354,26 @@ TEST_F(TorchAdapterTest, OomMessageNamesExpanseBeforeAReasonThatDoesNot) {
   EXPECT_EQ(m.compare(m.size() - tail.size(), tail.size(), tail), 0) << m;
 }
 
+// What an OutOfMemoryObserver (torch._C._cuda_attach_out_of_memory_observer) is given, as
+// PyTorch's own allocator gives it: the size of the failed request, the device's total (the
+// fraction's cap where one is set) and what is still free.
+TEST_F(TorchAdapterTest, OomObserverSeesTheRequestTheCapAndWhatIsFree) {
+  alloc(8 * MiB);
+  ASSERT_EQ(expanse_set_limit(0, 32 * MiB), EXPANSE_OK);
+  void* p = nullptr;
+  ASSERT_EQ(expanse_malloc_checked(&p, 64 * MiB, 0, nullptr), EXPANSE_ENOMEM);
+  const expanse_stats s = stats();
+  const ta::OomObserverArgs o = ta::oom_observer_args(64 * MiB, s);
+  EXPECT_EQ(o.alloc_size, 64 * MiB);
+  EXPECT_EQ(o.device_total, 32 * MiB);
+  EXPECT_EQ(o.device_free, 32 * MiB - s.touched_bytes);
+  ASSERT_EQ(expanse_set_limit(0, SIZE_MAX), EXPANSE_OK);
+  const ta::OomObserverArgs u = ta::oom_observer_args(2 * GiB, stats());
+  EXPECT_EQ(u.alloc_size, 2 * GiB);
+  EXPECT_EQ(u.device_total, 1 * GiB);
+  EXPECT_EQ(u.device_free, 1 * GiB - s.touched_bytes);
+}
+
 TEST_F(TorchAdapterTest, OomMessageNamesTheLimit) {
   ASSERT_EQ(expanse_set_limit(0, 32 * MiB), EXPANSE_OK);
   void* p = nullptr;

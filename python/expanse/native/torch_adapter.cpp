@@ -202,6 +202,15 @@ double fraction_of_limit(const expanse_stats& s) {
   return static_cast<double>(s.limit_bytes) / static_cast<double>(s.capacity_bytes);
 }
 
+OomObserverArgs oom_observer_args(uint64_t requested, const expanse_stats& s) {
+  OomObserverArgs o;
+  o.alloc_size = requested;
+  const bool capped = s.limit_bytes != UINT64_MAX && s.limit_bytes < s.capacity_bytes;
+  o.device_total = capped ? s.limit_bytes : s.capacity_bytes;
+  o.device_free = o.device_total > s.touched_bytes ? o.device_total - s.touched_bytes : 0;
+  return o;
+}
+
 std::string format_size(uint64_t n) {
   char buf[64];
   if (n <= 1024) {

@@ -117,6 +117,16 @@ std::string format_size(uint64_t bytes);
 std::string oom_message(uint64_t requested, int device, const expanse_stats& s,
                         const std::string& expanse_error);
 
+// What OutOfMemoryObservers are called with after an allocation of `requested` bytes failed, as
+// PyTorch's allocator calls them (device, alloc_size, device_total, device_free): the request, the
+// device's memory (the limit where one is below it) and what of that live blocks leave free.
+struct OomObserverArgs {
+  uint64_t alloc_size = 0;
+  uint64_t device_total = 0;
+  uint64_t device_free = 0;
+};
+OomObserverArgs oom_observer_args(uint64_t requested, const expanse_stats& s);
+
 // expanse_get_stats with struct_size set; an expanse error code.
 int read_stats(int device, expanse_stats& out);
 

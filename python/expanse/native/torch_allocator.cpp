@@ -473,21 +473,21 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
     }
     expanse_stats s{};
     if (ta::read_stats(dev, s) != EXPANSE_OK) std::memset(&s, 0, sizeof s);
-    notify_oom(dev, s);
+    notify_oom(dev, n, s);
     // c10::OutOfMemoryError: Python sees torch.cuda.OutOfMemoryError.
     TORCH_CHECK_WITH(OutOfMemoryError, false, ta::oom_message(n, dev, s, why));
   }
 
-  void notify_oom(c10::DeviceIndex dev, const expanse_stats& s) {
+  void notify_oom(c10::DeviceIndex dev, size_t requested, const expanse_stats& s) {
     std::vector<cca::OutOfMemoryObserver> observers;
     {
       std::lock_guard<std::mutex> lock(observers_mu_);
       observers = oom_observers_;
     }
-    const uint64_t free = s.capacity_bytes > s.touched_bytes ? s.capacity_bytes - s.touched_bytes : 0;
+    const ta::OomObserverArgs a = ta::oom_observer_args(requested, s);
     for (auto& o : observers) {
-      o(dev, static_cast<size_t>(s.allocated_bytes), static_cast<size_t>(s.capacity_bytes),
-        static_cast<size_t>(free));
+      o(dev, static_cast<size_t>(a.alloc_size), static_cast<size_t>(a.device_total),
+        static_cast<size_t>(a.device_free));
     }
   }
 
