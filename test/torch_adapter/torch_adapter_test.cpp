@@ -322,6 +322,23 @@ TEST_F(TorchAdapterTest, FractionBecomesALimitInWholePages) {
   EXPECT_DOUBLE_EQ(ta::fraction_of_limit(stats()), 1.0);
 }
 
+// get_per_process_memory_fraction() answers the fraction set, as PyTorch's allocator does, though
+// the limit it became was rounded down to whole pages; a limit set since by other means is read
+// back as a fraction of the capacity.
+TEST_F(TorchAdapterTest, FractionReadsBackAsSetThoughTheLimitIsWholePages) {
+  ta::Baseline b;
+  expanse_stats s = stats();
+  const uint64_t limit = ta::limit_for_fraction(s, 0.3);
+  ASSERT_NE(static_cast<double>(limit) / static_cast<double>(s.capacity_bytes), 0.3);
+  ASSERT_EQ(expanse_set_limit(0, static_cast<size_t>(limit)), EXPANSE_OK);
+  ta::remember_fraction(b, 0.3, limit);
+  EXPECT_EQ(ta::memory_fraction(stats(), b), 0.3);
+  ASSERT_EQ(expanse_set_limit(0, 256 * MiB), EXPANSE_OK);  // expanse.set_limit, say
+  EXPECT_DOUBLE_EQ(ta::memory_fraction(stats(), b), 0.25);
+  ASSERT_EQ(expanse_set_limit(0, SIZE_MAX), EXPANSE_OK);
+  EXPECT_EQ(ta::memory_fraction(stats(), b), 1.0);
+}
+
 // ---- torch.cuda.OutOfMemoryError's message --------------------------------------------------
 
 TEST_F(TorchAdapterTest, SizesArePrintedAsPyTorchPrintsThem) {

@@ -211,6 +211,17 @@ OomObserverArgs oom_observer_args(uint64_t requested, const expanse_stats& s) {
   return o;
 }
 
+void remember_fraction(Baseline& b, double fraction, uint64_t limit) {
+  b.fraction = fraction;
+  b.fraction_limit = limit;
+}
+
+double memory_fraction(const expanse_stats& s, const Baseline& b) {
+  const uint64_t limit = b.fraction_limit == SIZE_MAX ? UINT64_MAX : b.fraction_limit;
+  if (b.fraction >= 0 && s.limit_bytes == limit) return b.fraction;
+  return fraction_of_limit(s);
+}
+
 std::string format_size(uint64_t n) {
   char buf[64];
   if (n <= 1024) {

@@ -190,14 +190,18 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
   bool initialized() override { return initialized_.load(); }
 
   double getMemoryFraction(c10::DeviceIndex device) override {
-    return ta::fraction_of_limit(stats_of(device));
+    const expanse_stats s = stats_of(device);
+    std::lock_guard<std::mutex> lock(books_mu_);
+    return ta::memory_fraction(s, baseline(device));
   }
 
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
     TORCH_CHECK(fraction >= 0 && fraction <= 1, "expanse: invalid fraction ", fraction,
                 ": set_per_process_memory_fraction takes a number in [0, 1]");
-    check(expanse_set_limit(device, static_cast<size_t>(ta::limit_for_fraction(stats_of(device), fraction))),
-          "expanse_set_limit");
+    const uint64_t limit = ta::limit_for_fraction(stats_of(device), fraction);
+    check(expanse_set_limit(device, static_cast<size_t>(limit)), "expanse_set_limit");
+    std::lock_guard<std::mutex> lock(books_mu_);
+    ta::remember_fraction(baseline(device), fraction, limit);
   }
 
 #if EXPANSE_TORCH_EMPTY_CACHE_TAKES_POOL
