@@ -54,7 +54,8 @@ EXPANSE_C_API int expanse_free_checked(void* ptr, size_t size, int device,
 
 /* ptr is also used by work on stream: its memory is reused only after that work completes. */
 EXPANSE_C_API int expanse_record_stream(void* ptr, struct CUstream_st* stream);
-/* Waits for freed memory's streams, then unmaps and releases every cached page of device. */
+/* Waits for freed memory's streams, then unmaps and releases every cached page of device. A device
+ * expanse has not used yet has none: nothing is done (its CUDA context is not created). */
 EXPANSE_C_API int expanse_release_cached(int device);
 /* CUDA graph capture: call expanse_capture_begin(s) before cudaStreamBeginCapture(s) (or
  * cuStreamBeginCapture) and expanse_capture_end(s) after cudaStreamEndCapture(s), from any

@@ -159,8 +159,18 @@ def native_build_args(torch, cpp_extension):
     if missing:
         raise NativeUnavailable("the native allocator's sources are not installed with this "
                                 f"package (missing: {', '.join(missing)})")
-    # One build per torch, library and header location: a cached build never mixes them.
+    # One build per torch, library, header location and source content: a cached build never
+    # mixes them. The content, not only ninja's time stamps: a reinstall may bring new sources
+    # older than the cached build (a package manager's cache links files extracted earlier).
     key = hashlib.sha1("\0".join([torch.__version__, lib, include, cuda_inc]).encode())
+    compiled = sources + [os.path.join(_NATIVE_DIR, "torch_adapter.hpp"),
+                          os.path.join(_NATIVE_DIR, "torch_version.hpp"),
+                          os.path.join(include, "expanse", "expanse.h"),
+                          os.path.join(include, "expanse", "stats_fields.h")]
+    for path in compiled:
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                key.update(b"\0" + f.read())
     build_dir = os.environ.get("EXPANSE_TORCH_BUILD_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
         "expanse", "torch_native", f"{torch.__version__}-{key.hexdigest()[:12]}")

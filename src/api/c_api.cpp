@@ -83,7 +83,12 @@ EXPANSE_C_API int expanse_record_stream(void* ptr, struct CUstream_st* stream) {
 }
 
 EXPANSE_C_API int expanse_release_cached(int device) {
-  return guarded([&] { Runtime::get().device(device).release_cached(); });
+  return guarded([&] {
+    Runtime& rt = Runtime::get();
+    // A device expanse never set up caches nothing; setting it up would retain its context.
+    if (device >= 0 && device < rt.device_count() && rt.existing(device) == nullptr) return;
+    rt.device(device).release_cached();
+  });
 }
 
 EXPANSE_C_API int expanse_capture_begin(struct CUstream_st* stream) {

@@ -140,3 +140,25 @@ def test_missing_sources_are_named(native_torch, monkeypatch, tmp_path):
     monkeypatch.setattr(et, "_NATIVE_DIR", str(tmp_path / "no-native"))
     with pytest.raises(et.NativeUnavailable, match="sources are not installed"):
         et.native_build_args(fake.module, ext.module)
+
+
+def test_build_cache_follows_the_sources_content(native_torch, monkeypatch, tmp_path):
+    # A reinstall can bring new sources with older times than the cached build (a package
+    # manager's cache hard-links files extracted earlier): ninja, which compares times, would
+    # then keep the old library. The cache folder itself must change with what is compiled.
+    import shutil
+    fake, ext, et = native_torch
+    monkeypatch.delenv("EXPANSE_TORCH_BUILD_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/cache")
+    native = tmp_path / "native"
+    shutil.copytree(et._NATIVE_DIR, native)
+    monkeypatch.setattr(et, "_NATIVE_DIR", str(native))
+    a = et.native_build_args(fake.module, ext.module)["build_directory"]
+    for name in ("torch_allocator.cpp", "torch_adapter.hpp"):
+        f = native / name
+        st = os.stat(f)
+        f.write_text(f.read_text() + "\n// changed\n")
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # same time, new content
+        b = et.native_build_args(fake.module, ext.module)["build_directory"]
+        assert b != a, name
+        a = b

@@ -257,6 +257,20 @@ TEST_F(TorchAdapterTest, PeaksFollowExpanseAndTheirReset) {
   }
 }
 
+// torch.cuda.empty_cache() releases every device's cache: a device expanse never set up has
+// none, and setting it up (a CUDA context on a GPU this process may never use) is not asked for.
+// The witness: a configuration that no device can be set up with.
+TEST(TorchAdapterEmptyCache, ReleasingAnUnusedDeviceDoesNotSetItUp) {
+  ASSERT_EQ(expanse_init("driver:sim,sim_devices:2,sim_granularity:2MiB,page_size:1MiB"),
+            EXPANSE_OK)
+      << expanse_last_error();
+  void* p = nullptr;
+  ASSERT_NE(expanse_malloc_checked(&p, 4096, 1, nullptr), EXPANSE_OK);  // device setup fails
+  EXPECT_EQ(expanse_release_cached(0), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(expanse_release_cached(2), EXPANSE_EINVAL);  // no such device
+  EXPECT_EQ(expanse_shutdown(), EXPANSE_OK) << expanse_last_error();
+}
+
 TEST_F(TorchAdapterTest, OomsAreCountedAfterTheBaseline) {
   void* p = nullptr;
   ta::Baseline b;
@@ -308,6 +322,23 @@ TEST_F(TorchAdapterTest, FractionBecomesALimitInWholePages) {
   EXPECT_DOUBLE_EQ(ta::fraction_of_limit(stats()), 1.0);
 }
 
+// get_per_process_memory_fraction() answers the fraction set, as PyTorch's allocator does, though
+// the limit it became was rounded down to whole pages; a limit set since by other means is read
+// back as a fraction of the capacity.
+TEST_F(TorchAdapterTest, FractionReadsBackAsSetThoughTheLimitIsWholePages) {
+  ta::Baseline b;
+  expanse_stats s = stats();
+  const uint64_t limit = ta::limit_for_fraction(s, 0.3);
+  ASSERT_NE(static_cast<double>(limit) / static_cast<double>(s.capacity_bytes), 0.3);
+  ASSERT_EQ(expanse_set_limit(0, static_cast<size_t>(limit)), EXPANSE_OK);
+  ta::remember_fraction(b, 0.3, limit);
+  EXPECT_EQ(ta::memory_fraction(stats(), b), 0.3);
+  ASSERT_EQ(expanse_set_limit(0, 256 * MiB), EXPANSE_OK);  // expanse.set_limit, say
+  EXPECT_DOUBLE_EQ(ta::memory_fraction(stats(), b), 0.25);
+  ASSERT_EQ(expanse_set_limit(0, SIZE_MAX), EXPANSE_OK);
+  EXPECT_EQ(ta::memory_fraction(stats(), b), 1.0);
+}
+
 // ---- torch.cuda.OutOfMemoryError's message --------------------------------------------------
 
 TEST_F(TorchAdapterTest, SizesArePrintedAsPyTorchPrintsThem) {
@@ -338,6 +369,26 @@ TEST_F(TorchAdapterTest, OomMessageNamesExpanseBeforeAReasonThatDoesNot) {
   const std::string m = ta::oom_message(1 * MiB, 0, stats(), "the sim said no");
   const std::string tail = " expanse: the sim said no";
   EXPECT_EQ(m.compare(m.size() - tail.size(), tail.size(), tail), 0) << m;
+}
+
+// What an OutOfMemoryObserver (torch._C._cuda_attach_out_of_memory_observer) is given, as
+// PyTorch's own allocator gives it: the size of the failed request, the device's total (the
+// fraction's cap where one is set) and what is still free.
+TEST_F(TorchAdapterTest, OomObserverSeesTheRequestTheCapAndWhatIsFree) {
+  alloc(8 * MiB);
+  ASSERT_EQ(expanse_set_limit(0, 32 * MiB), EXPANSE_OK);
+  void* p = nullptr;
+  ASSERT_EQ(expanse_malloc_checked(&p, 64 * MiB, 0, nullptr), EXPANSE_ENOMEM);
+  const expanse_stats s = stats();
+  const ta::OomObserverArgs o = ta::oom_observer_args(64 * MiB, s);
+  EXPECT_EQ(o.alloc_size, 64 * MiB);
+  EXPECT_EQ(o.device_total, 32 * MiB);
+  EXPECT_EQ(o.device_free, 32 * MiB - s.touched_bytes);
+  ASSERT_EQ(expanse_set_limit(0, SIZE_MAX), EXPANSE_OK);
+  const ta::OomObserverArgs u = ta::oom_observer_args(2 * GiB, stats());
+  EXPECT_EQ(u.alloc_size, 2 * GiB);
+  EXPECT_EQ(u.device_total, 1 * GiB);
+  EXPECT_EQ(u.device_free, 1 * GiB - s.touched_bytes);
 }
 
 TEST_F(TorchAdapterTest, OomMessageNamesTheLimit) {

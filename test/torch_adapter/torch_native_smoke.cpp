@@ -98,7 +98,10 @@ int main() {
   expect(a.getMemoryFraction(0) == 0.5, "setMemoryFraction(0.5) reads back");
   expanse::torch_adapter::read_stats(0, s);
   expect(s.limit_bytes == 512ull << 20, "the fraction is expanse's limit");
+  a.setMemoryFraction(0.3, 0);  // not a whole number of pages: the limit is rounded down
+  expect(a.getMemoryFraction(0) == 0.3, "setMemoryFraction(0.3) reads back as set");
   a.setMemoryFraction(1.0, 0);
+  expect(a.getMemoryFraction(0) == 1.0, "setMemoryFraction(1.0) reads back");
   expect(error_of([&] { a.setMemoryFraction(1.5, 0); }).find("[0, 1]") != std::string::npos,
          "a fraction above 1 is refused");
 

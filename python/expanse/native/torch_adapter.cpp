@@ -202,6 +202,26 @@ double fraction_of_limit(const expanse_stats& s) {
   return static_cast<double>(s.limit_bytes) / static_cast<double>(s.capacity_bytes);
 }
 
+OomObserverArgs oom_observer_args(uint64_t requested, const expanse_stats& s) {
+  OomObserverArgs o;
+  o.alloc_size = requested;
+  const bool capped = s.limit_bytes != UINT64_MAX && s.limit_bytes < s.capacity_bytes;
+  o.device_total = capped ? s.limit_bytes : s.capacity_bytes;
+  o.device_free = o.device_total > s.touched_bytes ? o.device_total - s.touched_bytes : 0;
+  return o;
+}
+
+void remember_fraction(Baseline& b, double fraction, uint64_t limit) {
+  b.fraction = fraction;
+  b.fraction_limit = limit;
+}
+
+double memory_fraction(const expanse_stats& s, const Baseline& b) {
+  const uint64_t limit = b.fraction_limit == SIZE_MAX ? UINT64_MAX : b.fraction_limit;
+  if (b.fraction >= 0 && s.limit_bytes == limit) return b.fraction;
+  return fraction_of_limit(s);
+}
+
 std::string format_size(uint64_t n) {
   char buf[64];
   if (n <= 1024) {

@@ -83,6 +83,9 @@ struct Baseline {
   uint64_t num_allocs = 0, num_frees = 0, num_ooms = 0;
   uint64_t created_pages = 0, released_pages = 0, syncs = 0;
   std::array<StatArray, 9> seen_peaks{};  // indexed like the StatArrays of DeviceStats, in order
+  // The last setMemoryFraction and the limit it became (fraction < 0: none).
+  double fraction = -1;
+  uint64_t fraction_limit = 0;
 };
 
 // The number of context synchronizations expanse made (driver_calls of cuCtxSynchronize): the
@@ -107,6 +110,10 @@ uint64_t largest_block(const expanse_stats& s, uint64_t device_free);
 // fraction 1 removes the cap), and the fraction getMemoryFraction answers from the limit.
 uint64_t limit_for_fraction(const expanse_stats& s, double fraction);
 double fraction_of_limit(const expanse_stats& s);
+// getMemoryFraction's answer: the fraction last set, while the limit is still the one it became
+// (PyTorch answers the fraction it was given), else fraction_of_limit.
+void remember_fraction(Baseline& b, double fraction, uint64_t limit);
+double memory_fraction(const expanse_stats& s, const Baseline& b);
 
 // PyTorch's size format in its OOM messages: "512 bytes", "2.00 KiB", "20.00 MiB", "1.50 GiB".
 std::string format_size(uint64_t bytes);
@@ -116,6 +123,16 @@ std::string format_size(uint64_t bytes);
 // (expanse_last_error at the failure).
 std::string oom_message(uint64_t requested, int device, const expanse_stats& s,
                         const std::string& expanse_error);
+
+// What OutOfMemoryObservers are called with after an allocation of `requested` bytes failed, as
+// PyTorch's allocator calls them (device, alloc_size, device_total, device_free): the request, the
+// device's memory (the limit where one is below it) and what of that live blocks leave free.
+struct OomObserverArgs {
+  uint64_t alloc_size = 0;
+  uint64_t device_total = 0;
+  uint64_t device_free = 0;
+};
+OomObserverArgs oom_observer_args(uint64_t requested, const expanse_stats& s);
 
 // expanse_get_stats with struct_size set; an expanse error code.
 int read_stats(int device, expanse_stats& out);

@@ -190,14 +190,18 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
   bool initialized() override { return initialized_.load(); }
 
   double getMemoryFraction(c10::DeviceIndex device) override {
-    return ta::fraction_of_limit(stats_of(device));
+    const expanse_stats s = stats_of(device);
+    std::lock_guard<std::mutex> lock(books_mu_);
+    return ta::memory_fraction(s, baseline(device));
   }
 
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
     TORCH_CHECK(fraction >= 0 && fraction <= 1, "expanse: invalid fraction ", fraction,
                 ": set_per_process_memory_fraction takes a number in [0, 1]");
-    check(expanse_set_limit(device, static_cast<size_t>(ta::limit_for_fraction(stats_of(device), fraction))),
-          "expanse_set_limit");
+    const uint64_t limit = ta::limit_for_fraction(stats_of(device), fraction);
+    check(expanse_set_limit(device, static_cast<size_t>(limit)), "expanse_set_limit");
+    std::lock_guard<std::mutex> lock(books_mu_);
+    ta::remember_fraction(baseline(device), fraction, limit);
   }
 
 #if EXPANSE_TORCH_EMPTY_CACHE_TAKES_POOL
@@ -473,21 +477,21 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
     }
     expanse_stats s{};
     if (ta::read_stats(dev, s) != EXPANSE_OK) std::memset(&s, 0, sizeof s);
-    notify_oom(dev, s);
+    notify_oom(dev, n, s);
     // c10::OutOfMemoryError: Python sees torch.cuda.OutOfMemoryError.
     TORCH_CHECK_WITH(OutOfMemoryError, false, ta::oom_message(n, dev, s, why));
   }
 
-  void notify_oom(c10::DeviceIndex dev, const expanse_stats& s) {
+  void notify_oom(c10::DeviceIndex dev, size_t requested, const expanse_stats& s) {
     std::vector<cca::OutOfMemoryObserver> observers;
     {
       std::lock_guard<std::mutex> lock(observers_mu_);
       observers = oom_observers_;
     }
-    const uint64_t free = s.capacity_bytes > s.touched_bytes ? s.capacity_bytes - s.touched_bytes : 0;
+    const ta::OomObserverArgs a = ta::oom_observer_args(requested, s);
     for (auto& o : observers) {
-      o(dev, static_cast<size_t>(s.allocated_bytes), static_cast<size_t>(s.capacity_bytes),
-        static_cast<size_t>(free));
+      o(dev, static_cast<size_t>(a.alloc_size), static_cast<size_t>(a.device_total),
+        static_cast<size_t>(a.device_free));
     }
   }
 
