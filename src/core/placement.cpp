@@ -90,10 +90,17 @@ bool Placement::handles_fit(BlockIt c, size_t off, size_t sz, HandleFit fit) con
   const Reservation& r = res(c->second.res);
   const CUdeviceptr addr = c->first + off;
   const size_t first = r.first_page(addr), last = r.last_page(addr, sz);
-  if (fit == HandleFit::ready && !r.all_ready(first, last)) return false;
+  const bool need_ready = fit == HandleFit::ready;
   const PageRange inner = r.inner_pages(addr, sz);
   const PageRange free_inner = r.inner_pages(c->first, c->second.size);
-  for (const HandleRun& h : r.handles_in(first, last + 1)) {
+  // One step per handle, not per page: exact-size reuse asks this on every cached allocate. A
+  // handle's pages are granted access together, so its first page here answers for all.
+  for (const HandleRun& h : r.runs_in(first, last + 1)) {
+    if (!h.mapped) {
+      if (need_ready) return false;
+      continue;
+    }
+    if (need_ready && !r.ready(std::max(h.head, first))) return false;
     if (inner.admits(h)) continue;
     // A multi-page handle the block would cover in part, or on an edge page it shares.
     if (fit != HandleFit::splittable || !c->second.safe || !free_inner.holds(h)) return false;
