@@ -10,7 +10,9 @@
 #
 #   test/torch_compile_check.sh [VERSION ...]    (default: the newest torch on the index, and 2.11.0)
 #
-# Environment: WORK (downloads and builds; default /tmp/expanse-torch-check), KEEP_WHEELS=1 keeps
+# Environment: WORK (downloads, shared by every checkout; default /tmp/expanse-torch-check), BUILD
+# (the build folder; default build-torch-check in this checkout, since a CMake cache belongs to one
+# source folder and WORK may be shared by several checkouts), KEEP_WHEELS=1 keeps
 # the wheels (about 1 GB each; by default only their headers are kept), PIP (default
 # "python3 -m pip"). Needs the CUDA toolkit's headers (c10/cuda includes cuda_runtime_api.h).
 set -euo pipefail
@@ -18,27 +20,32 @@ SRC=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${WORK:-/tmp/expanse-torch-check}
 PIP=${PIP:-python3 -m pip}
 mkdir -p "$WORK"
+# Downloads go to a folder of this run's own: several checkouts may run this script at once.
+dl="$WORK/download.$$"
+trap 'rm -rf "$dl" "$WORK"/unpack.$$.*' EXIT
 
-# Unpacks torch/include and torch/lib/libc10{,_cuda}.so of wheel $1 into folder $2.
+# Unpacks torch/include and torch/lib/libc10{,_cuda}.so of wheel $1 into folder $2, through a
+# folder of this run's own renamed into place, so that a concurrent run never sees half of it.
 unpack_headers() {
-  rm -rf "$2" && mkdir -p "$2"
-  python3 - "$1" "$2" <<'PY'
+  local tmp="$WORK/unpack.$$.$(basename "$2")"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  python3 - "$1" "$tmp" <<'PY'
 import sys, zipfile
 z = zipfile.ZipFile(sys.argv[1])
 keep = ("torch/lib/libc10.so", "torch/lib/libc10_cuda.so")
 z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("torch/include/") or n in keep])
 PY
+  rm -rf "$2" && mv "$tmp" "$2"
 }
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 versions=("$@")
 if [ ${#versions[@]} -eq 0 ]; then
   # The newest release: the one pip itself picks for this Python.
-  rm -rf "$WORK/newest"
-  $PIP download torch --no-deps -d "$WORK/newest" -q
-  newest=$(ls "$WORK/newest" | sed -n 's/^torch-\([0-9][0-9.]*[0-9]\).*\.whl$/\1/p' | head -1)
+  $PIP download torch --no-deps -d "$dl/newest" -q
+  newest=$(ls "$dl/newest" | sed -n 's/^torch-\([0-9][0-9.]*[0-9]\).*\.whl$/\1/p' | head -1)
   if [ -z "$newest" ]; then
-    echo "torch_compile_check: pip download torch gave no torch wheel in $WORK/newest" >&2
+    echo "torch_compile_check: pip download torch gave no torch wheel in $dl/newest" >&2
     exit 1
   fi
   versions=("$newest")
@@ -51,18 +58,21 @@ for v in "${versions[@]}"; do
   inc="$WORK/torch-$v"
   if [ ! -f "$inc/torch/include/torch/csrc/api/include/torch/version.h" ] ||
      [ ! -f "$inc/torch/lib/libc10_cuda.so" ]; then
-    wheel=$(ls "$WORK"/newest/torch-"$v"-*.whl "$WORK"/wheels-"$v"/torch-"$v"-*.whl 2>/dev/null \
+    wheel=$(ls "$dl"/newest/torch-"$v"-*.whl "$WORK"/wheels-"$v"/torch-"$v"-*.whl 2>/dev/null \
               | head -1 || true)
     if [ -z "$wheel" ]; then
-      $PIP download "torch==$v" --no-deps -d "$WORK/wheels-$v" -q
-      wheel=$(ls "$WORK"/wheels-"$v"/torch-"$v"-*.whl | head -1)
+      $PIP download "torch==$v" --no-deps -d "$dl/wheels-$v" -q
+      wheel=$(ls "$dl"/wheels-"$v"/torch-"$v"-*.whl | head -1)
     fi
     unpack_headers "$wheel" "$inc"
-    [ "${KEEP_WHEELS:-0}" = 1 ] || rm -f "$wheel"
+    if [ "${KEEP_WHEELS:-0}" = 1 ] && [ "$(dirname "$wheel")" != "$WORK/wheels-$v" ]; then
+      mkdir -p "$WORK/wheels-$v" && mv "$wheel" "$WORK/wheels-$v/"
+    fi
   fi
   # One build folder for every version: expanse itself is built once, only the torch targets
   # follow EXPANSE_TORCH_INCLUDE / EXPANSE_TORCH_LIB.
-  b="$WORK/build"
+  b=${BUILD:-$SRC/build-torch-check}
+  mkdir -p "$b"
   lib=""
   missing=$(ldd "$inc/torch/lib/libc10_cuda.so" | sed -n 's/^[[:space:]]*\([^ ]*\) => not found/\1/p' \
               | grep -v '^libc10\.so$' | tr '\n' ' ' || true)
@@ -71,11 +81,12 @@ for v in "${versions[@]}"; do
   if cmake -S "$SRC" -B "$b" -DCMAKE_BUILD_TYPE=Release -DEXPANSE_WERROR=ON \
         -DEXPANSE_BUILD_BENCH=OFF -DEXPANSE_BUILD_EXAMPLES=OFF -DEXPANSE_BUILD_CUDA_TESTS=OFF \
         -DEXPANSE_TORCH_INCLUDE="$inc/torch/include" -DEXPANSE_TORCH_LIB="$lib" \
-        >"$b.configure-$v.log" 2>&1 &&
+        >"$b/configure-torch-$v.log" 2>&1 &&
      cmake --build "$b" --target expanse_torch_native_check; then
     echo "==== torch $v: compiles ($(( $(date +%s) - t0 )) s)"
   else
-    echo "==== torch $v: FAILED to compile ($(( $(date +%s) - t0 )) s; configure log: $b.configure-$v.log)"
+    echo "==== torch $v: FAILED to compile ($(( $(date +%s) - t0 )) s); the end of the configure log, $b/configure-torch-$v.log:"
+    tail -n 20 "$b/configure-torch-$v.log" | sed 's/^/    /'
     status=1
     continue
   fi
