@@ -87,7 +87,8 @@ std::string DeviceAllocator::describe_stream_order(const void* ptr) const {
     << (req.waited ? ", waited for all streams' freed memory" : "")
     << (req.va_exhausted ? "; VA budget of " + conf::format_size(placement_.va_budget()) +
                                " exhausted"
-                         : "");
+                         : "")
+    << pools_holding_memory();
   throw out_of_memory(m.str(), req.bytes, device());
 }
 
@@ -137,6 +138,8 @@ std::string DeviceAllocator::check_invariants_locked() const {
     return "free index holds " + std::to_string(placement_.index().free_blocks()) +
            " blocks, map holds " + std::to_string(free_blocks);
   }
+  err = check_pools_locked();
+  if (!err.empty()) return err;
   // Held pages may exceed the limit only transiently, after a limit was lowered below what
   // cannot be trimmed: no check.
   return "";

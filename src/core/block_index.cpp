@@ -24,8 +24,30 @@ void BlockIndex::remove_reservation(const Reservation& r) {
 }
 
 BlockIndex::SizeSet& BlockIndex::set_for(Arena a, const Block& b) {
+  EXPANSE_ASSERT(b.pool < pools_.size());
+  FreeSets& f = pools_[b.pool];
   int i = static_cast<int>(a);
-  return b.safe ? safe_[i] : owned_[i][b.stream];
+  return b.safe ? f.safe[i] : f.owned[i][b.stream];
+}
+
+void BlockIndex::add_pool(PoolSlot p) {
+  if (p >= pools_.size()) pools_.resize(size_t{p} + 1);
+}
+
+bool BlockIndex::pool_has_free(PoolSlot p) const noexcept {
+  if (p >= pools_.size()) return false;
+  for (int i = 0; i < kArenaCount; ++i) {
+    if (!pools_[p].safe[i].empty() || !pools_[p].owned[i].empty()) return true;
+  }
+  return false;
+}
+
+BlockIt BlockIndex::move_to_pool(BlockIt it, Arena a, PoolSlot p) {
+  EXPANSE_ASSERT(it->second.state == BlockState::free);
+  add_pool(p);
+  unindex(a, it);
+  it->second.pool = p;
+  return insert_free(it, a);
 }
 
 void BlockIndex::index(Arena a, BlockIt it) {
@@ -37,18 +59,19 @@ void BlockIndex::unindex(Arena a, BlockIt it) {
   const Block& b = it->second;
   EXPANSE_ASSERT(b.state == BlockState::free);
   int i = static_cast<int>(a);
+  FreeSets& f = pools_[b.pool];
   if (b.safe) {
-    safe_[i].erase({b.size, it->first});
+    f.safe[i].erase({b.size, it->first});
     return;
   }
-  auto o = owned_[i].find(b.stream);
-  EXPANSE_ASSERT(o != owned_[i].end());
+  auto o = f.owned[i].find(b.stream);
+  EXPANSE_ASSERT(o != f.owned[i].end());
   o->second.erase({b.size, it->first});
-  if (o->second.empty()) owned_[i].erase(o);
+  if (o->second.empty()) f.owned[i].erase(o);
 }
 
-BlockIt BlockIndex::best_fit(Arena a, size_t bytes, StreamKey stream) {
-  return first_fit_where(a, bytes, stream, 1, [](BlockIt) { return true; });
+BlockIt BlockIndex::best_fit(Arena a, size_t bytes, StreamKey stream, PoolSlot p) {
+  return first_fit_where(a, bytes, stream, 1, [](BlockIt) { return true; }, p);
 }
 
 BlockIt BlockIndex::carve(BlockIt it, size_t bytes, Arena a, size_t offset) {
@@ -68,6 +91,7 @@ BlockIt BlockIndex::carve(BlockIt it, size_t bytes, Arena a, size_t offset) {
     Block rest;
     rest.size = b.size - bytes;
     rest.res = b.res;
+    rest.pool = b.pool;
     rest.safe = b.safe;
     rest.stream = b.stream;
     rest.freed_by = b.freed_by;
@@ -87,7 +111,10 @@ BlockIt BlockIndex::carve(BlockIt it, size_t bytes, Arena a, size_t offset) {
 // before; across streams, memory T freed (and a fence proved done) stays T's to reuse in place
 // instead of waiting for S's next fence, which S records only from its own calls.
 bool BlockIndex::mergeable(const Block& x, const Block& y) const noexcept {
-  if (x.state != BlockState::free || y.state != BlockState::free || x.res != y.res) return false;
+  if (x.state != BlockState::free || y.state != BlockState::free || x.res != y.res ||
+      x.pool != y.pool) {
+    return false;
+  }
   if (x.safe && y.safe) return true;
   if (!x.safe && !y.safe) return x.stream == y.stream;
   const Block& s = x.safe ? x : y;
@@ -150,28 +177,34 @@ BlockIt BlockIndex::make_safe(BlockIt it, Arena a) {
 
 std::vector<BlockIt> BlockIndex::owned_up_to(Arena a, StreamKey stream, uint64_t upto) {
   std::vector<BlockIt> out;
-  auto o = owned_[static_cast<int>(a)].find(stream);
-  if (o == owned_[static_cast<int>(a)].end()) return out;
-  for (const auto& [size, addr] : o->second) {
-    auto it = blocks_.find(addr);
-    EXPANSE_ASSERT(it != blocks_.end() && !it->second.safe && it->second.stream == stream);
-    if (it->second.seq <= upto) out.push_back(it);
+  for (FreeSets& f : pools_) {
+    auto o = f.owned[static_cast<int>(a)].find(stream);
+    if (o == f.owned[static_cast<int>(a)].end()) continue;
+    for (const auto& [size, addr] : o->second) {
+      auto it = blocks_.find(addr);
+      EXPANSE_ASSERT(it != blocks_.end() && !it->second.safe && it->second.stream == stream);
+      if (it->second.seq <= upto) out.push_back(it);
+    }
   }
   return out;
 }
 
 bool BlockIndex::any_unsafe() const noexcept {
-  for (const auto& m : owned_) {
-    if (!m.empty()) return true;
+  for (const FreeSets& f : pools_) {
+    for (const auto& m : f.owned) {
+      if (!m.empty()) return true;
+    }
   }
   return false;
 }
 
 std::vector<StreamKey> BlockIndex::streams_with_unsafe() const {
   std::vector<StreamKey> out;
-  for (const auto& m : owned_) {
-    for (const auto& [s, set] : m) {
-      if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  for (const FreeSets& f : pools_) {
+    for (const auto& m : f.owned) {
+      for (const auto& [s, set] : m) {
+        if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+      }
     }
   }
   return out;
@@ -179,9 +212,11 @@ std::vector<StreamKey> BlockIndex::streams_with_unsafe() const {
 
 size_t BlockIndex::free_blocks() const noexcept {
   size_t n = 0;
-  for (const auto& s : safe_) n += s.size();
-  for (const auto& m : owned_) {
-    for (const auto& [k, set] : m) n += set.size();
+  for (const FreeSets& f : pools_) {
+    for (const auto& s : f.safe) n += s.size();
+    for (const auto& m : f.owned) {
+      for (const auto& [k, set] : m) n += set.size();
+    }
   }
   return n;
 }

@@ -22,6 +22,12 @@
 
 namespace expanse::core {
 
+// Which pool a block belongs to, as a small index into the device's pool table (pool_table.hpp);
+// 0 is the default pool. Free blocks of different pools never coalesce, and each pool has free
+// sets of its own, so a placement only ever sees the memory of the pool it searches.
+using PoolSlot = uint16_t;
+inline constexpr PoolSlot kDefaultPool = 0;
+
 // A stream as the allocator knows it: the driver's stream id (never reused, unlike handle values),
 // or a key the allocator made up (stream_order.hpp). 0 is no stream.
 using StreamKey = uint64_t;
@@ -39,6 +45,7 @@ struct Block {
   uint32_t res = 0;         // reservation id
   BlockState state = BlockState::free;
   bool safe = true;         // free: reusable by any stream
+  PoolSlot pool = kDefaultPool;  // the pool it belongs to, for life (pool_table.hpp)
   StreamKey stream = 0;     // live: allocation stream; unsafe free/pending: owner
   uint64_t seq = 0;         // unsafe: the owner stream's free sequence number at the free
   // Safe: the stream whose free made this memory free (kNeverFreed: never allocated,
@@ -61,24 +68,27 @@ class BlockIndex {
   // Drops the single free block covering r (r must be wholly free).
   void remove_reservation(const Reservation& r);
 
-  // Smallest free block of arena `a` with size >= bytes that `stream` may use at once: safe
-  // blocks and blocks owned by `stream`. Returns end() if none.
-  BlockIt best_fit(Arena a, size_t bytes, StreamKey stream);
+  // Smallest free block of pool p and arena `a` with size >= bytes that `stream` may use at
+  // once: safe blocks and blocks owned by `stream`. Returns end() if none.
+  BlockIt best_fit(Arena a, size_t bytes, StreamKey stream, PoolSlot p = kDefaultPool);
   // Like best_fit, but the smallest block for which pred(it) holds, looking at no more than
   // `budget` candidates in size order (the stream's own blocks win ties).
   template <class Pred>
-  BlockIt first_fit_where(Arena a, size_t bytes, StreamKey stream, size_t budget, Pred&& pred) {
+  BlockIt first_fit_where(Arena a, size_t bytes, StreamKey stream, size_t budget, Pred&& pred,
+                          PoolSlot p = kDefaultPool) {
+    if (p >= pools_.size()) return blocks_.end();
     const int i = static_cast<int>(a);
+    FreeSets& f = pools_[p];
     const std::pair<size_t, CUdeviceptr> key{bytes, 0};
-    auto s = safe_[i].lower_bound(key);
+    auto s = f.safe[i].lower_bound(key);
     const SizeSet* own = nullptr;
-    if (!owned_[i].empty()) {
-      auto o = owned_[i].find(stream);
-      if (o != owned_[i].end()) own = &o->second;
+    if (!f.owned[i].empty()) {
+      auto o = f.owned[i].find(stream);
+      if (o != f.owned[i].end()) own = &o->second;
     }
     SizeSet::const_iterator m = own != nullptr ? own->lower_bound(key) : s;
     for (size_t n = 0; n < budget; ++n) {
-      const bool s_ok = s != safe_[i].end();
+      const bool s_ok = s != f.safe[i].end();
       const bool m_ok = own != nullptr && m != own->end();
       if (!s_ok && !m_ok) break;
       const std::pair<size_t, CUdeviceptr>* cand;
@@ -102,16 +112,23 @@ class BlockIndex {
   BlockIt insert_free(BlockIt it, Arena a);
   // Marks an unsafe free block safe (its owner's fence completed) and coalesces it.
   BlockIt make_safe(BlockIt it, Arena a);
+  // Moves a free block to pool p, coalescing it with p's free neighbours.
+  BlockIt move_to_pool(BlockIt it, Arena a, PoolSlot p);
+  // Makes pool p's free sets exist (before its first block is indexed).
+  void add_pool(PoolSlot p);
+  // Whether pool p has free blocks.
+  bool pool_has_free(PoolSlot p) const noexcept;
 
-  // Unsafe free blocks owned by `stream` in arena `a` with seq <= upto.
+  // Unsafe free blocks owned by `stream` in arena `a` (of every pool) with seq <= upto.
   std::vector<BlockIt> owned_up_to(Arena a, StreamKey stream, uint64_t upto);
   std::vector<StreamKey> streams_with_unsafe() const;
   bool any_unsafe() const noexcept;
 
-  // Safe free blocks of arena `a`, largest first (for reclaiming pages under them).
+  // Safe free blocks of the default pool in arena `a`, largest first (for reclaiming pages under
+  // them: only the default pool's free memory gives its pages to others).
   template <class F>
   void for_each_safe_largest_first(Arena a, F&& f) {
-    auto& set = safe_[static_cast<int>(a)];
+    auto& set = pools_[kDefaultPool].safe[static_cast<int>(a)];
     for (auto r = set.rbegin(); r != set.rend(); ++r) {
       if (!f(blocks_.find(r->second))) return;
     }
@@ -127,9 +144,14 @@ class BlockIndex {
   void unindex(Arena a, BlockIt it);
   void index(Arena a, BlockIt it);
 
+  // One pool's free blocks: safe ones, and unsafe ones by owner stream, per arena.
+  struct FreeSets {
+    SizeSet safe[kArenaCount];
+    std::unordered_map<StreamKey, SizeSet> owned[kArenaCount];
+  };
+
   BlockMap blocks_;
-  SizeSet safe_[kArenaCount];
-  std::unordered_map<StreamKey, SizeSet> owned_[kArenaCount];
+  std::vector<FreeSets> pools_ = std::vector<FreeSets>(1);  // by PoolSlot; [0]: the default
 };
 
 }  // namespace expanse::core

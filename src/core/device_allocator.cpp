@@ -33,22 +33,6 @@ AllocatorOptions options_for(const DeviceDriver& drv, int device, AllocatorOptio
 
 }  // namespace
 
-class DeviceAllocator::CheckedScope {
- public:
-  CheckedScope(const DeviceAllocator& a, const char* call) : a_(a), call_(call) {}
-  CheckedScope(const CheckedScope&) = delete;
-  CheckedScope& operator=(const CheckedScope&) = delete;
-#ifdef EXPANSE_CHECKED
-  ~CheckedScope() {
-    const std::string violation = a_.check_invariants_locked();
-    if (!violation.empty()) books_violated(call_, violation);
-  }
-#endif
-
- private:
-  [[maybe_unused]] const DeviceAllocator& a_;
-  [[maybe_unused]] const char* call_;
-};
 
 DeviceAllocator::DeviceAllocator(const driver::LoadedDriver& drv, int device,
                                  const AllocatorOptions& opts)
@@ -145,7 +129,7 @@ std::vector<int> DeviceAllocator::peers() const {
 
 // ---- allocate --------------------------------------------------------------------------------
 
-void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
+void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
   if (bytes == 0) return nullptr;
   if (bytes > SIZE_MAX / 2) {
     throw usage_error("expanse: allocation size " + std::to_string(bytes) +
@@ -160,10 +144,11 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
 
   std::lock_guard<std::mutex> lock(mu_);
   CheckedScope checked(*this, "allocate");
+  const PoolSlot slot = pool == 0 ? kDefaultPool : pools_.find(pool, "allocate", device(), true);
   StreamOrder::Call call(streams_);
   StreamOrder::StreamState& ss = streams_.state(stream, id);
   // Hot path: where this stream freed a block of this size lately, if nothing else took it.
-  BlockIt recent = placement_.reuse_recent(ss.recent, ss.key, sz, a, supply_.pages_left());
+  BlockIt recent = placement_.reuse_recent(ss.recent, ss.key, sz, a, supply_.pages_left(), slot);
   if (recent != placement_.index().end()) {
     make_live(recent, bytes, ss, stream);
     return reinterpret_cast<void*>(recent->first);
@@ -174,7 +159,7 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
   req.bytes = bytes;
   req.stream = stream;
   try {
-    BlockIt it = place(sz, a, ss.key, req);
+    BlockIt it = place(sz, a, ss.key, req, slot);
     make_live(it, bytes, ss, stream);
     return reinterpret_cast<void*>(it->first);
   } catch (const out_of_memory&) {
@@ -188,9 +173,23 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream) {
   }
 }
 
-// A block of sz bytes for `stream`, carved and backed by mapped, accessible pages (not yet
-// live); on a throw nothing changed.
-BlockIt DeviceAllocator::place(size_t sz, Arena a, StreamKey stream, PageRequest& req) {
+// A block of sz bytes for `stream` in `pool`, carved and backed by mapped, accessible pages (not
+// yet live); on a throw nothing changed. When the pages are not to be had, released pools whose
+// work can be proven done now give their memory back and the placement is tried once more.
+BlockIt DeviceAllocator::place(size_t sz, Arena a, StreamKey stream, PageRequest& req,
+                               PoolSlot pool) {
+  try {
+    return place_once(sz, a, stream, req, pool);
+  } catch (const out_of_memory&) {
+    if (!return_released_pools()) throw;
+  }
+  return place_once(sz, a, stream, req, pool);
+}
+
+// The pool's own free memory (mapped, used in place), then the default pool's (found the
+// default way: mapped first, best fit, fresh VA), carved into the pool.
+BlockIt DeviceAllocator::place_once(size_t sz, Arena a, StreamKey stream, PageRequest& req,
+                                    PoolSlot pool) {
   // A placement touches at least ceil(sz / page) pages, at most two of them already touched:
   // when even that does not fit, fail before reserving, creating, reclaiming or waiting.
   const size_t max_new = (sz + page_ - 1) / page_;
@@ -200,13 +199,20 @@ BlockIt DeviceAllocator::place(size_t sz, Arena a, StreamKey stream, PageRequest
     throw_oom(req);
   }
   size_t offset = 0;
-  BlockIt it = find_block(sz, a, stream, req, &offset);
+  BlockIt it = placement_.index().end();
+  if (pool != kDefaultPool) {
+    it = placement_.find_in_pool(sz, a, stream, pool, supply_.pages_left(), &offset);
+  }
+  if (it == placement_.index().end()) it = find_block(sz, a, stream, req, &offset);
   // A free block this stream may use now, holding the placement.
   EXPANSE_ASSERT(it->second.state == BlockState::free &&
                  (it->second.safe || it->second.stream == stream) &&
-                 offset + sz <= it->second.size);
+                 offset + sz <= it->second.size &&
+                 (it->second.pool == kDefaultPool || it->second.pool == pool));
+  const PoolSlot from = it->second.pool;
   it = placement_.index().carve(it, sz, a, offset);
   it->second.state = BlockState::live;  // out of the index: reclaim cannot pick its pages
+  it->second.pool = pool;
   Reservation& r = placement_.res(it->second.res);
   try {
     const size_t fresh = r.untouched_pages(it->first, sz);
@@ -218,6 +224,7 @@ BlockIt DeviceAllocator::place(size_t sz, Arena a, StreamKey stream, PageRequest
     }
     if (!supply_.ensure_pages(r, it->first, sz, req)) throw_oom(req);
   } catch (...) {
+    it->second.pool = from;
     placement_.index().insert_free(it, a);
     throw;
   }
@@ -273,6 +280,7 @@ void DeviceAllocator::make_live(BlockIt it, size_t requested, StreamOrder::Strea
   b.requested = requested;
   streams_.on_alloc(b, ss);
   supply_.touch(r, it->first, b.size);
+  if (b.pool != kDefaultPool) count_in_pool(b, +1);
   stats_.requested_bytes += requested;
   stats_.allocated_bytes += b.size;
   ++stats_.live_blocks;
@@ -284,7 +292,7 @@ void DeviceAllocator::make_live(BlockIt it, size_t requested, StreamOrder::Strea
 
 // ---- free ------------------------------------------------------------------------------------
 
-void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_size) {
+void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_size, PoolId join) {
   if (ptr == nullptr) return;
   const StreamIdentity id = streams_.identify(stream, "free", ptr);
   std::lock_guard<std::mutex> lock(mu_);
@@ -308,6 +316,16 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   StreamOrder::StreamState& ss = streams_.state(stream, id);
   StreamOrder::Deps deps = streams_.end_uses(b, ss);
   supply_.untouch(placement_.res(b.res), it->first, b.size);
+  if (b.pool != kDefaultPool) {
+    const PoolSlot s = b.pool;
+    count_in_pool(b, -1);
+    if (pools_.at(s).returned) {  // its memory is the default pool's now
+      b.pool = kDefaultPool;
+      if (pools_.at(s).live_blocks == 0) pools_.forget(s);
+    }
+  } else if (join != 0) {
+    b.pool = pools_.live_slot(join);
+  }
   stats_.requested_bytes -= b.requested;
   stats_.allocated_bytes -= b.size;
   --stats_.live_blocks;
@@ -350,6 +368,7 @@ void DeviceAllocator::release_cached() {
   std::lock_guard<std::mutex> lock(mu_);
   CheckedScope checked(*this, "release_cached");
   try {
+    return_released_pools();
     streams_.poll(true);
     supply_.trim_to(supply_.touched_pages());
     placement_.release_empty_reservations();

@@ -14,11 +14,13 @@
 
 #include "core/allocator_events.hpp"
 #include "core/block_index.hpp"
+#include "core/check.hpp"
 #include "core/device_driver.hpp"
 #include "core/options.hpp"
 #include "core/page_request.hpp"
 #include "core/page_supply.hpp"
 #include "core/placement.hpp"
+#include "core/pool_table.hpp"
 #include "core/stats.hpp"
 #include "core/stream_order.hpp"
 
@@ -37,13 +39,17 @@ class DeviceAllocator {
   DeviceAllocator(const DeviceAllocator&) = delete;
   DeviceAllocator& operator=(const DeviceAllocator&) = delete;
 
-  // nullptr for bytes == 0. Throws expanse::out_of_memory, expanse::usage_error (size overflow),
-  // expanse::driver_failure. On any throw nothing changed.
-  void* allocate(size_t bytes, CUstream stream);
+  // nullptr for bytes == 0. pool: 0 (the default pool) or a pool created here whose use count
+  // is above 0; the block belongs to it for life. Throws expanse::out_of_memory,
+  // expanse::usage_error (size overflow, unknown or released pool), expanse::driver_failure. On
+  // any throw nothing changed.
+  void* allocate(size_t bytes, CUstream stream, PoolId pool = 0);
   // Throws expanse::usage_error for a pointer that is not a live block's start (double free,
   // interior or foreign pointer), or whose size is not expected_size (0: any), without changing
-  // anything. nullptr is ignored.
-  void deallocate(void* ptr, CUstream stream, size_t expected_size = 0);
+  // anything. nullptr is ignored. join: a pool in use (a capture's, whose graph will use this
+  // memory on every replay); a block of the default pool freed here joins it instead of going
+  // back to the default pool.
+  void deallocate(void* ptr, CUstream stream, size_t expected_size = 0, PoolId join = 0);
   // `ptr` is used by work on `stream` too: its memory is reused only after that work completes.
   void record_stream(void* ptr, CUstream stream);
 
@@ -58,6 +64,25 @@ class DeviceAllocator {
   // expanse::usage_error when the driver says it cannot access this device's memory.
   void enable_peer_access(int peer);
   std::vector<int> peers() const;
+
+  // ---- pools (pool_table.hpp, device_pools.cpp): private reuse domains ----
+  // Creates pool `id` (use count 1). expanse::usage_error: id 0, or used before.
+  void create_pool(PoolId id);
+  // Use count + 1; expanse::usage_error for an unknown or released pool.
+  void retain_pool(PoolId id);
+  // Use count - 1. At 0 the pool is released: no allocation goes to it any more, and once its
+  // work is proven done (a synchronize of the device's context, when no capture is announced
+  // there: at the next release_cached, trim_pool, or allocation that would fail otherwise) its
+  // free memory becomes the default pool's. Its live blocks stay valid.
+  void release_pool(PoolId id);
+  // Gives a released pool's cached memory back to the driver now. False when its work cannot be
+  // proven done now (a capture is announced in the device's context); nothing changed then.
+  // expanse::usage_error for a pool still in use (use count above 0) or unknown.
+  bool trim_pool(PoolId id);
+  // Exact figures of pool `id`; expanse::usage_error for an unknown one.
+  PoolStats pool_stats(PoolId id) const;
+  // Whether pool `id` was created here and is not yet forgotten.
+  bool has_pool(PoolId id) const;
 
   // True if ptr is the start of a live block here; *size gets its requested size.
   bool owns(const void* ptr, size_t* size = nullptr) const;
@@ -89,7 +114,19 @@ class DeviceAllocator {
   // violation on stderr.
   class CheckedScope;
 
-  BlockIt place(size_t sz, Arena a, StreamKey stream, PageRequest& req);
+  BlockIt place(size_t sz, Arena a, StreamKey stream, PageRequest& req, PoolSlot pool);
+  BlockIt place_once(size_t sz, Arena a, StreamKey stream, PageRequest& req, PoolSlot pool);
+  // Released pools whose work a context synchronize now proves done give their free memory to
+  // the default pool. False when none did (none waits, or a capture is announced).
+  bool return_released_pools();
+  // Pool s (released, proven): its free and pending blocks become the default pool's.
+  void return_pool(PoolSlot s);
+  // The books of pool s for a block of it becoming live (+1) or freed (-1).
+  void count_in_pool(const Block& b, int sign);
+  // "; pools holding memory: ..." for the out-of-memory message, or "".
+  std::string pools_holding_memory() const;
+  std::string check_pools_locked() const;
+  PoolStats pool_stats_locked(PoolSlot s) const;
   BlockIt find_block(size_t sz, Arena a, StreamKey stream, PageRequest& req, size_t* offset);
   // `stream`: as the caller named it (for the memory history).
   void make_live(BlockIt it, size_t requested, StreamOrder::StreamState& ss, CUstream stream);
@@ -111,6 +148,24 @@ class DeviceAllocator {
   Placement placement_;
   StreamOrder streams_;
   PageSupply supply_;
+  PoolTable pools_;
+};
+
+class DeviceAllocator::CheckedScope {
+ public:
+  CheckedScope(const DeviceAllocator& a, const char* call) : a_(a), call_(call) {}
+  CheckedScope(const CheckedScope&) = delete;
+  CheckedScope& operator=(const CheckedScope&) = delete;
+#ifdef EXPANSE_CHECKED
+  ~CheckedScope() {
+    const std::string violation = a_.check_invariants_locked();
+    if (!violation.empty()) books_violated(call_, violation);
+  }
+#endif
+
+ private:
+  [[maybe_unused]] const DeviceAllocator& a_;
+  [[maybe_unused]] const char* call_;
 };
 
 }  // namespace expanse::core

@@ -246,10 +246,16 @@ size_t PageSupply::reclaim(size_t want) {
     take.push_back(all[i]);
     got += all[i].pages;
   }
+  unmap_into_pool(std::move(take));
+  stats_.num_reclaimed_pages += got;
+  return got;
+}
+
+void PageSupply::unmap_into_pool(std::vector<ReclaimableHandle> take) {
   std::sort(take.begin(), take.end(), [](const ReclaimableHandle& x, const ReclaimableHandle& y) {
     return x.res != y.res ? x.res < y.res : x.head < y.head;
   });
-  for (size_t i = 0; i < take.size();) {
+  for (size_t i = 0; i < take.size();) {  // one cuMemUnmap per run of adjacent handles
     size_t j = i + 1;
     size_t end = take[i].head + take[i].pages;
     while (j < take.size() && take[j].res == take[i].res && take[j].head == end) {
@@ -259,8 +265,16 @@ size_t PageSupply::reclaim(size_t want) {
     unmap_handles(placement_.res(take[i].res), take[i].head, end);
     i = j;
   }
-  stats_.num_reclaimed_pages += got;
-  return got;
+}
+
+size_t PageSupply::give_back(std::vector<ReclaimableHandle> handles) {
+  unmap_into_pool(handles);
+  size_t pages = 0;
+  for (const ReclaimableHandle& h : handles) {
+    release_pooled(h.pages);
+    pages += h.pages;
+  }
+  return pages;
 }
 
 void PageSupply::trim_to(size_t max_held) {

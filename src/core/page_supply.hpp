@@ -76,6 +76,9 @@ class PageSupply {
   bool ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes, PageRequest& req);
   // Unmaps about `want` pages of whole handles lying under safe free blocks into the pool.
   size_t reclaim(size_t want);
+  // Unmaps exactly these handles (each wholly under safe free memory) and releases them; their
+  // page count.
+  size_t give_back(std::vector<ReclaimableHandle> handles);
   // Releases pooled handles, then reclaims and releases cached ones, until at most max_held
   // pages are held (or nothing more can go). Only safe free memory is touched.
   void trim_to(size_t max_held);
@@ -104,6 +107,8 @@ class PageSupply {
   void add_extra(const std::vector<HandleSlot>& extra, Filled& filled);
   void map_and_grant(Reservation& r, const Filled& filled, Grants grant);
   void put_back(const Filled& filled, size_t from = 0);
+  // Unmaps the handles into the pool, one cuMemUnmap per run of adjacent ones.
+  void unmap_into_pool(std::vector<ReclaimableHandle> take);
   // The one place a handle gets mapped: h (s.count pages) at page s.page of r, not yet
   // accessible.
   void map_handle(Reservation& r, const HandleSlot& s, CUmemGenericAllocationHandle h);

@@ -38,8 +38,26 @@ BlockIt Placement::find_tight(size_t sz, Arena a, StreamKey stream, size_t budge
   });
 }
 
+BlockIt Placement::find_in_pool(size_t sz, Arena a, StreamKey stream, PoolSlot p,
+                                size_t pages_left, size_t* offset) {
+  return index_.first_fit_where(
+      a, sz, stream, kMappedSearchBudget,
+      [&](BlockIt c) {
+        size_t off = 0;
+        if (!tight_offset(c, sz, &off)) return false;
+        const Reservation& r = res(c->second.res);
+        if (r.untouched_pages(c->first + off, sz) > pages_left ||
+            !handles_fit(c, off, sz, HandleFit::ready)) {
+          return false;
+        }
+        *offset = off;
+        return true;
+      },
+      p);
+}
+
 BlockIt Placement::reuse_recent(std::vector<ReusePlace>& recent, StreamKey stream, size_t sz,
-                                Arena a, size_t pages_left) {
+                                Arena a, size_t pages_left, PoolSlot p) {
   for (size_t i = recent.size(); i-- > 0;) {
     const ReusePlace place = recent[i];
     if (place.size != sz) continue;
@@ -49,7 +67,8 @@ BlockIt Placement::reuse_recent(std::vector<ReusePlace>& recent, StreamKey strea
     --c;
     const Block& cb = c->second;
     const Reservation& r = res(cb.res);
-    if (cb.state != BlockState::free || r.arena != a || place.addr + sz > c->first + cb.size) {
+    if (cb.state != BlockState::free || cb.pool != p || r.arena != a ||
+        place.addr + sz > c->first + cb.size) {
       continue;
     }
     if (!cb.safe && cb.stream != stream) continue;  // merged into another stream's free memory
@@ -128,15 +147,19 @@ std::vector<ReclaimableHandle> Placement::reclaimable_handles() {
   std::vector<ReclaimableHandle> out;
   for (Arena a : {Arena::large, Arena::small}) {
     index_.for_each_safe_largest_first(a, [&](BlockIt it) {
-      const Reservation& r = res(it->second.res);
-      const PageRange inner = r.inner_pages(it->first, it->second.size);
-      for (const HandleRun& h : r.handles_in(inner.lo, inner.hi)) {
-        if (inner.holds(h)) out.push_back({h.pages, r.id, h.head});
-      }
+      handles_under(it, out);
       return true;
     });
   }
   return out;
+}
+
+void Placement::handles_under(BlockIt it, std::vector<ReclaimableHandle>& out) const {
+  const Reservation& r = res(it->second.res);
+  const PageRange inner = r.inner_pages(it->first, it->second.size);
+  for (const HandleRun& h : r.handles_in(inner.lo, inner.hi)) {
+    if (inner.holds(h)) out.push_back({h.pages, r.id, h.head});
+  }
 }
 
 void Placement::release_empty_reservations() {

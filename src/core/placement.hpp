@@ -79,6 +79,12 @@ class Placement {
   // The smallest free block `stream` may use that holds a placement of sz bytes touching at most
   // ceil(sz / page) new pages, among the first `budget` in size order.
   BlockIt find_tight(size_t sz, Arena a, StreamKey stream, size_t budget, size_t* offset);
+  // In pool p's own free memory: the smallest free block `stream` may use that holds a placement
+  // of sz bytes whose pages are all mapped and accessible under handles that need no split (a
+  // live pool's pages are never unmapped: a graph may address them), touching no more than
+  // pages_left new pages; among the first kMappedSearchBudget in size order.
+  BlockIt find_in_pool(size_t sz, Arena a, StreamKey stream, PoolSlot p, size_t pages_left,
+                       size_t* offset);
   // A new reservation of arena a holding at least min_bytes (one free block), within the VA
   // budget; nullptr when the budget is spent.
   Reservation* add_reservation(Arena a, size_t min_bytes);
@@ -87,7 +93,7 @@ class Placement {
   // no more than pages_left new pages and needs no driver call. Carved and marked live; end()
   // otherwise.
   BlockIt reuse_recent(std::vector<ReusePlace>& recent, StreamKey stream, size_t sz, Arena a,
-                       size_t pages_left);
+                       size_t pages_left, PoolSlot p = kDefaultPool);
 
   // Whether [c+off, c+off+sz) inside free block c can be used with the handles mapped there:
   // every multi-page handle over its pages lies inside its inner pages, or (splittable) can be
@@ -98,9 +104,12 @@ class Placement {
   // An offset into free block c for sz bytes that touches at most ceil(sz / page) new pages.
   bool tight_offset(BlockIt c, size_t sz, size_t* off) const;
 
-  // Every mapped handle lying wholly inside a safe free block's inner pages: large arena first,
-  // blocks largest first, handles in address order.
+  // Every mapped handle lying wholly inside a safe free block's inner pages, of the default pool
+  // (the only one whose pages others may take): large arena first, blocks largest first, handles
+  // in address order.
   std::vector<ReclaimableHandle> reclaimable_handles();
+  // The mapped handles lying wholly inside free block it's inner pages, appended to out.
+  void handles_under(BlockIt it, std::vector<ReclaimableHandle>& out) const;
   // Gives back (cuMemAddressFree) every reservation that holds no live block and no mapping.
   void release_empty_reservations();
 

@@ -37,4 +37,16 @@ struct DeviceStats {
   }
 };
 
+// One pool's figures (DeviceAllocator::pool_stats). Exact: recounted from the blocks.
+struct PoolStats {
+  uint64_t id = 0;
+  int use_count = 0;
+  bool returned = false;        // released and its free memory given to the default pool
+  uint64_t live_blocks = 0;
+  uint64_t requested_bytes = 0;  // live blocks, as asked for
+  uint64_t live_bytes = 0;       // live blocks, as carved (multiples of 512 B)
+  uint64_t cached_bytes = 0;     // free (and pending) blocks still the pool's
+  uint64_t physical_bytes = 0;   // mapped pages under its blocks (an edge page counted once per pool)
+};
+
 }  // namespace expanse::core

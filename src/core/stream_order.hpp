@@ -133,6 +133,9 @@ class StreamOrder {
   // blocks until that work is done wherever that can be proven (a capturing stream's frees stay
   // unsafe).
   void poll(bool wait);
+  // Synchronizes ctx (unless a known stream of it captures, or the application announced a
+  // capture in it) and marks every stream of it done up to now. Returns whether it did.
+  bool sync_context(CUcontext ctx);
   // Freed memory that some stream's work may still use (pending or owned free blocks).
   bool has_unfinished_frees() const noexcept {
     return !pending_.empty() || placement_.index().any_unsafe();
@@ -157,7 +160,6 @@ class StreamOrder {
   Recorded record_fence(StreamState& ss, bool at_free = false);
   bool context_quiet(CUcontext ctx);
   bool run_context_wide(CUcontext ctx, const std::function<bool()>& op);
-  bool sync_context(CUcontext ctx);
   // Records and checks fences; with wait, contexts whose streams cannot be proven otherwise are
   // synchronized.
   void prove(bool wait);

@@ -1,0 +1,225 @@
+// Pools on one device (pool_table.hpp): create, retain, release, return, trim, stats, checks.
+#include "core/check.hpp"
+#include "core/device_allocator.hpp"
+#include "core/format.hpp"
+#include "conf/env_config.hpp"
+#include "expanse/errors.hpp"
+
+#include <sstream>
+
+namespace expanse::core {
+
+void DeviceAllocator::create_pool(PoolId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const PoolSlot s = pools_.create(id, device());
+  placement_.index().add_pool(s);
+}
+
+void DeviceAllocator::retain_pool(PoolId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++pools_.at(pools_.find(id, "pool_retain", device(), true)).use_count;
+}
+
+void DeviceAllocator::release_pool(PoolId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CheckedScope checked(*this, "pool_release");
+  const PoolSlot s = pools_.find(id, "pool_release", device(), true);
+  PoolState& p = pools_.at(s);
+  if (--p.use_count > 0) return;
+  // Nothing of it left to prove done: forgotten at once.
+  if (p.live_blocks == 0 && !placement_.index().pool_has_free(s)) {
+    bool pending = false;
+    for (const auto& [addr, b] : placement_.index().blocks()) {
+      if (b.pool == s) {
+        pending = true;
+        break;
+      }
+    }
+    if (!pending) {
+      p.returned = true;
+      pools_.forget(s);
+    }
+  }
+}
+
+bool DeviceAllocator::has_pool(PoolId id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  try {
+    pools_.find(id, "has_pool", device(), false);
+    return true;
+  } catch (const usage_error&) {
+    return false;
+  }
+}
+
+bool DeviceAllocator::return_released_pools() {
+  const std::vector<PoolSlot> waiting = pools_.awaiting_return();
+  if (waiting.empty()) return false;
+  // The graphs that used a pool run on streams expanse never sees: only a synchronize of the
+  // context proves their replays done. Refused while a capture is announced (it would
+  // invalidate the capture); the memory then waits for a later try.
+  if (!streams_.sync_context(drv_.primary())) return false;
+  streams_.poll(false);  // the sync proved every stream of the context: their frees become safe
+  for (PoolSlot s : waiting) return_pool(s);
+  return true;
+}
+
+void DeviceAllocator::return_pool(PoolSlot s) {
+  BlockIndex& index = placement_.index();
+  std::vector<CUdeviceptr> free_blocks;
+  for (auto& [addr, b] : index.blocks()) {
+    if (b.pool != s) continue;
+    if (b.state == BlockState::free) {
+      free_blocks.push_back(addr);
+    } else if (b.state == BlockState::pending) {
+      b.pool = kDefaultPool;  // indexed when its streams pass the free: into the default pool
+    }
+  }
+  for (CUdeviceptr addr : free_blocks) {
+    auto it = index.blocks().find(addr);  // not merged away: pools never merge with each other
+    EXPANSE_ASSERT(it != index.blocks().end() && it->second.pool == s);
+    index.move_to_pool(it, placement_.arena_of(it->second), kDefaultPool);
+  }
+  PoolState& p = pools_.at(s);
+  p.returned = true;
+  if (p.live_blocks == 0) pools_.forget(s);
+}
+
+bool DeviceAllocator::trim_pool(PoolId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CheckedScope checked(*this, "pool_trim");
+  const PoolSlot s = pools_.find(id, "pool_trim", device(), false);
+  const PoolState& p = pools_.at(s);
+  if (p.use_count > 0) {
+    throw usage_error("expanse: pool_trim: pool " + std::to_string(id) + " on device " +
+                      std::to_string(device()) + " is in use (use count " +
+                      std::to_string(p.use_count) +
+                      "): only a released pool's memory can be given back; nothing was changed");
+  }
+  if (p.returned) return true;  // its free memory is the default pool's already
+  try {
+    if (!streams_.sync_context(drv_.primary())) return false;
+    streams_.poll(false);
+    std::vector<ReclaimableHandle> handles;
+    BlockIndex& index = placement_.index();
+    for (auto it = index.blocks().begin(); it != index.blocks().end(); ++it) {
+      const Block& b = it->second;
+      if (b.pool == s && b.state == BlockState::free && b.safe) placement_.handles_under(it, handles);
+    }
+    supply_.give_back(std::move(handles));
+    return_pool(s);
+    placement_.release_empty_reservations();
+  } catch (const driver::driver_error& e) {
+    throw driver_failure("expanse: pool_trim of pool " + std::to_string(id) + " on device " +
+                             std::to_string(device()) + ": " + e.what(),
+                         static_cast<int>(e.code()));
+  }
+  return true;
+}
+
+void DeviceAllocator::count_in_pool(const Block& b, int sign) {
+  PoolState& p = pools_.at(b.pool);
+  if (sign > 0) {
+    ++p.live_blocks;
+    p.requested_bytes += b.requested;
+    p.allocated_bytes += b.size;
+  } else {
+    EXPANSE_ASSERT(p.live_blocks > 0 && p.requested_bytes >= b.requested &&
+                   p.allocated_bytes >= b.size);
+    --p.live_blocks;
+    p.requested_bytes -= b.requested;
+    p.allocated_bytes -= b.size;
+  }
+}
+
+PoolStats DeviceAllocator::pool_stats(PoolId id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pool_stats_locked(pools_.find(id, "pool_get_stats", device(), false));
+}
+
+// Recounted from the blocks (a pool's memory is scattered through the reservations).
+PoolStats DeviceAllocator::pool_stats_locked(PoolSlot s) const {
+  const PoolState& p = pools_.at(s);
+  PoolStats out;
+  out.id = p.id;
+  out.use_count = p.use_count;
+  out.returned = p.returned;
+  out.live_blocks = p.live_blocks;
+  out.requested_bytes = p.requested_bytes;
+  out.live_bytes = p.allocated_bytes;
+  uint32_t last_res = UINT32_MAX;
+  size_t next_page = 0;  // first page of last_res not yet counted
+  for (const auto& [addr, b] : placement_.index().blocks()) {
+    if (b.pool != s) continue;
+    if (b.state != BlockState::live) out.cached_bytes += b.size;
+    const Reservation& r = placement_.res(b.res);
+    if (b.res != last_res) {
+      last_res = b.res;
+      next_page = 0;
+    }
+    for (size_t i = std::max(next_page, r.first_page(addr)); i <= r.last_page(addr, b.size); ++i) {
+      if (r.mapped(i)) out.physical_bytes += page_;
+    }
+    next_page = r.last_page(addr, b.size) + 1;
+  }
+  return out;
+}
+
+std::string DeviceAllocator::pools_holding_memory() const {
+  std::ostringstream m;
+  bool any = false;
+  pools_.for_each([&](PoolSlot s, const PoolState& p) {
+    const PoolStats st = pool_stats_locked(s);
+    if (st.cached_bytes == 0 && st.live_bytes == 0) return;
+    m << (any ? ", " : "; pools holding memory: ") << "pool " << p.id << " ("
+      << (p.use_count > 0 ? "use count " + std::to_string(p.use_count)
+                          : std::string("released, not yet proven done"))
+      << ", live " << conf::format_size(st.live_bytes) << ", cached "
+      << conf::format_size(st.cached_bytes) << ")";
+    any = true;
+  });
+  return m.str();
+}
+
+// The pools' books against the blocks, and a live pool's free memory still mapped and
+// accessible where it is.
+std::string DeviceAllocator::check_pools_locked() const {
+  std::vector<PoolState> recount(1);
+  for (const auto& [addr, b] : placement_.index().blocks()) {
+    if (b.pool == kDefaultPool) continue;
+    if (!pools_.at(b.pool).in_use()) {
+      return "block at " + hex(addr) + " belongs to pool slot " + std::to_string(b.pool) +
+             ", which holds no pool";
+    }
+    const PoolState& p = pools_.at(b.pool);
+    if (b.state != BlockState::live && p.returned) {
+      return "free block at " + hex(addr) + " still belongs to returned pool " +
+             std::to_string(p.id);
+    }
+    if (recount.size() <= b.pool) recount.resize(size_t{b.pool} + 1);
+    if (b.state == BlockState::live) {
+      ++recount[b.pool].live_blocks;
+      recount[b.pool].requested_bytes += b.requested;
+      recount[b.pool].allocated_bytes += b.size;
+    } else if (b.state == BlockState::free && p.use_count > 0) {
+      const Reservation& r = placement_.res(b.res);
+      if (!r.all_ready(r.first_page(addr), r.last_page(addr, b.size))) {
+        return "free block at " + hex(addr) + " of pool " + std::to_string(p.id) +
+               " (in use) has pages unmapped or not accessible";
+      }
+    }
+  }
+  std::string err;
+  pools_.for_each([&](PoolSlot s, const PoolState& p) {
+    const PoolState c = s < recount.size() ? recount[s] : PoolState{};
+    if (err.empty() && (c.live_blocks != p.live_blocks || c.requested_bytes != p.requested_bytes ||
+                        c.allocated_bytes != p.allocated_bytes)) {
+      err = "pool " + std::to_string(p.id) + " books " + std::to_string(p.live_blocks) +
+            " live blocks / " + std::to_string(p.allocated_bytes) + " bytes, recounted " +
+            std::to_string(c.live_blocks) + " / " + std::to_string(c.allocated_bytes);
+    }
+  });
+  return err;
+}
+
+}  // namespace expanse::core
