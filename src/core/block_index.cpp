@@ -103,6 +103,22 @@ BlockIt BlockIndex::carve(BlockIt it, size_t bytes, Arena a, size_t offset) {
   return it;
 }
 
+void BlockIndex::split_tail(BlockIt it, size_t bytes, Arena a) {
+  Block& b = it->second;
+  EXPANSE_ASSERT(bytes % kBlockAlignment == 0 && bytes < b.size);
+  Block rest;
+  rest.size = b.size - bytes;
+  rest.res = b.res;
+  rest.pool = b.pool;
+  rest.safe = b.safe;
+  rest.stream = b.stream;
+  rest.freed_by = b.freed_by;
+  rest.seq = b.seq;
+  b.size = bytes;
+  auto r = blocks_.emplace_hint(std::next(it), it->first + bytes, std::move(rest));
+  insert_free(r, a);
+}
+
 // Free neighbours merge unless that would give a stream's free memory to another stream: two
 // safe blocks always; two blocks owned by S; a safe block and one owned by S when S freed the
 // safe one too, or nobody did (never allocated). The merge is owned by S (conservative: other

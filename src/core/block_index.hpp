@@ -108,6 +108,9 @@ class BlockIndex {
   // and after stays free with the same owner. The returned block is unindexed; the caller sets
   // its state.
   BlockIt carve(BlockIt it, size_t bytes, Arena a, size_t offset = 0);
+  // Cuts carved block `it` (not in the index) to `bytes`; the rest becomes a free block after it
+  // with the same pool and owner, coalesced with its free neighbour.
+  void split_tail(BlockIt it, size_t bytes, Arena a);
   // Puts a block (any state) back in the index as free, coalescing with compatible neighbours.
   BlockIt insert_free(BlockIt it, Arena a);
   // Marks an unsafe free block safe (its owner's fence completed) and coalesces it.

@@ -199,35 +199,45 @@ BlockIt DeviceAllocator::place_once(size_t sz, Arena a, StreamKey stream, PageRe
     throw_oom(req);
   }
   size_t offset = 0;
+  size_t span = sz;  // what is carved
   BlockIt it = placement_.index().end();
-  if (pool != kDefaultPool) {
+  if (pool == kDefaultPool) {
+    it = find_block(sz, a, stream, req, &offset);
+  } else {
     it = placement_.find_in_pool(sz, a, stream, pool, supply_.pages_left(), &offset);
+    if (it == placement_.index().end()) {
+      // A pool takes the default pool's memory in whole pages, so that no page of it holds
+      // another pool's block: its pages can then be pinned, trimmed and counted as its own.
+      span = round_up(sz, page_);
+      it = find_block(span, a, stream, req, &offset, true);
+    }
   }
-  if (it == placement_.index().end()) it = find_block(sz, a, stream, req, &offset);
   // A free block this stream may use now, holding the placement.
   EXPANSE_ASSERT(it->second.state == BlockState::free &&
                  (it->second.safe || it->second.stream == stream) &&
-                 offset + sz <= it->second.size &&
+                 offset + span <= it->second.size &&
                  (it->second.pool == kDefaultPool || it->second.pool == pool));
   const PoolSlot from = it->second.pool;
-  it = placement_.index().carve(it, sz, a, offset);
+  it = placement_.index().carve(it, span, a, offset);
   it->second.state = BlockState::live;  // out of the index: reclaim cannot pick its pages
   it->second.pool = pool;
   Reservation& r = placement_.res(it->second.res);
   try {
-    const size_t fresh = r.untouched_pages(it->first, sz);
+    const size_t fresh = r.untouched_pages(it->first, span);
     if (fresh > supply_.pages_left()) {
       req.limit_hit = supply_.limit_pages() < supply_.capacity_pages();
       req.hopeless = true;
       req.needed = fresh;
       throw_oom(req);
     }
-    if (!supply_.ensure_pages(r, it->first, sz, req)) throw_oom(req);
+    if (!supply_.ensure_pages(r, it->first, span, req)) throw_oom(req);
   } catch (...) {
     it->second.pool = from;
     placement_.index().insert_free(it, a);
     throw;
   }
+  // The rest of the pages taken stays the pool's free memory, mapped.
+  if (span > sz) placement_.index().split_tail(it, sz, a);
   return it;
 }
 
@@ -237,15 +247,15 @@ BlockIt DeviceAllocator::place_once(size_t sz, Arena a, StreamKey stream, PageRe
 // block safe for every stream; a mapped candidate that is not is taken only after polling makes
 // it so.
 BlockIt DeviceAllocator::find_block(size_t sz, Arena a, StreamKey stream, PageRequest& req,
-                                    size_t* offset) {
+                                    size_t* offset, bool whole_pages) {
   bool blocked = false;
-  BlockIt it = placement_.find_mapped(sz, a, stream, offset, &blocked);
+  BlockIt it = placement_.find_mapped(sz, a, stream, offset, &blocked, whole_pages);
   const BlockIt none = placement_.index().end();
   if (it != none && !blocked) return it;
   // Other streams' frees may have completed since: make them usable before mapping more.
   if (streams_.has_unfinished_frees()) {
     streams_.poll(false);
-    it = placement_.find_mapped(sz, a, stream, offset, &blocked);
+    it = placement_.find_mapped(sz, a, stream, offset, &blocked, whole_pages);
     if (it != none) return it;
   } else if (it != none) {
     return it;
@@ -254,7 +264,7 @@ BlockIt DeviceAllocator::find_block(size_t sz, Arena a, StreamKey stream, PageRe
   // whose handles need a split left 41 / 33 calls in pass 2 of cs336a_medium_128_train /
   // cs336b_ctx128_fullstep and broke the two-warm-up steady-state test; placing by mapped pages
   // alone gives 0 / 0.)
-  it = placement_.find_tight(sz, a, stream, Placement::kMappedSearchBudget, offset);
+  it = placement_.find_tight(sz, a, stream, Placement::kMappedSearchBudget, offset, whole_pages);
   if (it != none) return it;
   Reservation* fresh = placement_.add_reservation(a, sz);
   if (fresh != nullptr) {
@@ -264,7 +274,7 @@ BlockIt DeviceAllocator::find_block(size_t sz, Arena a, StreamKey stream, PageRe
   // Out of VA budget: free memory owned by other streams may be all that is left.
   streams_.poll(true);
   req.waited = true;
-  it = placement_.find_tight(sz, a, stream, SIZE_MAX, offset);
+  it = placement_.find_tight(sz, a, stream, SIZE_MAX, offset, whole_pages);
   if (it != none) return it;
   req.va_exhausted = true;
   throw_oom(req);

@@ -127,7 +127,8 @@ class DeviceAllocator {
   std::string pools_holding_memory() const;
   std::string check_pools_locked() const;
   PoolStats pool_stats_locked(PoolSlot s) const;
-  BlockIt find_block(size_t sz, Arena a, StreamKey stream, PageRequest& req, size_t* offset);
+  BlockIt find_block(size_t sz, Arena a, StreamKey stream, PageRequest& req, size_t* offset,
+                     bool whole_pages = false);
   // `stream`: as the caller named it (for the memory history).
   void make_live(BlockIt it, size_t requested, StreamOrder::StreamState& ss, CUstream stream);
   void trim_after_free();

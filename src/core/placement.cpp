@@ -10,11 +10,11 @@
 namespace expanse::core {
 
 BlockIt Placement::find_mapped(size_t sz, Arena a, StreamKey stream, size_t* offset,
-                               bool* blocked) {
+                               bool* blocked, bool whole_pages) {
   *blocked = false;
   return index_.first_fit_where(a, sz, stream, kMappedSearchBudget, [&](BlockIt c) {
     size_t off = 0;
-    if (!tight_offset(c, sz, &off)) return false;
+    if (!tight_offset(c, sz, &off, whole_pages)) return false;
     const Reservation& r = res(c->second.res);
     if (!r.all_ready(r.first_page(c->first + off), r.last_page(c->first + off, sz))) return false;
     if (!handles_fit(c, off, sz, HandleFit::splittable)) {
@@ -27,10 +27,10 @@ BlockIt Placement::find_mapped(size_t sz, Arena a, StreamKey stream, size_t* off
 }
 
 BlockIt Placement::find_tight(size_t sz, Arena a, StreamKey stream, size_t budget,
-                              size_t* offset) {
+                              size_t* offset, bool whole_pages) {
   return index_.first_fit_where(a, sz, stream, budget, [&](BlockIt c) {
     size_t off = 0;
-    if (!tight_offset(c, sz, &off) || !handles_fit(c, off, sz, HandleFit::splittable)) {
+    if (!tight_offset(c, sz, &off, whole_pages) || !handles_fit(c, off, sz, HandleFit::splittable)) {
       return false;
     }
     *offset = off;
@@ -92,9 +92,9 @@ BlockIt Placement::reuse_recent(std::vector<ReusePlace>& recent, StreamKey strea
 // (docs/design.md, invariant 1): at its start when the first page is shared with a live neighbour
 // or the start is page-aligned, else on the first page boundary inside c. False when c cannot
 // hold either.
-bool Placement::tight_offset(BlockIt c, size_t sz, size_t* off) const {
+bool Placement::tight_offset(BlockIt c, size_t sz, size_t* off, bool whole_pages) const {
   const Reservation& r = res(c->second.res);
-  if (r.untouched_pages(c->first, sz) <= (sz + page_ - 1) / page_) {
+  if (!whole_pages && r.untouched_pages(c->first, sz) <= (sz + page_ - 1) / page_) {
     *off = 0;
     return true;
   }

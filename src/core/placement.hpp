@@ -75,10 +75,14 @@ class Placement {
   // The smallest free block `stream` may use whose pages under a placement of sz bytes are all
   // mapped and accessible, among the first kMappedSearchBudget in size order. *blocked: a
   // candidate passed over only because a handle under it needs a split and it is not yet safe.
-  BlockIt find_mapped(size_t sz, Arena a, StreamKey stream, size_t* offset, bool* blocked);
+  // whole_pages (sz a multiple of the page): the placement starts on a page boundary, so that
+  // the block shares no page with another (a pool's memory is whole pages).
+  BlockIt find_mapped(size_t sz, Arena a, StreamKey stream, size_t* offset, bool* blocked,
+                      bool whole_pages = false);
   // The smallest free block `stream` may use that holds a placement of sz bytes touching at most
   // ceil(sz / page) new pages, among the first `budget` in size order.
-  BlockIt find_tight(size_t sz, Arena a, StreamKey stream, size_t budget, size_t* offset);
+  BlockIt find_tight(size_t sz, Arena a, StreamKey stream, size_t budget, size_t* offset,
+                     bool whole_pages = false);
   // In pool p's own free memory: the smallest free block `stream` may use that holds a placement
   // of sz bytes whose pages are all mapped and accessible under handles that need no split (a
   // live pool's pages are never unmapped: a graph may address them), touching no more than
@@ -102,7 +106,8 @@ class Placement {
   enum class HandleFit { ready, splittable };
   bool handles_fit(BlockIt c, size_t off, size_t sz, HandleFit fit) const;
   // An offset into free block c for sz bytes that touches at most ceil(sz / page) new pages.
-  bool tight_offset(BlockIt c, size_t sz, size_t* off) const;
+  // whole_pages: on the first page boundary inside c, always.
+  bool tight_offset(BlockIt c, size_t sz, size_t* off, bool whole_pages = false) const;
 
   // Every mapped handle lying wholly inside a safe free block's inner pages, of the default pool
   // (the only one whose pages others may take): large arena first, blocks largest first, handles
