@@ -34,7 +34,8 @@ enum {
   EXPANSE_OK = 0,
   EXPANSE_EINVAL = 1,  /* bad argument: pointer, size, device, configuration */
   EXPANSE_ENOMEM = 2,  /* out of device memory */
-  EXPANSE_EDRIVER = 3  /* the CUDA driver failed or could not be loaded */
+  EXPANSE_EDRIVER = 3, /* the CUDA driver failed or could not be loaded */
+  EXPANSE_EBUSY = 4    /* not now: a capture is announced (expanse_pool_trim) */
 };
 
 /* Allocates size bytes on device, ordered on stream. NULL on failure (see expanse_last_error), and
@@ -108,6 +109,76 @@ EXPANSE_C_API int expanse_shutdown(void);
  * The string stays valid until expanse_init or expanse_shutdown. */
 EXPANSE_C_API const char* expanse_driver_description(void);
 EXPANSE_C_API int expanse_device_count(void);
+
+/* ---- Pools --------------------------------------------------------------------------------
+ * A pool is a private reuse domain on one device: a block belongs to its pool for life, and only
+ * allocations routed to the pool reuse its memory. While its use count is above 0 its pages stay
+ * mapped where they are and no other pool takes them, so a CUDA graph captured into it may use
+ * the same addresses on every replay. At use count 0 the pool is released: its live blocks stay
+ * valid, and once expanse can prove the work that used it done (a context synchronize, never
+ * while a capture is announced: at expanse_release_cached, expanse_pool_trim, or an allocation
+ * that would fail otherwise) its free memory is returned to the default pool.
+ *
+ * Routing: expanse_malloc, expanse_malloc_checked and expanse_torch_malloc put an allocation in
+ * the pool of the newest route that matches it (none: the default pool). A route only applies to
+ * allocations on its pool's device. expanse_free needs no pool; a default-pool block freed on a
+ * stream of a capture routed to pool P joins P (the graph uses its memory on every replay).
+ * With no route at all, routing costs nothing measurable.
+ *
+ * Errors (EXPANSE_EINVAL, naming the id in expanse_last_error; nothing is changed): an id never
+ * created, a pool released (use count 0) for retain, release and every begin, an end with no
+ * route left, expanse_pool_malloc on a stream of another device. */
+typedef unsigned long long expanse_pool_id; /* 0: never a pool */
+
+/* Creates a pool on device with use count 1; *id receives its id (ids are never reused). */
+EXPANSE_C_API int expanse_pool_create(int device, expanse_pool_id* id);
+/* Use count + 1 (say, each graph captured into the pool holds one). */
+EXPANSE_C_API int expanse_pool_retain(expanse_pool_id id);
+/* Use count - 1; at 0 the pool is released (see above). End its routes first: an allocation
+ * routed to a released pool fails. */
+EXPANSE_C_API int expanse_pool_release(expanse_pool_id id);
+/* Routes every allocation made on a stream of the capture that `stream` is in (or begins after
+ * this call), side streams forked into it included, to the pool. Call it before
+ * cuStreamBeginCapture (cudaStreamBeginCapture) on stream, and expanse_pool_end after
+ * cuStreamEndCapture. It also announces the capture as expanse_capture_begin does (ended by
+ * expanse_pool_end), so expanse never synchronizes the context while it captures. stream must
+ * belong to the pool's device. */
+EXPANSE_C_API int expanse_pool_begin_capture(expanse_pool_id id, struct CUstream_st* stream);
+/* Routes every allocation the calling thread makes (on the pool's device) to the pool. */
+EXPANSE_C_API int expanse_pool_begin_thread(expanse_pool_id id);
+/* Routes every allocation (on the pool's device) whose stream filter(stream, ctx) accepts
+ * (non-zero) to the pool. filter runs on the allocating thread, outside expanse's locks; it may
+ * be called for allocations newer routes take first, or not at all. */
+EXPANSE_C_API int expanse_pool_begin_filter(expanse_pool_id id,
+                                            int (*filter)(struct CUstream_st* stream, void* ctx),
+                                            void* ctx);
+/* Stops the routing this pool's newest begin set (routes nest: the newest matching one wins). */
+EXPANSE_C_API int expanse_pool_end(expanse_pool_id id);
+/* Allocates size bytes in the pool, ordered on stream (a stream of the pool's device). NULL on
+ * failure (see expanse_last_error), and for size 0. Free it with expanse_free. */
+EXPANSE_C_API void* expanse_pool_malloc(expanse_pool_id id, size_t size,
+                                        struct CUstream_st* stream);
+/* Gives a released pool's cached memory back to the driver now (its use count must be 0).
+ * EXPANSE_EBUSY when a capture is announced in the device's context (the proof needs a context
+ * synchronize): nothing was given back; try again after the capture ends. */
+EXPANSE_C_API int expanse_pool_trim(expanse_pool_id id);
+
+/* One pool's figures. Set struct_size = sizeof(expanse_pool_stats) before the call: fields past
+ * the caller's struct_size are not written. */
+typedef struct expanse_pool_stats {
+  size_t struct_size;
+  uint64_t id;
+  int32_t device;
+  int32_t use_count;
+  uint32_t released;        /* 1: its use count reached 0 */
+  uint32_t returned;        /* 1: released and its free memory given to the default pool */
+  uint64_t live_blocks;
+  uint64_t requested_bytes; /* live blocks, as asked for */
+  uint64_t live_bytes;      /* live blocks, as carved (multiples of 512 B) */
+  uint64_t cached_bytes;    /* free blocks still the pool's (reused only by its allocations) */
+  uint64_t physical_bytes;  /* mapped pages under the pool's blocks */
+} expanse_pool_stats;
+EXPANSE_C_API int expanse_pool_get_stats(expanse_pool_id id, expanse_pool_stats* s);
 
 /* ---- PyTorch ------------------------------------------------------------------------------
  * expanse_torch_malloc / expanse_torch_free keep PyTorch's pluggable-allocator contract:

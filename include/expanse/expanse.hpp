@@ -6,6 +6,7 @@
 #include "expanse/expanse.h"
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -45,6 +46,61 @@ class EXPANSE_API device_allocator {
 
  private:
   int device_;
+};
+
+// A pool (expanse_pool_*, see expanse.h): a private reuse domain on one device. The object holds
+// one use of the pool (created with use count 1, released when the object is destroyed or
+// release() is called); movable, not copyable.
+using pool_stats = expanse_pool_stats;
+
+class EXPANSE_API pool {
+ public:
+  explicit pool(int device = 0);
+  ~pool();  // releases its use (never throws)
+  pool(pool&& other) noexcept;
+  pool& operator=(pool&& other) noexcept;
+  pool(const pool&) = delete;
+  pool& operator=(const pool&) = delete;
+
+  expanse_pool_id id() const noexcept { return id_; }  // 0 once released or moved from
+  int device() const noexcept { return device_; }
+  pool_stats stats() const;
+  // size bytes in this pool, ordered on stream (a stream of the pool's device); free it with
+  // expanse::deallocate / expanse_free. allocate(0) returns nullptr.
+  void* allocate(size_t bytes, stream_t stream = nullptr) const;
+  // Gives up this object's use now (the pool's memory is returned once no use is left).
+  void release();
+
+ private:
+  expanse_pool_id id_ = 0;
+  int device_ = 0;
+};
+
+// Routes the calling thread's allocations on the pool's device to the pool for the scope
+// (expanse_pool_begin_thread / the end of that route).
+class EXPANSE_API pool_scope {
+ public:
+  explicit pool_scope(const pool& p);
+  ~pool_scope();
+  pool_scope(const pool_scope&) = delete;
+  pool_scope& operator=(const pool_scope&) = delete;
+
+ private:
+  uint64_t route_;
+};
+
+// Routes the allocations of the capture `stream` is in (or begins in the scope) to the pool, and
+// announces the capture, for the scope (expanse_pool_begin_capture). Open it before
+// cudaStreamBeginCapture and close it after cudaStreamEndCapture.
+class EXPANSE_API capture_scope {
+ public:
+  capture_scope(const pool& p, stream_t stream);
+  ~capture_scope();
+  capture_scope(const capture_scope&) = delete;
+  capture_scope& operator=(const capture_scope&) = delete;
+
+ private:
+  uint64_t route_;
 };
 
 }  // namespace expanse

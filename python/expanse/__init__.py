@@ -21,7 +21,7 @@ __all__ = [
     "ExpanseError", "init", "shutdown", "driver_description", "device_count", "library",
     "library_path", "memory_stats", "memory_summary", "empty_cache", "set_limit",
     "reset_peak_stats", "record_history", "dump_snapshot", "capture_begin", "capture_end",
-    "announced_capture",
+    "announced_capture", "Pool", "use_pool", "graph_pool",
 ]
 
 DEFAULT_MAX_ENTRIES = 100000  # PyTorch's default for _record_memory_history
@@ -244,4 +244,124 @@ class announced_capture:
 
     def __exit__(self, *exc):
         capture_end(self.stream)
+        return False
+
+
+class Pool:
+    """A private reuse domain on one device (expanse_pool_*): only allocations routed to it
+    reuse its memory, and while it is in use no other pool takes its pages, so a CUDA graph
+    captured into it may use the same addresses on every replay.
+
+        pool = expanse.Pool(device=0)
+        with expanse.graph_pool(pool, stream):   # before the capture begins
+            ... capture on stream ...
+        pool.release()                           # when the graph is gone
+
+    The object holds one use of the pool (use count 1 at creation); release() (or leaving a
+    `with Pool() as p:` block) gives it up. Its memory returns to others once no use is left and
+    its work is proven done (empty_cache(), or an allocation that needs it)."""
+
+    def __init__(self, device=0):
+        self.device = _device(device)
+        pid = ctypes.c_ulonglong(0)
+        check(library().expanse_pool_create(self.device, ctypes.byref(pid)),
+              f"expanse.Pool(device={self.device})")
+        self.id = pid.value
+        self._released = False
+
+    def stats(self):
+        """A dict of expanse_pool_stats: id, device, use_count, released, returned, live_blocks,
+        requested_bytes, live_bytes, cached_bytes, physical_bytes."""
+        from ._lib import PoolStats
+        s = PoolStats()
+        s.struct_size = ctypes.sizeof(PoolStats)
+        check(library().expanse_pool_get_stats(self.id, ctypes.byref(s)),
+              f"expanse.Pool.stats() of pool {self.id}")
+        out = {name: getattr(s, name) for name, _ in PoolStats._fields_ if name != "struct_size"}
+        out["released"] = bool(out["released"])
+        out["returned"] = bool(out["returned"])
+        return out
+
+    def malloc(self, size, stream=None):
+        """size bytes in this pool, ordered on stream (of the pool's device); an int address.
+        Free it with expanse.library().expanse_free."""
+        p = library().expanse_pool_malloc(self.id, size, _stream_handle(stream))
+        if not p and size:
+            raise ExpanseError(f"expanse.Pool.malloc({size}) of pool {self.id}: {last_error()}")
+        return p
+
+    def retain(self):
+        """One more use (each must be given up with release_use())."""
+        check(library().expanse_pool_retain(self.id), f"expanse.Pool.retain() of pool {self.id}")
+
+    def release_use(self):
+        check(library().expanse_pool_release(self.id), f"expanse.Pool.release_use() of pool {self.id}")
+
+    def release(self):
+        """Gives up this object's use (once; later calls do nothing)."""
+        if self._released:
+            return
+        self._released = True
+        check(library().expanse_pool_release(self.id), f"expanse.Pool.release() of pool {self.id}")
+
+    def trim(self):
+        """Gives a released pool's cached memory back now; False when a capture is announced on
+        its device (try again after it ends)."""
+        from ._lib import EBUSY
+        rc = library().expanse_pool_trim(self.id)
+        if rc == EBUSY:
+            return False
+        check(rc, f"expanse.Pool.trim() of pool {self.id}")
+        return True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+    def __repr__(self):
+        return f"expanse.Pool(id={self.id}, device={self.device})"
+
+
+def _pool_id(pool):
+    return pool.id if isinstance(pool, Pool) else int(pool)
+
+
+class use_pool:
+    """with expanse.use_pool(pool): every allocation this thread makes on the pool's device goes
+    to the pool (expanse_pool_begin_thread / expanse_pool_end). Scopes nest: the newest wins."""
+
+    def __init__(self, pool):
+        self.pool_id = _pool_id(pool)
+
+    def __enter__(self):
+        check(library().expanse_pool_begin_thread(self.pool_id),
+              f"expanse.use_pool(pool {self.pool_id})")
+        return self
+
+    def __exit__(self, *exc):
+        check(library().expanse_pool_end(self.pool_id), f"expanse.use_pool(pool {self.pool_id}) end")
+        return False
+
+
+class graph_pool:
+    """with expanse.graph_pool(pool, stream): every allocation made on a stream of the capture
+    that stream is in (or begins in the block: enter before cudaStreamBeginCapture) goes to the
+    pool, side streams forked into the capture included; the capture is announced too (see
+    capture_begin). stream: an int handle or an object with .cuda_stream (torch.cuda.Stream)."""
+
+    def __init__(self, pool, stream):
+        self.pool_id = _pool_id(pool)
+        self.stream = _stream_handle(stream)
+
+    def __enter__(self):
+        check(library().expanse_pool_begin_capture(self.pool_id, self.stream),
+              f"expanse.graph_pool(pool {self.pool_id})")
+        return self
+
+    def __exit__(self, *exc):
+        check(library().expanse_pool_end(self.pool_id),
+              f"expanse.graph_pool(pool {self.pool_id}) end")
         return False

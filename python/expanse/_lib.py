@@ -4,7 +4,7 @@ import ctypes.util
 import os
 
 # Error codes of expanse.h.
-OK, EINVAL, ENOMEM, EDRIVER = 0, 1, 2, 3
+OK, EINVAL, ENOMEM, EDRIVER, EBUSY = 0, 1, 2, 3, 4
 
 
 class ExpanseError(RuntimeError):
@@ -40,6 +40,20 @@ def _stats_struct(lib):
         fields.append((name.decode(), _ctype(lib.expanse_stats_field_type(len(fields)).decode())))
     return type("Stats", (ctypes.Structure,), {
         "__doc__": "expanse_stats of the loaded libexpanse, field for field.", "_fields_": fields})
+
+
+class PoolStats(ctypes.Structure):
+    """expanse_pool_stats (expanse.h)."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("id", ctypes.c_uint64),
+                ("device", ctypes.c_int32), ("use_count", ctypes.c_int32),
+                ("released", ctypes.c_uint32), ("returned", ctypes.c_uint32),
+                ("live_blocks", ctypes.c_uint64), ("requested_bytes", ctypes.c_uint64),
+                ("live_bytes", ctypes.c_uint64), ("cached_bytes", ctypes.c_uint64),
+                ("physical_bytes", ctypes.c_uint64)]
+
+
+# int filter(stream, ctx) of expanse_pool_begin_filter.
+POOL_FILTER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 
 
 def _candidates():
@@ -94,6 +108,16 @@ def _declare(lib):
         "expanse_device_count": (c.c_int, []),
         "expanse_record_history": (c.c_int, [c.c_int, c.c_size_t]),
         "expanse_dump_snapshot": (c.c_int, [c.c_char_p]),
+        "expanse_pool_create": (c.c_int, [c.c_int, c.POINTER(c.c_ulonglong)]),
+        "expanse_pool_retain": (c.c_int, [c.c_ulonglong]),
+        "expanse_pool_release": (c.c_int, [c.c_ulonglong]),
+        "expanse_pool_begin_capture": (c.c_int, [c.c_ulonglong, stream]),
+        "expanse_pool_begin_thread": (c.c_int, [c.c_ulonglong]),
+        "expanse_pool_begin_filter": (c.c_int, [c.c_ulonglong, POOL_FILTER, c.c_void_p]),
+        "expanse_pool_end": (c.c_int, [c.c_ulonglong]),
+        "expanse_pool_malloc": (c.c_void_p, [c.c_ulonglong, c.c_size_t, stream]),
+        "expanse_pool_trim": (c.c_int, [c.c_ulonglong]),
+        "expanse_pool_get_stats": (c.c_int, [c.c_ulonglong, c.POINTER(PoolStats)]),
     }
     for name, (res, args) in sigs.items():
         f = getattr(lib, name)

@@ -2,6 +2,7 @@
 // and returns a code. Nothing escapes into C (or PyTorch).
 #include "api/errors.hpp"
 #include "api/history.hpp"
+#include "api/pools.hpp"
 #include "api/runtime.hpp"
 #include "api/stats.hpp"
 #include "core/capture_announcements.hpp"
@@ -54,7 +55,7 @@ extern "C" {
 
 EXPANSE_C_API void* expanse_malloc(size_t size, int device, struct CUstream_st* stream) {
   void* out = nullptr;
-  guarded([&] { out = Runtime::get().device(device).allocate(size, to_cu(stream)); });
+  guarded([&] { out = expanse::api::routed_allocate(size, device, to_cu(stream)); });
   return out;
 }
 
@@ -65,7 +66,7 @@ EXPANSE_C_API int expanse_malloc_checked(void** out, size_t size, int device,
     return EXPANSE_EINVAL;
   }
   *out = nullptr;
-  return guarded([&] { *out = Runtime::get().device(device).allocate(size, to_cu(stream)); });
+  return guarded([&] { *out = expanse::api::routed_allocate(size, device, to_cu(stream)); });
 }
 
 EXPANSE_C_API int expanse_free_checked(void* ptr, size_t size, int device,

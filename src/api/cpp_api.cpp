@@ -1,5 +1,6 @@
 // The C++ facade: the same operations as the C ABI, with exceptions.
 #include "api/errors.hpp"
+#include "api/pools.hpp"
 #include "api/runtime.hpp"
 #include "api/stats.hpp"
 #include "expanse/expanse.hpp"
@@ -22,7 +23,7 @@ std::string driver_description() { return Runtime::get().driver().description();
 int device_count() { return Runtime::get().device_count(); }
 
 void* allocate(size_t bytes, int device, stream_t stream) {
-  return Runtime::get().device(device).allocate(bytes, reinterpret_cast<CUstream>(stream));
+  return api::routed_allocate(bytes, device, reinterpret_cast<CUstream>(stream));
 }
 
 void deallocate(void* ptr, int device, stream_t stream) {
@@ -58,5 +59,64 @@ Stats device_allocator::stats() const {
   return s;
 }
 void device_allocator::reset_peak_stats() const { Runtime::get().device(device_).reset_peaks(); }
+
+pool::pool(int device) : id_(api::pool_create(device)), device_(device) {}
+
+pool::~pool() {
+  try {
+    release();
+  } catch (...) {
+    // A destructor never throws; the pool stays in use (the runtime was reconfigured, say).
+  }
+}
+
+pool::pool(pool&& other) noexcept : id_(other.id_), device_(other.device_) { other.id_ = 0; }
+
+pool& pool::operator=(pool&& other) noexcept {
+  if (this != &other) {
+    try {
+      release();
+    } catch (...) {
+    }
+    id_ = other.id_;
+    device_ = other.device_;
+    other.id_ = 0;
+  }
+  return *this;
+}
+
+pool_stats pool::stats() const {
+  if (id_ == 0) throw usage_error("expanse::pool::stats: the pool was released or moved from");
+  return api::pool_stats(id_);
+}
+
+void* pool::allocate(size_t bytes, stream_t stream) const {
+  if (id_ == 0) throw usage_error("expanse::pool::allocate: the pool was released or moved from");
+  return api::pool_malloc(id_, bytes, reinterpret_cast<CUstream>(stream));
+}
+
+void pool::release() {
+  if (id_ == 0) return;
+  const expanse_pool_id id = id_;
+  id_ = 0;
+  api::pool_release(id);
+}
+
+pool_scope::pool_scope(const pool& p) : route_(api::pool_begin_thread(p.id())) {}
+pool_scope::~pool_scope() {
+  try {
+    api::pool_end_route(route_);
+  } catch (...) {
+  }
+}
+
+capture_scope::capture_scope(const pool& p, stream_t stream)
+    : route_(api::pool_begin_capture(p.id(), reinterpret_cast<CUstream>(stream))) {}
+capture_scope::~capture_scope() {
+  try {
+    api::pool_end_route(route_);
+  } catch (...) {
+  }
+}
 
 }  // namespace expanse

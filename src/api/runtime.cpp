@@ -34,9 +34,11 @@ Runtime::Runtime(const std::string& conf) : config_(conf::parse_config(conf)) {
   slots_ = std::vector<std::atomic<core::DeviceAllocator*>>(static_cast<size_t>(n));
   for (auto& s : slots_) s.store(nullptr);
   owned_.resize(static_cast<size_t>(n));
+  routes_ = std::make_unique<PoolRoutes>(*driver_);
 }
 
 Runtime::~Runtime() {
+  routes_.reset();  // ends the capture announcements its routes made
   owned_.clear();  // allocators give everything back before the driver goes
 }
 

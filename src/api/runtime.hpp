@@ -2,6 +2,8 @@
 // from EXPANSE_CONF, and one allocator per device, created on first use.
 #pragma once
 
+#include "api/pool_routes.hpp"
+#include "api/pools.hpp"
 #include "conf/config.hpp"
 #include "core/options.hpp"
 #include "core/device_allocator.hpp"
@@ -31,6 +33,10 @@ class Runtime {
   core::DeviceAllocator* existing(int device) const;
   int device_count() const noexcept { return static_cast<int>(slots_.size()); }
   const driver::LoadedDriver& driver() const noexcept { return *driver_; }
+  // The pools created under this configuration (pools.hpp) and the routes to them
+  // (pool_routes.hpp).
+  PoolRegistry& pools() noexcept { return pools_; }
+  PoolRoutes& routes() noexcept { return *routes_; }
 
   ~Runtime();
 
@@ -43,6 +49,8 @@ class Runtime {
   std::mutex create_mu_;
   std::vector<std::atomic<core::DeviceAllocator*>> slots_;
   std::vector<std::unique_ptr<core::DeviceAllocator>> owned_;
+  PoolRegistry pools_;
+  std::unique_ptr<PoolRoutes> routes_;
 };
 
 }  // namespace expanse::api

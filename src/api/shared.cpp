@@ -1,4 +1,5 @@
 #include "api/errors.hpp"
+#include "api/pools.hpp"
 #include "api/runtime.hpp"
 
 #include <cstdio>
@@ -20,13 +21,14 @@ std::string& last_error() {
   return message;
 }
 
+// A default-pool block freed on a stream of a capture routed to a pool joins that pool.
 // One lock acquisition on the way through: the size is checked inside deallocate(). Only when
 // the pointer is not live on `device` are the other devices asked, to name the right one.
 void free_on_device(void* ptr, size_t size, int device, CUstream stream) {
   Runtime& rt = Runtime::get();
   core::DeviceAllocator& a = rt.device(device);
   try {
-    a.deallocate(ptr, stream, size);
+    a.deallocate(ptr, stream, size, join_for_free(device, stream));
   } catch (const usage_error&) {
     for (int d = 0; d < rt.device_count(); ++d) {
       core::DeviceAllocator* other = rt.existing(d);

@@ -15,6 +15,7 @@
 #include "api/torch_entry.hpp"
 
 #include "api/errors.hpp"
+#include "api/pools.hpp"
 #include "api/runtime.hpp"
 #include "expanse/expanse.h"
 
@@ -109,7 +110,7 @@ extern "C" {
 EXPANSE_C_API void* expanse_torch_malloc(size_t size, int device, struct CUstream_st* stream) {
   if (size == 0) return nullptr;
   try {
-    void* p = Runtime::get().device(device).allocate(size, reinterpret_cast<CUstream>(stream));
+    void* p = expanse::api::routed_allocate(size, device, reinterpret_cast<CUstream>(stream));
     if (p == nullptr) throw expanse::driver_failure("expanse: allocation returned no pointer", 0);
     return p;
   } catch (const expanse::out_of_memory& e) {
@@ -154,7 +155,8 @@ EXPANSE_C_API void expanse_torch_free(void* ptr, size_t size, int device,
             " Later mismatches are counted in expanse_stats.num_free_size_mismatches, not printed.");
       }
     }
-    owner->deallocate(ptr, reinterpret_cast<CUstream>(stream), 0);
+    const CUstream s = reinterpret_cast<CUstream>(stream);
+    owner->deallocate(ptr, s, 0, expanse::api::join_for_free(owner->device(), s));
   } catch (const std::exception& e) {
     expanse::api::last_error() = e.what();
     expanse::api::report(std::string("expanse_torch_free: ") + e.what());

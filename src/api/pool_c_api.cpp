@@ -1,0 +1,73 @@
+// The C ABI of pools (expanse_pool_*): pools.hpp with every exception turned into a code.
+#include "api/errors.hpp"
+#include "api/pools.hpp"
+#include "expanse/expanse.h"
+
+using expanse::api::guarded;
+
+namespace {
+
+CUstream to_cu(struct CUstream_st* s) { return reinterpret_cast<CUstream>(s); }
+
+}  // namespace
+
+extern "C" {
+
+EXPANSE_C_API int expanse_pool_create(int device, expanse_pool_id* id) {
+  if (id == nullptr) {
+    expanse::api::last_error() = "expanse_pool_create: id must not be NULL";
+    return EXPANSE_EINVAL;
+  }
+  *id = 0;
+  return guarded([&] { *id = expanse::api::pool_create(device); });
+}
+
+EXPANSE_C_API int expanse_pool_retain(expanse_pool_id id) {
+  return guarded([&] { expanse::api::pool_retain(id); });
+}
+
+EXPANSE_C_API int expanse_pool_release(expanse_pool_id id) {
+  return guarded([&] { expanse::api::pool_release(id); });
+}
+
+EXPANSE_C_API int expanse_pool_begin_capture(expanse_pool_id id, struct CUstream_st* stream) {
+  return guarded([&] { (void)expanse::api::pool_begin_capture(id, to_cu(stream)); });
+}
+
+EXPANSE_C_API int expanse_pool_begin_thread(expanse_pool_id id) {
+  return guarded([&] { (void)expanse::api::pool_begin_thread(id); });
+}
+
+EXPANSE_C_API int expanse_pool_begin_filter(expanse_pool_id id,
+                                            int (*filter)(struct CUstream_st* stream, void* ctx),
+                                            void* ctx) {
+  return guarded([&] { (void)expanse::api::pool_begin_filter(id, filter, ctx); });
+}
+
+EXPANSE_C_API int expanse_pool_end(expanse_pool_id id) {
+  return guarded([&] { expanse::api::pool_end(id); });
+}
+
+EXPANSE_C_API void* expanse_pool_malloc(expanse_pool_id id, size_t size,
+                                        struct CUstream_st* stream) {
+  void* out = nullptr;
+  guarded([&] { out = expanse::api::pool_malloc(id, size, to_cu(stream)); });
+  return out;
+}
+
+EXPANSE_C_API int expanse_pool_trim(expanse_pool_id id) {
+  bool done = true;
+  const int rc = guarded([&] { done = expanse::api::pool_trim(id); });
+  if (rc != EXPANSE_OK || done) return rc;
+  expanse::api::last_error() = "expanse_pool_trim: pool " + std::to_string(id) +
+                               ": a capture is announced in its device's context, and only a "
+                               "context synchronize proves its work done; nothing was given "
+                               "back (try again after the capture ends)";
+  return EXPANSE_EBUSY;
+}
+
+EXPANSE_C_API int expanse_pool_get_stats(expanse_pool_id id, expanse_pool_stats* s) {
+  return guarded([&] { expanse::api::fill_pool_stats(id, s); });
+}
+
+}  // extern "C"

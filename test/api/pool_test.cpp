@@ -1,0 +1,577 @@
+// Pools through the C ABI (expanse_pool_*): errors, routing by thread, filter and capture,
+// nesting, a default-pool block joining a capture's pool when freed in the capture, stats, and
+// the graph hazard pools exist for. Each case runs on the in-process sim (driver:sim) and on
+// libexpanse_simcuda.so loaded as the CUDA driver (driver:cuda,driver_library:...), where the
+// test's streams, events and captures come from the same library.
+#include "api/runtime.hpp"
+#include "expanse/expanse.h"
+#include "sim/sim.hpp"
+
+#include <gtest/gtest.h>
+
+#include <dlfcn.h>
+
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr size_t MiB = size_t{1} << 20;
+
+bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
+  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + bn && y < x + an;
+}
+
+CUstream_st* cs(CUstream s) { return reinterpret_cast<CUstream_st*>(s); }
+
+expanse_pool_stats stats_of(expanse_pool_id id) {
+  expanse_pool_stats s{};
+  s.struct_size = sizeof s;
+  EXPECT_EQ(expanse_pool_get_stats(id, &s), EXPANSE_OK) << expanse_last_error();
+  return s;
+}
+
+bool same(const expanse_pool_stats& a, const expanse_pool_stats& b) {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+class Pools : public ::testing::TestWithParam<std::string> {
+ protected:
+  bool dlopened() const { return GetParam() == "simcuda"; }
+
+  void start(const std::string& conf) {
+    if (dlopened()) {
+      if (lib_ == nullptr) lib_ = dlopen(EXPANSE_SIMCUDA_PATH, RTLD_NOW | RTLD_LOCAL);
+      ASSERT_NE(lib_, nullptr) << dlerror();
+      auto configure =
+          reinterpret_cast<int (*)(const char*)>(dlsym(lib_, "expanse_sim_configure"));
+      hold_ = reinterpret_cast<void (*)(void*)>(dlsym(lib_, "expanse_sim_hold_stream"));
+      release_all_ = reinterpret_cast<void (*)()>(dlsym(lib_, "expanse_sim_release_all"));
+      ASSERT_TRUE(configure != nullptr && hold_ != nullptr && release_all_ != nullptr);
+      ASSERT_EQ(configure(conf.c_str()), 0);
+      const std::string full =
+          "driver:cuda,driver_library:" + std::string(EXPANSE_SIMCUDA_PATH) + "," + conf;
+      ASSERT_EQ(expanse_init(full.c_str()), EXPANSE_OK) << expanse_last_error();
+    } else {
+      hold_ = [](void* s) { expanse::sim::hold_stream(static_cast<CUstream>(s)); };
+      release_all_ = [] { expanse::sim::release_all(); };
+      ASSERT_EQ(expanse_init(("driver:sim," + conf).c_str()), EXPANSE_OK) << expanse_last_error();
+    }
+    started_ = true;
+  }
+
+  void TearDown() override {
+    if (started_) {
+      release_all_();
+      for (auto& [dev, s] : streams_) {
+        push(dev);
+        t().stream_destroy(s);
+        pop();
+      }
+      for (auto& [dev, e] : events_) {
+        push(dev);
+        t().event_destroy(e);
+        pop();
+      }
+      for (auto& [dev, ctx] : retained_) {
+        (void)ctx;
+        CUdevice d = 0;
+        t().device_get(&d, dev);
+        t().device_primary_ctx_release(d);
+      }
+      EXPECT_EQ(expanse_shutdown(), EXPANSE_OK) << expanse_last_error();
+    }
+    if (lib_ != nullptr) dlclose(lib_);
+  }
+
+  const expanse::driver::DriverTable& t() { return expanse::api::Runtime::get().driver().table(); }
+
+  CUcontext primary(int dev) {
+    for (auto& [d, c] : retained_) {
+      if (d == dev) return c;
+    }
+    CUdevice d = 0;
+    EXPECT_EQ(t().device_get(&d, dev), CUDA_SUCCESS);
+    CUcontext ctx = nullptr;
+    EXPECT_EQ(t().device_primary_ctx_retain(&ctx, d), CUDA_SUCCESS);
+    retained_.emplace_back(dev, ctx);
+    return ctx;
+  }
+  void push(int dev) { ASSERT_EQ(t().ctx_push_current(primary(dev)), CUDA_SUCCESS); }
+  void pop() {
+    CUcontext c = nullptr;
+    t().ctx_pop_current(&c);
+  }
+  CUstream stream(int dev = 0) {
+    push(dev);
+    CUstream s = nullptr;
+    EXPECT_EQ(t().stream_create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    pop();
+    streams_.emplace_back(dev, s);
+    return s;
+  }
+  CUevent event(int dev = 0) {
+    push(dev);
+    CUevent e = nullptr;
+    EXPECT_EQ(t().event_create(&e, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    pop();
+    events_.emplace_back(dev, e);
+    return e;
+  }
+  // `to` waits for `from`'s work so far (in a capture: forks `to` into it, or joins it back).
+  void wait_for(CUstream to, CUstream from) {
+    CUevent e = event();
+    ASSERT_EQ(t().event_record(e, from), CUDA_SUCCESS);
+    ASSERT_EQ(t().stream_wait_event(to, e, 0), CUDA_SUCCESS);
+  }
+  expanse_pool_id create(int dev = 0) {
+    expanse_pool_id id = 0;
+    EXPECT_EQ(expanse_pool_create(dev, &id), EXPANSE_OK) << expanse_last_error();
+    EXPECT_NE(id, 0u);
+    return id;
+  }
+
+  std::function<void(void*)> hold_;
+  std::function<void()> release_all_;
+  void* lib_ = nullptr;
+  bool started_ = false;
+  std::vector<std::pair<int, CUstream>> streams_;
+  std::vector<std::pair<int, CUevent>> events_;
+  std::vector<std::pair<int, CUcontext>> retained_;
+};
+
+void* must_malloc(size_t n, int dev, CUstream s) {
+  void* p = expanse_malloc(n, dev, cs(s));
+  EXPECT_NE(p, nullptr) << expanse_last_error();
+  return p;
+}
+void must_free(void* p, size_t n, int dev, CUstream s) {
+  EXPECT_EQ(expanse_free_checked(p, n, dev, cs(s)), EXPANSE_OK) << expanse_last_error();
+}
+
+// An error with code `rc` whose message names pool `id` (and `also`, when given).
+#define EXPECT_POOL_ERROR(call, rc, id, also)                                           \
+  do {                                                                                  \
+    EXPECT_EQ((call), (rc)) << #call;                                                   \
+    const std::string m_ = expanse_last_error();                                        \
+    EXPECT_NE(m_.find("pool " + std::to_string(id)), std::string::npos) << #call << ": " << m_; \
+    EXPECT_NE(m_.find(also), std::string::npos) << #call << ": " << m_;                  \
+  } while (0)
+
+TEST_P(Pools, ErrorsNameTheIdAndChangeNothing) {
+  start("sim_capacity:1GiB");
+  const expanse_pool_id unknown = 987654321;
+  EXPECT_POOL_ERROR(expanse_pool_retain(unknown), EXPANSE_EINVAL, unknown, "does not exist");
+  EXPECT_POOL_ERROR(expanse_pool_release(unknown), EXPANSE_EINVAL, unknown, "does not exist");
+  EXPECT_POOL_ERROR(expanse_pool_begin_thread(unknown), EXPANSE_EINVAL, unknown, "");
+  EXPECT_POOL_ERROR(expanse_pool_end(unknown), EXPANSE_EINVAL, unknown, "");
+  EXPECT_POOL_ERROR(expanse_pool_trim(unknown), EXPANSE_EINVAL, unknown, "");
+  EXPECT_EQ(expanse_pool_malloc(unknown, MiB, nullptr), nullptr);
+  EXPECT_NE(std::string(expanse_last_error()).find("pool 987654321"), std::string::npos);
+  expanse_pool_stats s{};
+  s.struct_size = sizeof s;
+  EXPECT_POOL_ERROR(expanse_pool_get_stats(unknown, &s), EXPANSE_EINVAL, unknown, "");
+  EXPECT_EQ(expanse_pool_create(0, nullptr), EXPANSE_EINVAL);
+
+  const expanse_pool_id p = create();
+  void* a = expanse_pool_malloc(p, 3 * MiB, nullptr);
+  ASSERT_NE(a, nullptr) << expanse_last_error();
+  const expanse_pool_stats before = stats_of(p);
+  // A double end, and an end with no begin.
+  EXPECT_POOL_ERROR(expanse_pool_end(p), EXPANSE_EINVAL, p, "routes nothing");
+  ASSERT_EQ(expanse_pool_begin_thread(p), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_pool_end(p), EXPANSE_OK) << expanse_last_error();
+  EXPECT_POOL_ERROR(expanse_pool_end(p), EXPANSE_EINVAL, p, "routes nothing");
+  EXPECT_POOL_ERROR(expanse_pool_trim(p), EXPANSE_EINVAL, p, "in use");
+  EXPECT_POOL_ERROR(expanse_pool_begin_filter(p, nullptr, nullptr), EXPANSE_EINVAL, p, "NULL");
+  EXPECT_TRUE(same(before, stats_of(p)));
+
+  // Released: no retain, release or begin.
+  ASSERT_EQ(expanse_pool_release(p), EXPANSE_OK) << expanse_last_error();
+  const expanse_pool_stats released = stats_of(p);
+  EXPECT_EQ(released.use_count, 0);
+  EXPECT_EQ(released.released, 1u);
+  EXPECT_POOL_ERROR(expanse_pool_retain(p), EXPANSE_EINVAL, p, "released");
+  EXPECT_POOL_ERROR(expanse_pool_release(p), EXPANSE_EINVAL, p, "released");
+  EXPECT_POOL_ERROR(expanse_pool_begin_thread(p), EXPANSE_EINVAL, p, "released");
+  auto accept_all = [](CUstream_st*, void*) { return 1; };
+  EXPECT_POOL_ERROR(expanse_pool_begin_filter(p, accept_all, nullptr), EXPANSE_EINVAL, p,
+                    "released");
+  CUstream s1 = stream();
+  EXPECT_POOL_ERROR(expanse_pool_begin_capture(p, cs(s1)), EXPANSE_EINVAL, p, "released");
+  EXPECT_EQ(expanse_pool_malloc(p, MiB, nullptr), nullptr);
+  EXPECT_NE(std::string(expanse_last_error()).find("pool " + std::to_string(p)),
+            std::string::npos)
+      << expanse_last_error();
+  EXPECT_TRUE(same(released, stats_of(p)));
+  // A failed begin left no route and no announcement behind.
+  void* d = must_malloc(MiB, 0, nullptr);
+  EXPECT_TRUE(same(released, stats_of(p)));
+  must_free(d, MiB, 0, nullptr);
+  must_free(a, 3 * MiB, 0, nullptr);
+}
+
+TEST_P(Pools, PoolMallocOnAnotherDevicesStreamIsRefused) {
+  start("sim_devices:2,sim_capacity:1GiB");
+  const expanse_pool_id p = create(0);
+  CUstream s1 = stream(1);
+  const expanse_pool_stats before = stats_of(p);
+  expanse_stats dev0{}, dev0_after{};
+  dev0.struct_size = dev0_after.struct_size = sizeof dev0;
+  ASSERT_EQ(expanse_get_stats(0, &dev0), EXPANSE_OK);
+  EXPECT_EQ(expanse_pool_malloc(p, 4 * MiB, cs(s1)), nullptr);
+  const std::string m = expanse_last_error();
+  char stream_text[32];
+  std::snprintf(stream_text, sizeof stream_text, "%p", static_cast<void*>(s1));
+  EXPECT_NE(m.find("pool " + std::to_string(p)), std::string::npos) << m;
+  EXPECT_NE(m.find(stream_text), std::string::npos) << m;
+  EXPECT_NE(m.find("device 0"), std::string::npos) << m;
+  EXPECT_NE(m.find("device 1"), std::string::npos) << m;
+  EXPECT_POOL_ERROR(expanse_pool_begin_capture(p, cs(s1)), EXPANSE_EINVAL, p, "device 1");
+  EXPECT_TRUE(same(before, stats_of(p)));
+  ASSERT_EQ(expanse_get_stats(0, &dev0_after), EXPANSE_OK);
+  EXPECT_EQ(dev0_after.num_allocs, dev0.num_allocs);
+  // Its own device's stream is fine; so is a pool on device 1 with s1.
+  CUstream s0 = stream(0);
+  void* a = expanse_pool_malloc(p, 4 * MiB, cs(s0));
+  ASSERT_NE(a, nullptr) << expanse_last_error();
+  const expanse_pool_id q = create(1);
+  void* b = expanse_pool_malloc(q, 4 * MiB, cs(s1));
+  ASSERT_NE(b, nullptr) << expanse_last_error();
+  EXPECT_EQ(stats_of(q).device, 1);
+  must_free(a, 4 * MiB, 0, s0);
+  must_free(b, 4 * MiB, 1, s1);
+}
+
+TEST_P(Pools, StatsFields) {
+  start("sim_capacity:1GiB");
+  const expanse_pool_id p = create();
+  expanse_pool_stats s = stats_of(p);
+  EXPECT_EQ(s.struct_size, sizeof(expanse_pool_stats));
+  EXPECT_EQ(s.id, p);
+  EXPECT_EQ(s.device, 0);
+  EXPECT_EQ(s.use_count, 1);
+  EXPECT_EQ(s.released, 0u);
+  EXPECT_EQ(s.returned, 0u);
+  EXPECT_EQ(s.live_blocks, 0u);
+  void* a = expanse_pool_malloc(p, 3 * MiB + 1, nullptr);
+  void* b = expanse_pool_malloc(p, 1000, nullptr);
+  ASSERT_TRUE(a != nullptr && b != nullptr) << expanse_last_error();
+  s = stats_of(p);
+  EXPECT_EQ(s.live_blocks, 2u);
+  EXPECT_EQ(s.requested_bytes, 3 * MiB + 1 + 1000);
+  EXPECT_EQ(s.live_bytes, 3 * MiB + 512 + 1024);
+  EXPECT_EQ(s.cached_bytes, 0u);
+  EXPECT_GE(s.physical_bytes, 4 * MiB);
+  must_free(a, 3 * MiB + 1, 0, nullptr);
+  s = stats_of(p);
+  EXPECT_EQ(s.live_blocks, 1u);
+  EXPECT_EQ(s.cached_bytes, 3 * MiB + 512);
+  ASSERT_EQ(expanse_pool_retain(p), EXPANSE_OK);
+  EXPECT_EQ(stats_of(p).use_count, 2);
+  ASSERT_EQ(expanse_pool_release(p), EXPANSE_OK);
+  // Only the caller's struct_size is written.
+  expanse_pool_stats part;
+  std::memset(&part, 0xab, sizeof part);
+  part.struct_size = offsetof(expanse_pool_stats, use_count);
+  ASSERT_EQ(expanse_pool_get_stats(p, &part), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(part.struct_size, offsetof(expanse_pool_stats, use_count));
+  EXPECT_EQ(part.id, p);
+  EXPECT_EQ(part.device, 0);
+  EXPECT_EQ(part.use_count, static_cast<int32_t>(0xabababab));
+  part.struct_size = 4;
+  EXPECT_EQ(expanse_pool_get_stats(p, &part), EXPANSE_EINVAL);
+  EXPECT_EQ(expanse_pool_get_stats(p, nullptr), EXPANSE_EINVAL);
+  must_free(b, 1000, 0, nullptr);
+}
+
+TEST_P(Pools, ThreadRoutingIsTheCallingThreadsOnItsDeviceOnly) {
+  start("sim_devices:2,sim_capacity:1GiB");
+  const expanse_pool_id p = create(0);
+  ASSERT_EQ(expanse_pool_begin_thread(p), EXPANSE_OK) << expanse_last_error();
+  void* mine = must_malloc(2 * MiB, 0, nullptr);
+  void* checked = nullptr;
+  ASSERT_EQ(expanse_malloc_checked(&checked, MiB, 0, nullptr), EXPANSE_OK);
+  void* other_device = must_malloc(2 * MiB, 1, nullptr);
+  void* theirs = nullptr;
+  std::thread([&] { theirs = expanse_malloc(2 * MiB, 0, nullptr); }).join();
+  ASSERT_NE(theirs, nullptr);
+  EXPECT_EQ(stats_of(p).live_blocks, 2u) << "the thread's two device-0 allocations only";
+  ASSERT_EQ(expanse_pool_end(p), EXPANSE_OK) << expanse_last_error();
+  void* after = must_malloc(2 * MiB, 0, nullptr);
+  EXPECT_EQ(stats_of(p).live_blocks, 2u);
+  for (void* x : {mine, checked, theirs, after}) must_free(x, 0, 0, nullptr);
+  must_free(other_device, 0, 1, nullptr);
+  EXPECT_EQ(stats_of(p).live_blocks, 0u);
+  EXPECT_EQ(stats_of(p).cached_bytes, 3 * MiB) << "pool blocks go back to their pool";
+}
+
+struct FilterCtx {
+  CUstream accept = nullptr;
+  int calls = 0;
+};
+
+int accept_one(CUstream_st* s, void* ctx) {
+  auto* f = static_cast<FilterCtx*>(ctx);
+  ++f->calls;
+  return reinterpret_cast<CUstream>(s) == f->accept ? 1 : 0;
+}
+
+TEST_P(Pools, FilterRoutingAsksTheFilter) {
+  start("sim_capacity:1GiB");
+  CUstream s1 = stream(), s2 = stream();
+  const expanse_pool_id p = create();
+  FilterCtx f{s1, 0};
+  ASSERT_EQ(expanse_pool_begin_filter(p, accept_one, &f), EXPANSE_OK) << expanse_last_error();
+  void* a = must_malloc(MiB, 0, s1);
+  void* b = must_malloc(MiB, 0, s2);
+  EXPECT_EQ(f.calls, 2);
+  EXPECT_EQ(stats_of(p).live_blocks, 1u);
+  ASSERT_EQ(expanse_pool_end(p), EXPANSE_OK);
+  void* c = must_malloc(MiB, 0, s1);
+  EXPECT_EQ(f.calls, 2) << "an ended route is not asked";
+  EXPECT_EQ(stats_of(p).live_blocks, 1u);
+  must_free(a, MiB, 0, s1);
+  must_free(b, MiB, 0, s2);
+  must_free(c, MiB, 0, s1);
+}
+
+TEST_P(Pools, RoutesNestNewestFirst) {
+  start("sim_capacity:1GiB");
+  const expanse_pool_id a = create(), b = create();
+  auto live = [&](expanse_pool_id id) { return stats_of(id).live_blocks; };
+  std::vector<void*> blocks;
+  ASSERT_EQ(expanse_pool_begin_thread(a), EXPANSE_OK);
+  blocks.push_back(must_malloc(MiB, 0, nullptr));
+  EXPECT_EQ(live(a), 1u);
+  ASSERT_EQ(expanse_pool_begin_thread(b), EXPANSE_OK);
+  blocks.push_back(must_malloc(MiB, 0, nullptr));
+  EXPECT_EQ(live(b), 1u) << "the newest route wins";
+  ASSERT_EQ(expanse_pool_begin_thread(a), EXPANSE_OK);  // a again, newest
+  blocks.push_back(must_malloc(MiB, 0, nullptr));
+  EXPECT_EQ(live(a), 2u);
+  ASSERT_EQ(expanse_pool_end(a), EXPANSE_OK);  // a's newest: b routes again
+  blocks.push_back(must_malloc(MiB, 0, nullptr));
+  EXPECT_EQ(live(b), 2u);
+  ASSERT_EQ(expanse_pool_end(a), EXPANSE_OK);  // a's older one, beneath b's
+  blocks.push_back(must_malloc(MiB, 0, nullptr));
+  EXPECT_EQ(live(b), 3u);
+  ASSERT_EQ(expanse_pool_end(b), EXPANSE_OK);
+  blocks.push_back(must_malloc(MiB, 0, nullptr));
+  EXPECT_EQ(live(a) + live(b), 5u) << "no route: the default pool";
+  EXPECT_POOL_ERROR(expanse_pool_end(a), EXPANSE_EINVAL, a, "routes nothing");
+  for (void* x : blocks) must_free(x, MiB, 0, nullptr);
+}
+
+// A capture route takes every allocation made on a stream of its capture, a side stream forked
+// into the capture included, and none made elsewhere.
+TEST_P(Pools, CaptureRoutingTakesSideStreamsOfTheCapture) {
+  start("sim_capacity:1GiB");
+  CUstream cap = stream(), side = stream(), other = stream();
+  const expanse_pool_id p = create();
+  push(0);
+  ASSERT_EQ(expanse_pool_begin_capture(p, cs(cap)), EXPANSE_OK) << expanse_last_error();
+  void* before = must_malloc(MiB, 0, cap);  // not capturing yet: the default pool
+  EXPECT_EQ(stats_of(p).live_blocks, 0u);
+  ASSERT_EQ(t().stream_begin_capture(cap, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  wait_for(side, cap);  // fork
+  void* x = must_malloc(2 * MiB, 0, side);
+  EXPECT_EQ(stats_of(p).live_blocks, 1u) << "the side stream's allocation";
+  void* y = must_malloc(2 * MiB, 0, cap);
+  EXPECT_EQ(stats_of(p).live_blocks, 2u);
+  void* z = must_malloc(2 * MiB, 0, other);
+  EXPECT_EQ(stats_of(p).live_blocks, 2u) << "a stream outside the capture";
+  void* w = expanse_pool_malloc(p, MiB, cs(side));
+  ASSERT_NE(w, nullptr) << expanse_last_error();
+  wait_for(cap, side);  // join
+  CUgraph g = nullptr;
+  EXPECT_EQ(t().stream_end_capture(cap, &g), CUDA_SUCCESS) << "the capture was invalidated";
+  if (g != nullptr) t().graph_destroy(g);
+  ASSERT_EQ(expanse_pool_end(p), EXPANSE_OK) << expanse_last_error();
+  void* after = must_malloc(MiB, 0, side);
+  EXPECT_EQ(stats_of(p).live_blocks, 3u);
+  pop();
+  must_free(before, MiB, 0, cap);
+  must_free(x, 2 * MiB, 0, side);
+  must_free(y, 2 * MiB, 0, cap);
+  must_free(z, 2 * MiB, 0, other);
+  must_free(w, MiB, 0, side);
+  must_free(after, MiB, 0, side);
+}
+
+// A default-pool block freed on a stream of the capture joins the capture's pool: the graph
+// uses it on every replay, so no eager allocation may get it.
+TEST_P(Pools, DefaultBlockFreedInTheCaptureJoinsItsPool) {
+  start("sim_capacity:1GiB");
+  CUstream cap = stream(), other = stream();
+  const expanse_pool_id p = create();
+  void* input = must_malloc(8 * MiB, 0, cap);  // the default pool's, made before the capture
+  push(0);
+  ASSERT_EQ(expanse_pool_begin_capture(p, cs(cap)), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(t().stream_begin_capture(cap, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  must_free(input, 8 * MiB, 0, cap);
+  EXPECT_EQ(stats_of(p).cached_bytes, 8 * MiB) << "the freed block did not join the pool";
+  void* in_pool = must_malloc(8 * MiB, 0, cap);
+  EXPECT_EQ(stats_of(p).live_blocks, 1u);
+  must_free(in_pool, 8 * MiB, 0, cap);
+  CUgraph g = nullptr;
+  EXPECT_EQ(t().stream_end_capture(cap, &g), CUDA_SUCCESS) << "the capture was invalidated";
+  if (g != nullptr) t().graph_destroy(g);
+  ASSERT_EQ(expanse_pool_end(p), EXPANSE_OK);
+  pop();
+  release_all_();
+  std::vector<void*> eager;
+  for (int i = 0; i < 4; ++i) {
+    eager.push_back(must_malloc(8 * MiB, 0, other));
+    EXPECT_FALSE(overlaps(input, 8 * MiB, eager.back(), 8 * MiB)) << "an eager allocation got it";
+    eager.push_back(must_malloc(8 * MiB, 0, cap));
+    EXPECT_FALSE(overlaps(input, 8 * MiB, eager.back(), 8 * MiB)) << "an eager allocation got it";
+  }
+  for (void* e : eager) must_free(e, 8 * MiB, 0, other);
+  ASSERT_EQ(expanse_pool_release(p), EXPANSE_OK);
+}
+
+// THE graph hazard: memory a captured graph uses (allocated and freed inside the capture) must
+// not go to eager allocations after the capture, or each replay writes over them. Without a
+// pool it does (the control); with one it does not, until the pool is released and its work
+// proven done.
+TEST_P(Pools, GraphMemoryIsNotGivenToEagerAllocations) {
+  start("sim_capacity:1GiB");
+  CUstream cap = stream(), eager_stream = stream();
+  constexpr size_t kSize = 32 * MiB;
+  // Captures a graph that allocates two blocks on cap: a temporary freed inside the capture,
+  // and an output freed after it (the graph still writes it on every replay). Returns both.
+  auto capture = [&](expanse_pool_id pool) -> std::pair<void*, void*> {
+    push(0);
+    if (pool != 0) {
+      EXPECT_EQ(expanse_pool_begin_capture(pool, cs(cap)), EXPANSE_OK) << expanse_last_error();
+    } else {
+      EXPECT_EQ(expanse_capture_begin(cs(cap)), EXPANSE_OK) << expanse_last_error();
+    }
+    EXPECT_EQ(t().stream_begin_capture(cap, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    void* tmp = must_malloc(kSize, 0, cap);
+    void* out = must_malloc(kSize, 0, cap);
+    must_free(tmp, kSize, 0, cap);
+    CUgraph g = nullptr;
+    EXPECT_EQ(t().stream_end_capture(cap, &g), CUDA_SUCCESS) << "the capture was invalidated";
+    if (g != nullptr) t().graph_destroy(g);
+    if (pool != 0) {
+      EXPECT_EQ(expanse_pool_end(pool), EXPANSE_OK) << expanse_last_error();
+    } else {
+      EXPECT_EQ(expanse_capture_end(cs(cap)), EXPANSE_OK) << expanse_last_error();
+    }
+    pop();
+    must_free(out, kSize, 0, cap);
+    return {tmp, out};
+  };
+  // Eager allocations on both streams after the capture, once its work is done and proven done
+  // (expanse_release_cached synchronizes the context): do any overlap the graph's memory?
+  auto eager_overlaps = [&](std::pair<void*, void*> graph_mem) {
+    release_all_();
+    EXPECT_EQ(expanse_release_cached(0), EXPANSE_OK) << expanse_last_error();
+    bool any = false;
+    std::vector<std::pair<void*, CUstream>> got;
+    for (CUstream s : {cap, eager_stream, cap, eager_stream}) {
+      void* e = must_malloc(kSize, 0, s);
+      any = any || overlaps(graph_mem.first, kSize, e, kSize) ||
+            overlaps(graph_mem.second, kSize, e, kSize);
+      got.emplace_back(e, s);
+    }
+    for (auto& [e, s] : got) must_free(e, kSize, 0, s);
+    return any;
+  };
+
+  // A live block before the captures keeps their memory's VA reservation (cuMemAddressReserve
+  // may hand out new addresses for a reservation given back).
+  void* anchor = must_malloc(2 * MiB, 0, eager_stream);
+
+  // Control: no pool. The graph's memory goes to the next eager allocation.
+  const auto unpooled = capture(0);
+  EXPECT_TRUE(eager_overlaps(unpooled))
+      << "without a pool the graph's memory was not reused: this test no longer shows the hazard";
+  ASSERT_EQ(expanse_release_cached(0), EXPANSE_OK);
+
+  // With a pool: none of the graph's bytes go to eager allocations, even after release_cached.
+  const expanse_pool_id p = create();
+  const auto pooled = capture(p);
+  EXPECT_FALSE(eager_overlaps(pooled)) << "an eager allocation got the graph's memory";
+  expanse_pool_stats s = stats_of(p);
+  EXPECT_EQ(s.cached_bytes, 2 * kSize);
+  EXPECT_EQ(s.physical_bytes, 2 * kSize) << "a live pool's free memory stays mapped";
+  EXPECT_EQ(s.returned, 0u);
+  EXPECT_FALSE(eager_overlaps(pooled));
+
+  // Released, and proven done by release_cached's sync: the memory serves others again.
+  ASSERT_EQ(expanse_pool_release(p), EXPANSE_OK);
+  ASSERT_EQ(expanse_release_cached(0), EXPANSE_OK) << expanse_last_error();
+  s = stats_of(p);
+  EXPECT_EQ(s.released, 1u);
+  EXPECT_EQ(s.returned, 1u);
+  EXPECT_EQ(s.cached_bytes, 0u);
+  EXPECT_TRUE(eager_overlaps(pooled)) << "the returned pool's range serves no one";
+  // Nearly every page of the device: the pool's former pages among them.
+  void* big = must_malloc(1024 * MiB - 8 * MiB, 0, eager_stream);
+  ASSERT_NE(big, nullptr);
+  must_free(big, 1024 * MiB - 8 * MiB, 0, eager_stream);
+  must_free(anchor, 2 * MiB, 0, eager_stream);
+}
+
+// Allocating into a pool during its capture, from the capturing thread and from another thread
+// allocating meanwhile (with frees still pending that the allocator wants to fence), makes no
+// call the capture forbids: the capture ends valid.
+TEST_P(Pools, CaptureIntoAPoolMakesNoProhibitedCall) {
+  start("sim_capacity:1GiB");
+  CUstream busy = stream(), cap = stream(), side = stream(), other = stream();
+  void* old = must_malloc(16 * MiB, 0, busy);
+  hold_(busy);
+  must_free(old, 16 * MiB, 0, busy);  // pending work: fences to record and query
+  const expanse_pool_id p = create();
+  push(0);
+  ASSERT_EQ(expanse_pool_begin_capture(p, cs(cap)), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(t().stream_begin_capture(cap, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  wait_for(side, cap);
+  std::vector<std::pair<void*, size_t>> in_capture;
+  std::vector<void*> outside;
+  std::thread other_thread([&] {
+    for (int i = 0; i < 8; ++i) {
+      void* o = expanse_malloc((size_t{1} + static_cast<size_t>(i)) * 3 * MiB, 0, cs(other));
+      EXPECT_NE(o, nullptr) << expanse_last_error();
+      outside.push_back(o);
+      if (i % 2 == 1) {
+        expanse_free(outside.front(), 0, 0, cs(other));
+        outside.erase(outside.begin());
+      }
+    }
+    EXPECT_EQ(expanse_release_cached(0), EXPANSE_OK) << expanse_last_error();
+  });
+  for (int i = 0; i < 8; ++i) {
+    const size_t n = (size_t{1} + static_cast<size_t>(i)) * 5 * MiB + 4096;
+    void* a = must_malloc(n, 0, i % 2 == 0 ? cap : side);
+    in_capture.emplace_back(a, n);
+    if (i % 3 == 2) {
+      must_free(in_capture.front().first, in_capture.front().second, 0, cap);
+      in_capture.erase(in_capture.begin());
+    }
+  }
+  other_thread.join();
+  wait_for(cap, side);
+  CUgraph g = nullptr;
+  EXPECT_EQ(t().stream_end_capture(cap, &g), CUDA_SUCCESS)
+      << "the capture was invalidated: " << (dlopened() ? "" : expanse::sim::capture_log());
+  if (g != nullptr) t().graph_destroy(g);
+  ASSERT_EQ(expanse_pool_end(p), EXPANSE_OK);
+  pop();
+  EXPECT_EQ(stats_of(p).live_blocks, in_capture.size());
+  for (auto& [a, n] : in_capture) must_free(a, n, 0, cap);
+  for (void* o : outside) must_free(o, 0, 0, other);
+  ASSERT_EQ(expanse_pool_release(p), EXPANSE_OK);
+}
+
+INSTANTIATE_TEST_SUITE_P(Drivers, Pools, ::testing::Values("sim", "simcuda"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
+}  // namespace

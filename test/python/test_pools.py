@@ -1,0 +1,82 @@
+"""expanse.Pool, use_pool and graph_pool, against the sim."""
+import threading
+
+import pytest
+
+import expanse
+from conftest import MiB
+
+
+def test_pool_lifecycle_and_stats(ex, lib):
+    with expanse.Pool(0) as p:
+        assert p.id > 0
+        s = p.stats()
+        assert s["id"] == p.id and s["device"] == 0 and s["use_count"] == 1
+        assert s["released"] is False and s["returned"] is False
+        a = p.malloc(3 * MiB + 1)
+        assert a
+        s = p.stats()
+        assert s["live_blocks"] == 1
+        assert s["requested_bytes"] == 3 * MiB + 1
+        assert s["live_bytes"] == 3 * MiB + 512
+        assert s["physical_bytes"] >= 4 * MiB
+        lib.expanse_free(a, 3 * MiB + 1, 0, None)
+        assert p.stats()["cached_bytes"] == 3 * MiB + 512
+    s = p.stats()
+    assert s["released"] is True and s["use_count"] == 0
+    expanse.empty_cache()
+    assert p.stats()["returned"] is True
+    p.release()  # a second release does nothing
+
+
+def test_use_pool_routes_this_thread_only(ex, lib):
+    p = expanse.Pool()
+    other = []
+    with expanse.use_pool(p):
+        a = lib.expanse_malloc(MiB, 0, None)
+        t = threading.Thread(target=lambda: other.append(lib.expanse_malloc(MiB, 0, None)))
+        t.start()
+        t.join()
+        assert p.stats()["live_blocks"] == 1
+    b = lib.expanse_malloc(MiB, 0, None)
+    assert p.stats()["live_blocks"] == 1
+    for x in (a, b, other[0]):
+        lib.expanse_free(x, MiB, 0, None)
+    p.release()
+
+
+def test_errors_name_the_pool(ex):
+    p = expanse.Pool()
+    p.release()
+    with pytest.raises(expanse.ExpanseError, match=f"pool {p.id}.*released"):
+        with expanse.use_pool(p):
+            pass
+    with pytest.raises(expanse.ExpanseError, match=f"pool {p.id}"):
+        p.retain()
+    with pytest.raises(expanse.ExpanseError, match="pool 123456789 does not exist"):
+        expanse.use_pool(123456789).__enter__()
+    q = expanse.Pool()
+    with pytest.raises(expanse.ExpanseError, match=f"pool {q.id} routes nothing"):
+        expanse.use_pool(q).__exit__(None, None, None)
+    with pytest.raises(expanse.ExpanseError, match="in use"):
+        q.trim()
+    q.release()
+    assert q.trim() is True
+
+
+class FakeTorchStream:
+    def __init__(self, handle):
+        self.cuda_stream = handle
+
+
+def test_graph_pool_takes_torch_style_streams(ex):
+    p = expanse.Pool()
+    # Not a stream the driver knows: the error names the stream, and nothing routes.
+    with pytest.raises(expanse.ExpanseError, match="0xdead000"):
+        with expanse.graph_pool(p, FakeTorchStream(0xDEAD000)):
+            pass
+    with pytest.raises(TypeError):
+        expanse.graph_pool(p, "stream")
+    with pytest.raises(expanse.ExpanseError, match="routes nothing"):
+        expanse.graph_pool(p, 0xDEAD000).__exit__(None, None, None)
+    p.release()
