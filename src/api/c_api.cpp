@@ -103,6 +103,7 @@ EXPANSE_C_API int expanse_capture_end(struct CUstream_st* stream) {
   return guarded([&] {
     // The context remembered at begin: no driver call, so an end after the stream was destroyed
     // (or while the runtime cannot be had) still ends the announcement.
+    if (Runtime* rt = Runtime::current()) rt->capture_ended(to_cu(stream));
     if (expanse::core::CaptureAnnouncements::end_stream(stream)) return;
     expanse::core::CaptureAnnouncements::end(capture_context(stream, "expanse_capture_end"));
   });

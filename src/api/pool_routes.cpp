@@ -65,7 +65,7 @@ void PoolRoutes::finish(const Route& r) {
   }
 }
 
-void PoolRoutes::end(core::PoolId pool, const char* what) {
+CUstream PoolRoutes::end(core::PoolId pool, const char* what) {
   std::shared_ptr<Route> gone;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -83,9 +83,10 @@ void PoolRoutes::end(core::PoolId pool, const char* what) {
                       " routes nothing (no begin, or every begin has ended); nothing was changed");
   }
   finish(*gone);
+  return gone->kind == Kind::capture ? gone->stream : nullptr;
 }
 
-bool PoolRoutes::end_route(uint64_t token) {
+bool PoolRoutes::end_route(uint64_t token, CUstream* capture) {
   std::shared_ptr<Route> gone;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -100,6 +101,7 @@ bool PoolRoutes::end_route(uint64_t token) {
   }
   if (!gone) return false;
   finish(*gone);
+  *capture = gone->kind == Kind::capture ? gone->stream : nullptr;
   return true;
 }
 

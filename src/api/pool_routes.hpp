@@ -45,10 +45,11 @@ class PoolRoutes {
   uint64_t begin_thread(core::PoolId pool, int device);
   uint64_t begin_filter(core::PoolId pool, int device, PoolFilter filter, void* ctx);
   // Ends the newest route of `pool`. Throws usage_error naming `what` and the pool when it has
-  // none (never begun, or ended already).
-  void end(core::PoolId pool, const char* what);
-  // Ends the route `token` names; false if it has ended already.
-  bool end_route(uint64_t token);
+  // none (never begun, or ended already). Returns the stream of a capture route (whose capture
+  // has ended: the caller tells the allocators), else nullptr.
+  CUstream end(core::PoolId pool, const char* what);
+  // Ends the route `token` names; false if it has ended already. *capture: as end() returns.
+  bool end_route(uint64_t token, CUstream* capture);
   // How many routes `pool` has now.
   int routes_of(core::PoolId pool) const;
 

@@ -181,12 +181,15 @@ uint64_t pool_begin_filter(core::PoolId id, PoolFilter filter, void* ctx) {
 void pool_end(core::PoolId id) {
   Runtime& rt = Runtime::get();
   (void)rt.pools().device_of(id, "expanse_pool_end");
-  rt.routes().end(id, "expanse_pool_end");
+  if (CUstream s = rt.routes().end(id, "expanse_pool_end")) rt.capture_ended(s);
 }
 
 bool pool_end_route(uint64_t token) {
   Runtime* rt = Runtime::current();
-  return rt != nullptr && rt->routes().end_route(token);
+  CUstream capture = nullptr;
+  if (rt == nullptr || !rt->routes().end_route(token, &capture)) return false;
+  if (capture != nullptr) rt->capture_ended(capture);
+  return true;
 }
 
 void* pool_malloc(core::PoolId id, size_t size, CUstream stream) {

@@ -140,4 +140,10 @@ core::DeviceAllocator& Runtime::device(int device) {
   return *owned_[static_cast<size_t>(device)];
 }
 
+void Runtime::capture_ended(CUstream s) {
+  for (int d = 0; d < device_count(); ++d) {
+    if (core::DeviceAllocator* a = existing(d)) a->capture_ended(s);
+  }
+}
+
 }  // namespace expanse::api

@@ -31,6 +31,8 @@ class Runtime {
   core::DeviceAllocator& device(int device);
   // The allocator of device d if it exists already, else nullptr.
   core::DeviceAllocator* existing(int device) const;
+  // Tells every device's allocator that the capture announced on s has ended.
+  void capture_ended(CUstream s);
   int device_count() const noexcept { return static_cast<int>(slots_.size()); }
   const driver::LoadedDriver& driver() const noexcept { return *driver_; }
   // The pools created under this configuration (pools.hpp) and the routes to them

@@ -53,6 +53,12 @@ class DeviceAllocator {
   // `ptr` is used by work on `stream` too: its memory is reused only after that work completes.
   void record_stream(void* ptr, CUstream stream);
 
+  // The capture the application announced on stream s has ended (StreamOrder::capture_ended).
+  void capture_ended(CUstream s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    streams_.capture_ended(s);
+  }
+
   // Waits for streams' work on free memory, then unmaps and releases every cached page.
   void release_cached();
   // Caps physical memory held (mapped + pooled); kNoLimit removes the cap. Trims at once what it

@@ -133,6 +133,15 @@ class StreamOrder {
   // blocks until that work is done wherever that can be proven (a capturing stream's frees stay
   // unsafe).
   void poll(bool wait);
+  // The application says the capture on handle s has ended (it announced the capture: see
+  // capture_announcements.hpp). Until a call names s again, nothing else could tell: a handle
+  // that may name a destroyed stream is never passed to the driver, and a capture that may be
+  // under way keeps its context from being synchronized (its frees would wait forever).
+  void capture_ended(CUstream s) {
+    for (auto& [k, st] : streams_) {
+      if (st.kind == StreamIdentity::capturing && st.handle == s) st.capture_over = true;
+    }
+  }
   // Synchronizes ctx (unless a known stream of it captures, or the application announced a
   // capture in it) and marks every stream of it done up to now. Returns whether it did.
   bool sync_context(CUcontext ctx);
