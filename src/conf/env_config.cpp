@@ -40,6 +40,7 @@ const std::vector<std::string>& known_keys() {
       "sim_peer_access",     // cuDeviceCanAccessPeer between distinct sim devices
       "sim_posix_fd",        // sim devices support POSIX file-descriptor handles
       "sim_rdma",            // sim devices support GPUDirect RDMA with VMM
+      "sim_host_capacity",   // pinned host memory (cuMemHostAlloc) the sim hands out in all
       "peer_access",      // auto | none: grant peers that can access a device its memory
       "rdma",             // auto | off: ask cuMemCreate for GPUDirect RDMA where supported
       "max_handle_size",  // largest physical handle backing a block (page_size: one per page)

@@ -51,6 +51,8 @@ SimOptions parse_sim_options(const std::string& conf) {
       cfg.peer_access = parse_bool_for(key, value);
     } else if (key == "sim_posix_fd") {
       cfg.posix_fd = parse_bool_for(key, value);
+    } else if (key == "sim_host_capacity") {
+      cfg.host_capacity = parse_size_for(key, value);
     } else if (key == "sim_rdma") {
       cfg.rdma_wsl = value == "wsl";
       cfg.rdma = cfg.rdma_wsl || parse_bool_for(key, value);

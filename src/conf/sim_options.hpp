@@ -26,6 +26,9 @@ struct SimOptions {
   // cuMemCreate/cuMemMap take gpuDirectRDMACapable, then fails cuMemSetAccess on such memory
   // with CUDA_ERROR_UNKNOWN (pytorch/pytorch#192330).
   bool rdma_wsl = false;
+  // Pinned host memory (cuMemHostAlloc) the sim hands out in all, over every context; beyond it
+  // cuMemHostAlloc answers CUDA_ERROR_OUT_OF_MEMORY (a host that cannot lock more pages).
+  size_t host_capacity = size_t{1} << 40;
 };
 
 // Parses the sim_* keys of an EXPANSE_CONF string (other known keys are accepted and ignored;

@@ -46,6 +46,23 @@ CostModel make_h100() {
   // Small synchronous copies: launch and synchronization dominate (~10 us, unmeasured).
   m.set_flat(EntryPoint::memcpy_htod, 10000);
   m.set_flat(EntryPoint::memcpy_dtoh, 10000);
+  // Host <-> device copies on a stream, pinned host memory: ~4 us to enqueue (an estimate, of
+  // the order of a kernel launch) plus the bytes at 25 GB/s (41.9 us/MiB). 25 GB/s is an
+  // estimate for an H100 on PCIe Gen5 x16 (64 GB/s per direction on paper), conservative on
+  // purpose; on a GH200 over NVLink-C2C a pinned 1 GiB cuMemcpyHtoD ran at ~97 GiB/s
+  // (vortex-data/vortex PR #7815), about 4x faster. The model prices one call as the time its
+  // bytes keep a copy engine busy, not the host time of an asynchronous call.
+  constexpr double kPinnedCopyNsPerMiB = kMiB / 25e9 * 1e9;
+  m.set_linear(EntryPoint::memcpy_htod_async, 4000, kPinnedCopyNsPerMiB);
+  m.set_linear(EntryPoint::memcpy_dtoh_async, 4000, kPinnedCopyNsPerMiB);
+  // cuMemsetD8Async: ~3 us to enqueue (estimate) plus the bytes at ~2 TB/s of HBM3 write
+  // bandwidth (H100 SXM: 3.35 TB/s peak; 2 TB/s achieved is an estimate): 0.52 us/MiB.
+  m.set_linear(EntryPoint::memset_d8_async, 3000, kMiB / 2e12 * 1e9);
+  // cuMemHostAlloc: pinning is slow. CuPy's pinned allocation of 32 MB took 11.6 ms where a
+  // pageable bytearray took 1.4 ms (rapidsai/dask-cuda#106): ~0.36 ms/MiB, plus ~20 us per call
+  // (estimate). cuMemFreeHost: unpinning and unmapping, ~10 us + 20 us/MiB (estimate).
+  m.set_linear(EntryPoint::mem_host_alloc, 20000, 360000);
+  m.set_linear(EntryPoint::mem_free_host, 10000, 20000);
   return m;
 }
 

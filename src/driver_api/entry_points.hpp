@@ -141,7 +141,16 @@
     (int* can, CUdevice dev, CUdevice peer), (can, dev, peer))                                     \
   X(ctx_get_device, "cuCtxGetDevice", cuCtxGetDevice, 2000, required, (CUdevice* dev), (dev))      \
   X(ctx_get_id, "cuCtxGetId", cuCtxGetId, 12000, optional,                                         \
-    (CUcontext ctx, unsigned long long* id), (ctx, id))
+    (CUcontext ctx, unsigned long long* id), (ctx, id))                                            \
+  X(mem_host_alloc, "cuMemHostAlloc", cuMemHostAlloc, 2020, required,                              \
+    (void** pp, size_t bytes, unsigned int flags), (pp, bytes, flags))                             \
+  X(mem_free_host, "cuMemFreeHost", cuMemFreeHost, 2000, required, (void* p), (p))                 \
+  X(memcpy_dtoh_async, "cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2, 3020, required,                  \
+    (void* dst, CUdeviceptr src, size_t bytes, CUstream stream), (dst, src, bytes, stream))        \
+  X(memcpy_htod_async, "cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2, 3020, required,                  \
+    (CUdeviceptr dst, const void* src, size_t bytes, CUstream stream), (dst, src, bytes, stream))  \
+  X(memset_d8_async, "cuMemsetD8Async", cuMemsetD8Async, 3020, required,                           \
+    (CUdeviceptr dst, unsigned char value, size_t n, CUstream stream), (dst, value, n, stream))
 
 namespace expanse::driver {
 

@@ -72,6 +72,12 @@ double modeled_seconds();
 // use). A destroyed stream stays held, its work pending, until a synchronize covers it (its
 // context's, or an event it recorded) or release_all(); its handle value may meanwhile name a
 // new stream (cuStreamCreate recycles values), which it is then release_stream's to release.
+// Asynchronous copies and memsets are work items too (cuMemcpyHtoDAsync, cuMemcpyDtoHAsync,
+// cuMemsetD8Async): queued behind pending work, their bytes move only when they complete, so
+// data copied on a held stream cannot be read before the hold is released or a synchronize
+// completes it. A DtoH copy into pageable (not cuMemHostAlloc) memory waits for its stream, as
+// the driver does, so it completes a held stream's work; an HtoD copy from pageable memory reads
+// its source at the call (the driver's staging buffer). See sim_vmm.cpp.
 // Throws std::invalid_argument for a handle that names no stream.
 void hold_stream(CUstream stream);
 void release_stream(CUstream stream);
@@ -79,6 +85,12 @@ void release_stream(CUstream stream);
 void release_all();
 // Number of events recorded but not complete, over all streams.
 size_t pending_events();
+// Asynchronous copies / memsets (cuMemcpyHtoDAsync, cuMemcpyDtoHAsync, cuMemsetD8Async) whose
+// device range was no longer mapped with the access they need when their stream ran them (the
+// range was unmapped, or its access taken, while they were pending): an illegal-address fault on
+// a GPU (sticky, asynchronous). The sim skips such a copy and counts it here; code that never
+// unmaps pages under pending work (invariant 3) keeps this at 0.
+uint64_t async_faults();
 // Calls so far that named a destroyed stream whose handle value no new stream took: undefined
 // behaviour on a real driver (seen: 709, then a crash inside libcuda). Code that keeps stream
 // handles (an allocator) must never cause one.
@@ -99,8 +111,11 @@ struct Outstanding {
   size_t mapped_bytes = 0;
   size_t streams = 0;
   size_t events = 0;
+  size_t host_allocations = 0;  // pinned host memory (cuMemHostAlloc) not yet freed
+  size_t host_bytes = 0;        // their bytes, as asked for (never per device)
   bool empty() const noexcept {
-    return reservations == 0 && allocations == 0 && mappings == 0 && physical_bytes == 0;
+    return reservations == 0 && allocations == 0 && mappings == 0 && physical_bytes == 0 &&
+           host_allocations == 0;
   }
 };
 // -1: all devices. Reservations belong to no device and are reported for every device.

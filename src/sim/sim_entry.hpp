@@ -96,7 +96,13 @@ EXPANSE_DRIVER_ENTRY_POINTS(EXPANSE_X)
      const CUgraphNode** deps, const CUgraphEdgeData** edges, size_t* num_deps),                   \
     (stream, status, id, graph, deps, edges, num_deps))                                            \
   X("cuCtxGetDevice", 13000, false, sim_ctx_get_device_v2, cuCtxGetDevice_v2,                      \
-    (CUdevice* dev, CUcontext ctx), (dev, ctx))
+    (CUdevice* dev, CUcontext ctx), (dev, ctx))                                                    \
+  X("cuMemcpyHtoDAsync", 7000, true, sim_memcpy_htod_async_ptsz, cuMemcpyHtoDAsync_v2_ptsz,        \
+    (CUdeviceptr dst, const void* src, size_t bytes, CUstream stream), (dst, src, bytes, stream))  \
+  X("cuMemcpyDtoHAsync", 7000, true, sim_memcpy_dtoh_async_ptsz, cuMemcpyDtoHAsync_v2_ptsz,        \
+    (void* dst, CUdeviceptr src, size_t bytes, CUstream stream), (dst, src, bytes, stream))        \
+  X("cuMemsetD8Async", 7000, true, sim_memset_d8_async_ptsz, cuMemsetD8Async_ptsz,                 \
+    (CUdeviceptr dst, unsigned char value, size_t n, CUstream stream), (dst, value, n, stream))
 
 #define EXPANSE_X(base, version, per_thread, impl, symbol, params, args) CUresult impl params;
 EXPANSE_SIM_OTHER_VARIANTS(EXPANSE_X)

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -85,6 +86,7 @@ struct Context {
 };
 
 struct Stream;
+struct State;
 
 // One stream capture sequence (cuStreamBeginCapture .. cuStreamEndCapture). Streams that wait on
 // an event recorded in it join it; work recorded into it is captured, never executed.
@@ -112,9 +114,15 @@ struct Stream : std::enable_shared_from_this<Stream> {
     std::shared_ptr<Stream> stream;
     uint64_t seq = 0;
   };
+  // What a work item does when it completes (an async copy or memset; empty for event records
+  // and waits), and the host bytes it touches ([host_lo, host_hi), for cuMemFreeHost to wait for).
+  using Effect = std::function<void(State&)>;
   struct Item {
     uint64_t seq = 0;
     std::vector<Dep> deps;
+    Effect effect;
+    uintptr_t host_lo = 0;
+    uintptr_t host_hi = 0;
   };
   CUstream handle = nullptr;  // the value handed out (CU_STREAM_LEGACY / _PER_THREAD for those)
   uint64_t id = 0;            // cuStreamGetId: unique over the process, never reused
@@ -146,6 +154,13 @@ struct Event {
   bool complete() const noexcept { return !stream || stream->done_seq >= seq; }
 };
 
+// Pinned host memory from cuMemHostAlloc (an anonymous host mapping of `mapped` bytes).
+struct HostAllocation {
+  size_t size = 0;    // as asked for
+  size_t mapped = 0;  // rounded up to the host page size
+  unsigned flags = 0;
+};
+
 struct Device {
   int ordinal = 0;
   Context ctx;
@@ -172,6 +187,9 @@ struct State {
   std::map<uintptr_t, Mapping> mappings;
   std::unordered_map<CUmemGenericAllocationHandle, std::unique_ptr<Allocation>> allocations;
   size_t mapped_bytes = 0;
+  std::map<uintptr_t, HostAllocation> host_allocations;  // by base address
+  size_t host_used = 0;       // bytes of host_allocations, against cfg.host_capacity
+  uint64_t async_faults = 0;  // sim::async_faults()
 
   // Live created streams and events by handle value. Values are recycled: a create hands out
   // the most recently freed value first (as the real driver's allocator tends to).
@@ -261,11 +279,23 @@ CUresult dead_stream_code(State& s, CUstream h) noexcept;
 void progress(State& s);
 void force_complete(State& s, Stream& st, uint64_t upto);
 void complete_device(State& s, int device);
+// Completes (in order, as a synchronize does) every pending work item whose host bytes overlap
+// [lo, hi), and what each depends on.
+void complete_host_range(State& s, uintptr_t lo, uintptr_t hi);
 
 // Work for streams (sim_streams.cpp): st waits for e (joins e's capture when e was recorded in
 // one), and e is recorded on st; both answer the driver's code.
 CUresult wait_event(State& s, Stream& st, Event& e, unsigned flags);
 CUresult record_event(State& s, Stream& st, Event& e);
+// A stream argument of a call that puts work on it: NULL, CU_STREAM_LEGACY and
+// CU_STREAM_PER_THREAD name the current context's (INVALID_CONTEXT without one).
+CUresult work_stream_arg(State& s, CUstream h, Stream** out);
+// Puts a work item with an effect on st: it runs when the item completes (at once unless st is
+// held or waits for other work). *captured: st is capturing, the work became a graph node and
+// will never run. *seq: the item (0 when captured). The driver's code otherwise (IMPLICIT for
+// the legacy stream while a blocking stream captures, INVALIDATED on an invalidated capture).
+CUresult submit_work(State& s, Stream& st, Stream::Effect effect, uintptr_t host_lo,
+                     uintptr_t host_hi, uint64_t* seq, bool* captured);
 
 // ---- device handles ----
 // The CUdevice that cuDeviceGet hands out for an ordinal, and back (-1: not a device of s).

@@ -68,4 +68,16 @@ CUresult sim_stream_get_capture_info_v1_ptsz(CUstream stream, CUstreamCaptureSta
   return sim_stream_get_capture_info_v1(per_thread_if_null(stream), status, id);
 }
 
+CUresult sim_memcpy_htod_async_ptsz(CUdeviceptr dst, const void* src, size_t bytes,
+                                    CUstream stream) {
+  return sim_memcpy_htod_async(dst, src, bytes, per_thread_if_null(stream));
+}
+CUresult sim_memcpy_dtoh_async_ptsz(void* dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+  return sim_memcpy_dtoh_async(dst, src, bytes, per_thread_if_null(stream));
+}
+CUresult sim_memset_d8_async_ptsz(CUdeviceptr dst, unsigned char value, size_t n,
+                                  CUstream stream) {
+  return sim_memset_d8_async(dst, value, n, per_thread_if_null(stream));
+}
+
 }  // namespace expanse::sim

@@ -7,6 +7,8 @@
 #include "conf/env_config.hpp"
 #include "sim/sim_internal.hpp"
 
+#include <sys/mman.h>
+
 namespace expanse::sim {
 namespace detail {
 namespace {
@@ -81,6 +83,8 @@ State::~State() {
   // Newest (highest) first, so that the placement cursor comes all the way back.
   for (auto it = reservations.rbegin(); it != reservations.rend(); ++it)
     va_release(it->first, it->second.size);
+  // Pending work that would touch pinned host memory is dropped with the streams (never run).
+  for (auto& [base, h] : host_allocations) munmap(reinterpret_cast<void*>(base), h.mapped);
 }
 
 std::mutex& state_mutex() noexcept { return g_mutex; }
@@ -169,8 +173,10 @@ void progress(State& s) {
               std::all_of(item.deps.begin(), item.deps.end(),
                           [](const Stream::Dep& d) { return d.stream->done_seq >= d.seq; });
           if (!ready) break;
+          Stream::Effect effect = std::move(st.pending.front().effect);
           st.done_seq = item.seq;
           st.pending.pop_front();
+          if (effect) effect(s);
           changed = true;
         }
       }
@@ -190,7 +196,21 @@ void force_complete(State& s, Stream& st, uint64_t upto) {
     st.pending.pop_front();
     for (auto& d : item.deps) force_complete(s, *d.stream, d.seq);
     st.done_seq = item.seq;
+    if (item.effect) item.effect(s);
   }
+}
+
+void complete_host_range(State& s, uintptr_t lo, uintptr_t hi) {
+  std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> todo;
+  for (auto& [key, st] : s.busy) {
+    uint64_t upto = 0;
+    for (const Stream::Item& item : st->pending) {
+      if (item.host_lo < hi && lo < item.host_hi) upto = item.seq;
+    }
+    if (upto != 0) todo.emplace_back(st, upto);
+  }
+  for (auto& [st, upto] : todo) force_complete(s, *st, upto);
+  progress(s);
 }
 
 void complete_device(State& s, int device) {
@@ -399,6 +419,11 @@ void release_all() {
   detail::progress(s);
 }
 
+uint64_t async_faults() {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  return state_locked().async_faults;
+}
+
 uint64_t dead_handle_uses() {
   std::lock_guard<std::mutex> lock(state_mutex());
   return state_locked().dead_handle_uses;
@@ -438,6 +463,9 @@ Outstanding outstanding(int device) {
   for (const auto& [key, e] : s.events) {
     if (device < 0 || e->device == device) ++o.events;
   }
+  // Pinned host memory belongs to no device (CU_MEMHOSTALLOC_PORTABLE or not): reported for each.
+  o.host_allocations = s.host_allocations.size();
+  o.host_bytes = s.host_used;
   return o;
 }
 
@@ -449,7 +477,8 @@ std::string describe_outstanding() {
   out << o.reservations << " reservations (" << conf::format_size(o.reserved_bytes) << "), "
       << o.allocations << " allocations (" << conf::format_size(o.physical_bytes) << "), "
       << o.mappings << " mappings (" << conf::format_size(o.mapped_bytes) << "), " << o.streams
-      << " streams, " << o.events << " events";
+      << " streams, " << o.events << " events, " << o.host_allocations
+      << " pinned host allocations (" << conf::format_size(o.host_bytes) << ")";
   constexpr size_t kShow = 16;
   char buf[160];
   size_t n = 0;
@@ -480,6 +509,16 @@ std::string describe_outstanding() {
                   static_cast<unsigned long long>(a->handle), a->device,
                   conf::format_size(a->size).c_str(), static_cast<unsigned long long>(a->user_refs),
                   static_cast<unsigned long long>(a->map_refs));
+    out << buf;
+  }
+  n = 0;
+  for (const auto& [base, h] : s.host_allocations) {
+    if (n++ == kShow) {
+      out << "\n  ... " << (s.host_allocations.size() - kShow) << " more pinned host allocations";
+      break;
+    }
+    std::snprintf(buf, sizeof buf, "\n  pinned host allocation 0x%llx + %s, flags 0x%x",
+                  static_cast<unsigned long long>(base), conf::format_size(h.size).c_str(), h.flags);
     out << buf;
   }
   n = 0;

@@ -88,7 +88,8 @@ struct Submitted {
   std::shared_ptr<Capture> captured;  // the capture it went into
 };
 
-CUresult submit(State& s, Stream& st, std::vector<Stream::Dep> deps, Submitted* out) {
+CUresult submit(State& s, Stream& st, std::vector<Stream::Dep> deps, Submitted* out,
+                Stream::Effect effect = {}, uintptr_t host_lo = 0, uintptr_t host_hi = 0) {
   if (st.is_default && detail::blocking_capture_in(s, st.device)) {
     detail::invalidate_blocking_captures(s, st.device);
     return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
@@ -112,6 +113,9 @@ CUresult submit(State& s, Stream& st, std::vector<Stream::Dep> deps, Submitted* 
   Stream::Item item;
   item.seq = st.next_seq++;
   item.deps = std::move(deps);
+  item.effect = std::move(effect);
+  item.host_lo = host_lo;
+  item.host_hi = host_hi;
   st.pending.push_back(std::move(item));
   s.busy[&st] = st.shared_from_this();
   detail::progress(s);
@@ -335,6 +339,21 @@ CUresult sim_event_record(CUevent event, CUstream stream) {
     if (st->device != e->device) return CUDA_ERROR_INVALID_HANDLE;  // different contexts
     return detail::record_event(s, *st, *e);
   });
+}
+
+CUresult detail::work_stream_arg(State& s, CUstream h, Stream** out) {
+  return stream_arg(s, h, out);
+}
+
+CUresult detail::submit_work(State& s, Stream& st, Stream::Effect effect, uintptr_t host_lo,
+                             uintptr_t host_hi, uint64_t* seq, bool* captured) {
+  Submitted sub;
+  const CUresult r = submit(s, st, {}, &sub, std::move(effect), host_lo, host_hi);
+  if (r != CUDA_SUCCESS) return r;
+  *seq = sub.seq;
+  *captured = sub.captured != nullptr;
+  if (*captured) detail::capture_node(st);  // a memcpy / memset node of the graph
+  return CUDA_SUCCESS;
 }
 
 CUresult detail::record_event(State& s, Stream& st, Event& e) {

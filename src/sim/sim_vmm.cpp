@@ -7,7 +7,11 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <vector>
+
+#include <sys/mman.h>
 
 namespace expanse::sim {
 namespace {
@@ -178,7 +182,219 @@ CUresult check_copy(State& s, uintptr_t dev_ptr, const void* host, size_t bytes,
   return CUDA_SUCCESS;
 }
 
+// Whether [lo, lo + bytes) lies in one allocation of pinned host memory (cuMemHostAlloc).
+bool pinned_host(const State& s, uintptr_t lo, size_t bytes) {
+  auto it = s.host_allocations.upper_bound(lo);
+  if (it == s.host_allocations.begin()) return false;
+  --it;
+  return lo >= it->first && bytes <= it->second.size && lo - it->first <= it->second.size - bytes;
+}
+
+enum class AsyncOp { htod, dtoh, memset };
+
+// cuMemcpyHtoDAsync / cuMemcpyDtoHAsync / cuMemsetD8Async: a copy or memset put on a stream.
+//
+// Checks, in order: a current context (INVALID_CONTEXT); the stream (INVALID_HANDLE, or
+// CONTEXT_IS_DESTROYED for one whose context was reset); a stream of another context
+// (INVALID_HANDLE [INF]: the codes cuda.h lists are INVALID_CONTEXT/VALUE/HANDLE, and the sim
+// already answers INVALID_HANDLE for cuEventRecord across contexts); then as the synchronous
+// copies (check_copy): 0 bytes is a no-op (SUCCESS, nothing queued), a NULL host pointer and a
+// device range not wholly mapped with the access the operation needs for the current context's
+// device (READWRITE to write, READ to read) are INVALID_VALUE (the real driver may fault
+// instead), and no host backing is NOT_SUPPORTED.
+//
+// When it runs (NVIDIA, CUDA Driver API, "API synchronization behavior"):
+// - Pinned host memory (inside one cuMemHostAlloc allocation) and memset: stream-ordered. The
+//   work runs when its stream's earlier work has completed: at once when nothing is pending,
+//   otherwise when the hold is released or a synchronize (stream, event recorded after it,
+//   context) completes it. Host bytes are read (HtoD) or written (DtoH) then, not at the call,
+//   as a DMA engine would. cuMemFreeHost completes the pending work that touches the buffer
+//   first (cudaFreeHost synchronizes).
+// - Pageable host memory, HtoD: "the function will return once the pageable buffer has been
+//   copied to the staging memory" — the source is read at the call (a snapshot) and lands in
+//   device memory in stream order (NVIDIA/cccl#3814 saw exactly this: the staging copy happens
+//   at once, not in stream order).
+// - Pageable host memory, DtoH: "the function returns only once the copy has completed" (a
+//   pageable destination blocks for the whole preceding kernel, measured on an RTX 4090,
+//   lupinemachines/lupine#631): the stream's earlier work is completed, as cuStreamSynchronize
+//   does, and the copy with it, before the call returns.
+// The device range is checked again when the work runs: if it was unmapped, or lost the access
+// the work needs, meanwhile (an illegal-address fault on a GPU), the work is skipped and counted
+// in sim::async_faults().
+//
+// Capture: on a capturing stream the work is captured (a memcpy / memset node), never executed
+// (pinned copies captured under torch.cuda.graph: pytorch/pytorch#146924; aws-ofi-nccl#1342
+// moved its copies to cuMemcpyHtoDAsync on a side stream for capture). A pageable host buffer
+// on a capturing stream is refused with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, invalidating the
+// capture [INF, stricter than may be true: the staging above cannot be replayed]. On the legacy
+// stream while a blocking stream of its context captures: IMPLICIT, as every legacy-stream
+// work. On another stream during another capture: pinned copies and memsets are stream-ordered
+// work like cuEventRecord, not "potentially unsafe"; a pageable one waits for (HtoD: may
+// synchronize with) its stream from the host, so it is checked as unsafe, like
+// cuStreamSynchronize (sim_capture.cpp).
+CUresult async_op(State& s, CallSize& units, AsyncOp op, uintptr_t dev_ptr, uintptr_t host,
+                  unsigned char value, size_t bytes, CUstream stream) {
+  const int d = detail::current_device(s);
+  if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  Stream* st = nullptr;
+  if (const CUresult r = detail::work_stream_arg(s, stream, &st); r != CUDA_SUCCESS) return r;
+  if (st->device != d) return CUDA_ERROR_INVALID_HANDLE;
+  if (bytes == 0) return CUDA_SUCCESS;
+  if (op != AsyncOp::memset && host == 0) return CUDA_ERROR_INVALID_VALUE;
+  const uintptr_t hi = dev_ptr + bytes;
+  if (hi < dev_ptr) return CUDA_ERROR_INVALID_VALUE;
+  const int need =
+      op == AsyncOp::dtoh ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (!accessible(s, dev_ptr, hi, d, need)) return CUDA_ERROR_INVALID_VALUE;
+  if (!s.cfg.backing) return CUDA_ERROR_NOT_SUPPORTED;
+  const bool pageable = op != AsyncOp::memset && !pinned_host(s, host, bytes);
+  if (pageable) {
+    if (st->capture) {
+      detail::invalidate(*st->capture);
+      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    if (const CUresult c = detail::check_unsafe_call(s); c != CUDA_SUCCESS) return c;
+  }
+  // The effect, run when the work item completes (the device range is checked again then).
+  Stream::Effect effect;
+  uintptr_t host_lo = 0;
+  uintptr_t host_hi = 0;
+  const auto dev_ok = [dev_ptr, hi, d, need](State& now) {
+    if (accessible(now, dev_ptr, hi, d, need)) return true;
+    ++now.async_faults;
+    return false;
+  };
+  switch (op) {
+    case AsyncOp::htod:
+      if (pageable) {
+        const auto* src = reinterpret_cast<const unsigned char*>(host);
+        auto staged = std::make_shared<std::vector<unsigned char>>(src, src + bytes);
+        effect = [dev_ok, dev_ptr, staged](State& now) {
+          if (dev_ok(now))
+            std::memcpy(reinterpret_cast<void*>(dev_ptr), staged->data(), staged->size());
+        };
+      } else {
+        host_lo = host;
+        host_hi = host + bytes;
+        effect = [dev_ok, dev_ptr, host, bytes](State& now) {
+          if (dev_ok(now))
+            std::memcpy(reinterpret_cast<void*>(dev_ptr), reinterpret_cast<void*>(host), bytes);
+        };
+      }
+      break;
+    case AsyncOp::dtoh:
+      host_lo = host;
+      host_hi = host + bytes;
+      effect = [dev_ok, dev_ptr, host, bytes](State& now) {
+        if (dev_ok(now))
+          std::memcpy(reinterpret_cast<void*>(host), reinterpret_cast<void*>(dev_ptr), bytes);
+      };
+      break;
+    case AsyncOp::memset:
+      effect = [dev_ok, dev_ptr, value, bytes](State& now) {
+        if (dev_ok(now)) std::memset(reinterpret_cast<void*>(dev_ptr), value, bytes);
+      };
+      break;
+  }
+  uint64_t seq = 0;
+  bool captured = false;
+  const CUresult r =
+      detail::submit_work(s, *st, std::move(effect), host_lo, host_hi, &seq, &captured);
+  if (r != CUDA_SUCCESS) return r;
+  if (!captured && pageable && op == AsyncOp::dtoh) {
+    detail::force_complete(s, *st, seq);  // returns only once the copy has completed
+    detail::progress(s);
+  }
+  units = {bytes, 1, 1};
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
+
+// ---- pinned host memory -------------------------------------------------------------------------
+// cuMemHostAlloc / cuMemFreeHost. cuda.h documents SUCCESS, DEINITIALIZED, NOT_INITIALIZED,
+// INVALID_CONTEXT, INVALID_VALUE (and OUT_OF_MEMORY for the allocation); the memory is
+// page-locked host memory that every context may use (unified addressing), freed only with
+// cuMemFreeHost. The sim's rules:
+// - a current context is needed by both (INVALID_CONTEXT) [both document the code; the sim asks
+//   for one even for the free, strict];
+// - "potentially unsafe" during a capture (check_unsafe_call) [INF: cudaMallocHost/cudaFreeHost
+//   are allocations outside stream order, like the documentation's cudaMalloc example, and
+//   cudaFreeHost synchronizes];
+// - pp NULL, Flags outside CU_MEMHOSTALLOC_PORTABLE | DEVICEMAP | WRITECOMBINED, and bytesize 0
+//   are INVALID_VALUE [INF for 0: cuda.h is silent for cuMemHostAlloc and documents
+//   INVALID_VALUE for cuMemAlloc(0); the runtime's cudaHostAlloc(0) succeeds without setting the
+//   pointer (ComputationalRadiationPhysics/picongpu#1179), which need not reach the driver];
+// - more than sim_host_capacity in all is OUT_OF_MEMORY (a host that cannot lock more pages);
+// - the memory is an anonymous host mapping, page-aligned, zero-filled;
+// - cuMemFreeHost of anything but a pointer cuMemHostAlloc returned (NULL, an interior pointer,
+//   one already freed, malloc'd memory) is INVALID_VALUE; it first completes the pending async
+//   copies that touch the buffer (cudaFreeHost synchronizes), so none runs on freed memory.
+
+CUresult sim_mem_host_alloc(void** pp, size_t bytes, unsigned int flags) {
+  return run(EntryPoint::mem_host_alloc, true, [&](State& s, CallSize& units) {
+    if (detail::current_device(s) < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (const CUresult c = detail::check_unsafe_call(s); c != CUDA_SUCCESS) return c;
+    constexpr unsigned kKnown =
+        CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
+    if (pp == nullptr || bytes == 0 || (flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (bytes > s.cfg.host_capacity - std::min(s.cfg.host_capacity, s.host_used))
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    const size_t hp = detail::host_page_size();
+    if (bytes > SIZE_MAX - hp) return CUDA_ERROR_OUT_OF_MEMORY;
+    const size_t mapped = (bytes + hp - 1) / hp * hp;
+    void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    detail::HostAllocation& h = s.host_allocations[reinterpret_cast<uintptr_t>(p)];
+    h.size = bytes;
+    h.mapped = mapped;
+    h.flags = flags;
+    s.host_used += bytes;
+    *pp = p;
+    units = {bytes, 1, 1};
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult sim_mem_free_host(void* p) {
+  return run(EntryPoint::mem_free_host, true, [&](State& s, CallSize& units) {
+    if (detail::current_device(s) < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (const CUresult c = detail::check_unsafe_call(s); c != CUDA_SUCCESS) return c;
+    const auto base = reinterpret_cast<uintptr_t>(p);
+    auto it = s.host_allocations.find(base);
+    if (it == s.host_allocations.end()) return CUDA_ERROR_INVALID_VALUE;
+    const detail::HostAllocation h = it->second;
+    detail::complete_host_range(s, base, base + h.size);
+    munmap(p, h.mapped);
+    s.host_allocations.erase(base);
+    s.host_used -= h.size;
+    units = {h.size, 1, 1};
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- asynchronous copies and memset (async_op above) ---------------------------------------------
+
+CUresult sim_memcpy_htod_async(CUdeviceptr dst, const void* src, size_t bytes, CUstream stream) {
+  return run(EntryPoint::memcpy_htod_async, true, [&](State& s, CallSize& units) {
+    return async_op(s, units, AsyncOp::htod, static_cast<uintptr_t>(dst),
+                    reinterpret_cast<uintptr_t>(src), 0, bytes, stream);
+  });
+}
+
+CUresult sim_memcpy_dtoh_async(void* dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+  return run(EntryPoint::memcpy_dtoh_async, true, [&](State& s, CallSize& units) {
+    return async_op(s, units, AsyncOp::dtoh, static_cast<uintptr_t>(src),
+                    reinterpret_cast<uintptr_t>(dst), 0, bytes, stream);
+  });
+}
+
+CUresult sim_memset_d8_async(CUdeviceptr dst, unsigned char value, size_t n, CUstream stream) {
+  return run(EntryPoint::memset_d8_async, true, [&](State& s, CallSize& units) {
+    return async_op(s, units, AsyncOp::memset, static_cast<uintptr_t>(dst), 0, value, n, stream);
+  });
+}
 
 // ---- copies -------------------------------------------------------------------------------------
 // The host protection of a mapping is the union of every device's access (so at least the current

@@ -28,7 +28,8 @@ const char* variant_name(Variant v) {
 std::string to_string(const SimOutstanding& o) {
   std::ostringstream s;
   s << o.reservations << " reservations, " << o.allocations << " allocations, " << o.mappings
-    << " mappings, " << o.physical_bytes << " physical bytes";
+    << " mappings, " << o.physical_bytes << " physical bytes, " << o.host_allocations
+    << " pinned host allocations (" << o.host_bytes << " bytes)";
   return s.str();
 }
 
@@ -116,8 +117,11 @@ class InProcessHooks final : public SimHooks {
     r.allocations = o.allocations;
     r.mappings = o.mappings;
     r.physical_bytes = o.physical_bytes;
+    r.host_allocations = o.host_allocations;
+    r.host_bytes = o.host_bytes;
     return r;
   }
+  unsigned long long async_faults() override { return sim::async_faults(); }
 };
 
 // ---- libexpanse_simcuda.so hooks: the exported C control functions ----------------------------
@@ -148,6 +152,10 @@ class DlopenHooks final : public SimHooks {
       missing = "expanse_sim_outstanding";
     else if (!h->resolve(&h->release_all_, "expanse_sim_release_all"))
       missing = "expanse_sim_release_all";
+    else if (!h->resolve(&h->outstanding_host_, "expanse_sim_outstanding_host"))
+      missing = "expanse_sim_outstanding_host";
+    else if (!h->resolve(&h->async_faults_, "expanse_sim_async_faults"))
+      missing = "expanse_sim_async_faults";
     if (missing != nullptr) {
       *error = path + " does not export " + missing;
       return nullptr;
@@ -187,10 +195,12 @@ class DlopenHooks final : public SimHooks {
   void release_all() override { release_all_(); }
   SimOutstanding outstanding() override {
     SimOutstanding r;
-    if (outstanding_(&r.reservations, &r.allocations, &r.mappings, &r.physical_bytes) != 0)
+    if (outstanding_(&r.reservations, &r.allocations, &r.mappings, &r.physical_bytes) != 0 ||
+        outstanding_host_(&r.host_allocations, &r.host_bytes) != 0)
       throw std::runtime_error("expanse_sim_outstanding failed");
     return r;
   }
+  unsigned long long async_faults() override { return async_faults_(); }
 
  private:
   explicit DlopenHooks(void* handle) : handle_(handle) {}
@@ -212,6 +222,8 @@ class DlopenHooks final : public SimHooks {
   void (*release_all_)() = nullptr;
   int (*outstanding_)(unsigned long long*, unsigned long long*, unsigned long long*,
                       unsigned long long*) = nullptr;
+  int (*outstanding_host_)(unsigned long long*, unsigned long long*) = nullptr;
+  unsigned long long (*async_faults_)() = nullptr;
 };
 
 // ---- one loaded driver per variant, for the whole run -----------------------------------------
@@ -304,6 +316,10 @@ void Conformance::TearDown() {
     t().mem_address_free(it->first, it->second);
   for (CUevent e : events_) t().event_destroy(e);
   for (CUstream s : streams_) t().stream_destroy(s);
+  if (!host_allocs_.empty()) {
+    make_current();  // cuMemFreeHost needs a context
+    for (void* p : host_allocs_) t().mem_free_host(p);
+  }
   forget_all();
   t().ctx_set_current(nullptr);
   if (primary_ != nullptr) {
@@ -323,6 +339,7 @@ void Conformance::forget_all() {
   reservations_.clear();
   events_.clear();
   streams_.clear();
+  host_allocs_.clear();
 }
 
 void Conformance::reset_uninitialized() {
@@ -488,6 +505,27 @@ unsigned long long Conformance::get_access(CUdeviceptr ptr, int device) {
   unsigned long long flags = 0xdead;
   must(t().mem_get_access(&flags, &loc, ptr), "cuMemGetAccess");
   return flags;
+}
+
+CUresult Conformance::try_host_alloc(void** p, size_t bytes, unsigned flags) {
+  const CUresult r = t().mem_host_alloc(p, bytes, flags);
+  if (r == CUDA_SUCCESS && p != nullptr) host_allocs_.push_back(*p);
+  return r;
+}
+
+void* Conformance::host_alloc(size_t bytes, unsigned flags) {
+  void* p = nullptr;
+  must(try_host_alloc(&p, bytes, flags), "cuMemHostAlloc(" + std::to_string(bytes) + ")");
+  return p;
+}
+
+CUresult Conformance::free_host(void* p) {
+  const CUresult r = t().mem_free_host(p);
+  if (r == CUDA_SUCCESS) {
+    auto it = std::find(host_allocs_.begin(), host_allocs_.end(), p);
+    if (it != host_allocs_.end()) host_allocs_.erase(it);
+  }
+  return r;
 }
 
 CUstream Conformance::make_stream(unsigned flags) {

@@ -43,8 +43,11 @@ struct SimOutstanding {
   unsigned long long allocations = 0;
   unsigned long long mappings = 0;
   unsigned long long physical_bytes = 0;
+  unsigned long long host_allocations = 0;  // pinned host memory (cuMemHostAlloc) not freed
+  unsigned long long host_bytes = 0;
   bool empty() const {
-    return reservations == 0 && allocations == 0 && mappings == 0 && physical_bytes == 0;
+    return reservations == 0 && allocations == 0 && mappings == 0 && physical_bytes == 0 &&
+           host_allocations == 0;
   }
 };
 std::string to_string(const SimOutstanding& o);
@@ -64,6 +67,8 @@ class SimHooks {
   virtual void release_stream(CUstream stream) = 0;
   virtual void release_all() = 0;
   virtual SimOutstanding outstanding() = 0;
+  // Async copies / memsets skipped because their range was unmapped before they ran.
+  virtual unsigned long long async_faults() = 0;
 };
 
 // A reserved, mapped, accessible block made by Conformance::make_block.
@@ -152,6 +157,11 @@ class Conformance : public ::testing::TestWithParam<Variant> {
                       CUmemAccess_flags f = CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   unsigned long long get_access(CUdeviceptr ptr, int device = 0);
 
+  // cuMemHostAlloc, tracked (freed in TearDown); try_ gives the code.
+  CUresult try_host_alloc(void** p, size_t bytes, unsigned flags = 0);
+  void* host_alloc(size_t bytes, unsigned flags = 0);
+  CUresult free_host(void* p);
+
   CUstream make_stream(unsigned flags = 0);
   CUevent make_event(unsigned flags = 0);
   CUresult destroy_stream(CUstream s);
@@ -180,6 +190,7 @@ class Conformance : public ::testing::TestWithParam<Variant> {
   std::vector<std::pair<CUdeviceptr, size_t>> mappings_;
   std::vector<CUmemGenericAllocationHandle> refs_;  // one entry per reference we hold
   std::vector<CUstream> streams_;
+  std::vector<void*> host_allocs_;
   std::vector<CUevent> events_;
   void forget_all();
 };

@@ -35,6 +35,8 @@ extern "C" {
  *                       sim_rdma:wsl is WSL2's driver (pytorch/pytorch#192330): the attribute
  *                       says 1, cuMemCreate and cuMemMap accept gpuDirectRDMACapable, and
  *                       cuMemSetAccess on such memory returns CUDA_ERROR_UNKNOWN (999)
+ *   sim_host_capacity   pinned host memory cuMemHostAlloc hands out in all (default 1TiB);
+ *                       beyond it cuMemHostAlloc returns CUDA_ERROR_OUT_OF_MEMORY
  * CUdevice values from cuDeviceGet are not the ordinals (0x100 + ordinal): functions taking a
  * CUdevice refuse an ordinal (CUDA_ERROR_INVALID_DEVICE), while CUmemLocation.id takes the
  * ordinal, as cuda.h documents. */
@@ -79,6 +81,16 @@ unsigned long long expanse_sim_dead_handle_uses(void);
 /* What is outstanding over all devices; any pointer may be NULL. Returns 0. */
 int expanse_sim_outstanding(unsigned long long* reservations, unsigned long long* allocations,
                             unsigned long long* mappings, unsigned long long* physical_bytes);
+
+/* Pinned host memory (cuMemHostAlloc) not yet freed: allocations and their bytes; any pointer
+ * may be NULL. Returns 0. */
+int expanse_sim_outstanding_host(unsigned long long* allocations, unsigned long long* bytes);
+
+/* Asynchronous copies and memsets whose device range had been unmapped (or had lost the access
+ * they need) by the time their stream ran them: an illegal-address fault on a GPU; the sim
+ * skips them and counts them here. Code that keeps pages mapped under pending work keeps this
+ * at 0. */
+unsigned long long expanse_sim_async_faults(void);
 
 /* A multi-line description of what is outstanding; valid until the next call on this thread. */
 const char* expanse_sim_describe_outstanding(void);

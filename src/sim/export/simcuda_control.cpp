@@ -170,6 +170,20 @@ EXPANSE_EXPORT int expanse_sim_outstanding(unsigned long long* reservations,
   return 0;
 }
 
+EXPANSE_EXPORT int expanse_sim_outstanding_host(unsigned long long* allocations,
+                                                unsigned long long* bytes) {
+  ensure_configured();
+  const sim::Outstanding o = sim::outstanding();
+  if (allocations != nullptr) *allocations = o.host_allocations;
+  if (bytes != nullptr) *bytes = o.host_bytes;
+  return 0;
+}
+
+EXPANSE_EXPORT unsigned long long expanse_sim_async_faults(void) {
+  ensure_configured();
+  return sim::async_faults();
+}
+
 EXPANSE_EXPORT const char* expanse_sim_describe_outstanding(void) {
   ensure_configured();
   expanse::sim::exported::t_description = sim::describe_outstanding();
