@@ -12,7 +12,7 @@
 #include "core/format.hpp"
 #include "expanse/errors.hpp"
 
-#include <set>
+#include <map>
 
 namespace expanse::core {
 
