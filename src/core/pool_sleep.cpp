@@ -74,8 +74,9 @@ void DeviceAllocator::sleep_pool(PoolId id, SleepMode mode) {
     // when the context is: a synchronize, never under an announced capture.
     if (!streams_.sync_context(drv_.primary())) {
       throw usage_error("expanse: pool_sleep: " + pool_name(id, device()) +
-                        ": a capture is under way in the device's context, and sleeping needs a "
-                        "synchronize that would invalidate it; nothing was changed");
+                        ": the device's context cannot be synchronized now (a capture is under "
+                        "way there, which a synchronize would invalidate, or the synchronize "
+                        "failed); nothing was changed");
     }
     streams_.poll(false);
     std::vector<BlockIt> live;
