@@ -15,7 +15,10 @@ bool DeviceAllocator::owns(const void* ptr, size_t* size) const {
   std::lock_guard<std::mutex> lock(mu_);
   const auto& blocks = placement_.index().blocks();
   auto it = blocks.find(reinterpret_cast<CUdeviceptr>(ptr));
-  if (it == blocks.end() || it->second.state != BlockState::live) return false;
+  if (it == blocks.end() ||
+      (it->second.state != BlockState::live && it->second.state != BlockState::asleep)) {
+    return false;
+  }
   if (size != nullptr) *size = it->second.requested;
   return true;
 }
@@ -34,6 +37,10 @@ std::string DeviceAllocator::describe_pointer_locked(const void* ptr) const {
     if (it->first == addr) return "live block of " + std::to_string(b.requested) + " bytes";
     return "interior pointer, " + std::to_string(addr - it->first) + " bytes into the live block " +
            hex(it->first) + " of " + std::to_string(b.requested) + " bytes";
+  }
+  if (b.state == BlockState::asleep) {
+    return "a block of pool " + std::to_string(pools_.at(b.pool).id) +
+           ", which is asleep (its pages were given back; wake the pool first)";
   }
   return "free memory (already freed, or never allocated)";
 }

@@ -60,6 +60,8 @@ DeviceAllocator::~DeviceAllocator() {
   unmap_all_quietly();
   supply_.release_pool_quietly();
   streams_.destroy_events();
+  pools_.for_each([&](PoolSlot, const PoolState& p) { drv_.free_host(p.backup); });
+  drv_.destroy_stream(copy_stream_);
 }
 
 void DeviceAllocator::unmap_all_quietly() {
@@ -145,6 +147,11 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
   std::lock_guard<std::mutex> lock(mu_);
   CheckedScope checked(*this, "allocate");
   const PoolSlot slot = pool == 0 ? kDefaultPool : pools_.find(pool, "allocate", device(), true);
+  if (slot != kDefaultPool && pools_.at(slot).asleep) {
+    throw usage_error("expanse: allocate of " + std::to_string(bytes) + " bytes in pool " +
+                      std::to_string(pool) + " on device " + std::to_string(device()) +
+                      ": the pool is asleep (wake it first); nothing was changed");
+  }
   StreamOrder::Call call(streams_);
   StreamOrder::StreamState& ss = streams_.state(stream, id);
   // Hot path: where this stream freed a block of this size lately, if nothing else took it.
@@ -309,7 +316,10 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   CheckedScope checked(*this, "free");
   auto addr = reinterpret_cast<CUdeviceptr>(ptr);
   auto it = placement_.index().blocks().find(addr);
-  if (it == placement_.index().blocks().end() || it->second.state != BlockState::live) {
+  const bool asleep = it != placement_.index().blocks().end() &&
+                      it->second.state == BlockState::asleep;
+  if (it == placement_.index().blocks().end() ||
+      (it->second.state != BlockState::live && !asleep)) {
     const bool known = it != placement_.index().blocks().end();
     throw usage_error("expanse: free of " + hex(addr) + " on device " + std::to_string(device()) +
                       ": " + (known ? "a block that is not live" : describe_pointer_locked(ptr)) +
@@ -325,13 +335,17 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   StreamOrder::Call call(streams_);
   StreamOrder::StreamState& ss = streams_.state(stream, id);
   StreamOrder::Deps deps = streams_.end_uses(b, ss);
-  supply_.untouch(placement_.res(b.res), it->first, b.size);
+  if (asleep) {
+    b.state = BlockState::live;  // freed as a live block; its pages are gone (not touched)
+  } else {
+    supply_.untouch(placement_.res(b.res), it->first, b.size);
+  }
   if (b.pool != kDefaultPool) {
     const PoolSlot s = b.pool;
     count_in_pool(b, -1);
     if (pools_.at(s).returned) {  // its memory is the default pool's now
       b.pool = kDefaultPool;
-      if (pools_.at(s).live_blocks == 0) pools_.forget(s);
+      if (pools_.at(s).live_blocks == 0) forget_pool(s);
     }
   } else if (join != 0) {
     b.pool = pools_.live_slot(join);

@@ -90,6 +90,23 @@ class DeviceAllocator {
   // Whether pool `id` was created here and is not yet forgotten.
   bool has_pool(PoolId id) const;
 
+  // ---- sleep and wake (pool_sleep.cpp) ----
+  enum class SleepMode { offload, discard };
+  // Gives every page of pool `id` (in use, awake) back to the driver, keeping its addresses and
+  // blocks: after a synchronize of the device's context (the pool's and every stream's work
+  // done; refused while a capture is announced), offload copies each live block to pinned host
+  // memory first, discard drops the content. Its live blocks are then "asleep": allocating into
+  // the pool or recording a stream on them is an error, a free is allowed. On a throw the pool is
+  // awake with its data.
+  void sleep_pool(PoolId id, SleepMode mode);
+  // Maps pages under every block of pool `id` again, at the same addresses, and copies an
+  // offloaded pool's content back; done when it returns. On a throw the pool is still asleep
+  // with its backup, and a later wake may succeed.
+  void wake_pool(PoolId id);
+  bool pool_is_asleep(PoolId id) const;
+  // Frees the pinned host staging of every pool that is awake; the bytes freed.
+  size_t release_host_backup();
+
   // True if ptr is the start of a live block here; *size gets its requested size.
   bool owns(const void* ptr, size_t* size = nullptr) const;
 
@@ -132,6 +149,13 @@ class DeviceAllocator {
   // "; pools holding memory: ..." for the out-of-memory message, or "".
   std::string pools_holding_memory() const;
   std::string check_pools_locked() const;
+  // Forgets pool s (returned, no live block), freeing its host staging.
+  void forget_pool(PoolSlot s);
+  // The mapped handles under pool s's blocks that lie on no page another pool's block, or a
+  // default block other than a safe free one, overlaps: what a sleep gives back.
+  std::vector<ReclaimableHandle> sleeping_handles(PoolSlot s) const;
+  // Maps every block of pool s again, touches its asleep blocks and copies their bytes back.
+  void wake_locked(PoolSlot s);
   PoolStats pool_stats_locked(PoolSlot s) const;
   BlockIt find_block(size_t sz, Arena a, StreamKey stream, PageRequest& req, size_t* offset,
                      bool whole_pages = false);
@@ -156,6 +180,7 @@ class DeviceAllocator {
   StreamOrder streams_;
   PageSupply supply_;
   PoolTable pools_;
+  CUstream copy_stream_ = nullptr;  // sleep and wake copies; made at the first
 };
 
 class DeviceAllocator::CheckedScope {

@@ -97,6 +97,17 @@ class DeviceDriver {
   // Grants READWRITE on [va, va+size) to this device and every peer enabled so far.
   void set_access(CUdeviceptr va, size_t size, size_t mappings);
 
+  // Host staging and copies, for putting a pool to sleep and waking it (device_copies.cpp). Each
+  // runs in the device's primary context; failures throw driver::driver_error.
+  void* host_alloc(size_t bytes);  // pinned host memory
+  void free_host(void* p) noexcept;  // errors swallowed: the memory is gone either way
+  CUstream create_copy_stream();  // a non-blocking stream of the primary context
+  void destroy_stream(CUstream s) noexcept;
+  void copy_to_host(void* dst, CUdeviceptr src, size_t bytes, CUstream s);
+  void copy_to_device(CUdeviceptr dst, const void* src, size_t bytes, CUstream s);
+  void zero(CUdeviceptr dst, size_t bytes, CUstream s);
+  void stream_synchronize(CUstream s);
+
   // Peer access. Whether device `peer` (an ordinal) may be given access to this device's memory
   // (cuDeviceCanAccessPeer); adds it to the devices set_access() grants. False when it may not.
   bool can_access_peer(int peer);

@@ -37,7 +37,7 @@ void DeviceAllocator::release_pool(PoolId id) {
     }
     if (!pending) {
       p.returned = true;
-      pools_.forget(s);
+      forget_pool(s);
     }
   }
 }
@@ -82,7 +82,7 @@ void DeviceAllocator::return_pool(PoolSlot s) {
   }
   PoolState& p = pools_.at(s);
   p.returned = true;
-  if (p.live_blocks == 0) pools_.forget(s);
+  if (p.live_blocks == 0) forget_pool(s);
 }
 
 bool DeviceAllocator::trim_pool(PoolId id) {
@@ -147,11 +147,13 @@ PoolStats DeviceAllocator::pool_stats_locked(PoolSlot s) const {
   out.live_blocks = p.live_blocks;
   out.requested_bytes = p.requested_bytes;
   out.live_bytes = p.allocated_bytes;
+  out.asleep = p.asleep;
+  out.host_backup_bytes = p.backup_bytes;
   uint32_t last_res = UINT32_MAX;
   size_t next_page = 0;  // first page of last_res not yet counted
   for (const auto& [addr, b] : placement_.index().blocks()) {
     if (b.pool != s) continue;
-    if (b.state != BlockState::live) out.cached_bytes += b.size;
+    if (b.state != BlockState::live && b.state != BlockState::asleep) out.cached_bytes += b.size;
     const Reservation& r = placement_.res(b.res);
     if (b.res != last_res) {
       last_res = b.res;
@@ -163,6 +165,14 @@ PoolStats DeviceAllocator::pool_stats_locked(PoolSlot s) const {
     next_page = r.last_page(addr, b.size) + 1;
   }
   return out;
+}
+
+void DeviceAllocator::forget_pool(PoolSlot s) {
+  PoolState& p = pools_.at(s);
+  drv_.free_host(p.backup);
+  p.backup = nullptr;
+  p.backup_bytes = 0;
+  pools_.forget(s);
 }
 
 std::string DeviceAllocator::pools_holding_memory() const {
@@ -192,16 +202,22 @@ std::string DeviceAllocator::check_pools_locked() const {
              ", which holds no pool";
     }
     const PoolState& p = pools_.at(b.pool);
-    if (b.state != BlockState::live && p.returned) {
+    if (b.state == BlockState::asleep && !p.asleep) {
+      return "block at " + hex(addr) + " is asleep, but pool " + std::to_string(p.id) + " is not";
+    }
+    if (b.state == BlockState::live && p.asleep) {
+      return "block at " + hex(addr) + " is live, but pool " + std::to_string(p.id) + " sleeps";
+    }
+    if (b.state != BlockState::live && b.state != BlockState::asleep && p.returned) {
       return "free block at " + hex(addr) + " still belongs to returned pool " +
              std::to_string(p.id);
     }
     if (recount.size() <= b.pool) recount.resize(size_t{b.pool} + 1);
-    if (b.state == BlockState::live) {
+    if (b.state == BlockState::live || b.state == BlockState::asleep) {
       ++recount[b.pool].live_blocks;
       recount[b.pool].requested_bytes += b.requested;
       recount[b.pool].allocated_bytes += b.size;
-    } else if (b.state == BlockState::free && p.use_count > 0) {
+    } else if (b.state == BlockState::free && p.use_count > 0 && !p.asleep) {
       const Reservation& r = placement_.res(b.res);
       if (!r.all_ready(r.first_page(addr), r.last_page(addr, b.size))) {
         return "free block at " + hex(addr) + " of pool " + std::to_string(p.id) +

@@ -13,11 +13,14 @@
 
 #include "core/block_index.hpp"
 
+#include <cuda.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 namespace expanse::core {
@@ -31,6 +34,12 @@ struct PoolState {
   size_t live_blocks = 0;
   size_t requested_bytes = 0;  // live, as asked for
   size_t allocated_bytes = 0;  // live, as carved
+  // Sleep (pool_sleep.cpp): its pages given back, its addresses and blocks kept.
+  bool asleep = false;
+  bool offloaded = false;  // asleep with its live blocks' bytes in `backup`
+  void* backup = nullptr;  // pinned host staging, kept across cycles
+  size_t backup_bytes = 0;
+  std::vector<std::pair<CUdeviceptr, size_t>> saved;  // asleep live block -> offset in backup
   bool in_use() const noexcept { return id != 0; }
 };
 

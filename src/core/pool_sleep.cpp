@@ -1,0 +1,243 @@
+// Sleep and wake of a pool: its pages go back to the driver while its addresses and blocks stay,
+// and come back at the same addresses, so pointers (and CUDA graphs captured over them) stay
+// valid across a cycle.
+//
+// Sleep: synchronize the device's context (every stream's work on the pool done, replays of its
+// graphs included), copy live blocks to pinned host staging (offload), mark them asleep (no
+// longer touched), unmap the pool's handles, release them. Wake: map pages under every block of
+// the pool again (the usual page supply: pooled, new, reclaimed from the default pool's free
+// memory), mark the blocks live, copy the bytes back. A failure on the way undoes what was done.
+#include "core/check.hpp"
+#include "core/device_allocator.hpp"
+#include "core/format.hpp"
+#include "expanse/errors.hpp"
+
+#include <map>
+
+namespace expanse::core {
+
+namespace {
+
+std::string pool_name(PoolId id, int device) {
+  return "pool " + std::to_string(id) + " on device " + std::to_string(device);
+}
+
+}  // namespace
+
+std::vector<ReclaimableHandle> DeviceAllocator::sleeping_handles(PoolSlot s) const {
+  // Per reservation holding a block of the pool: pages a block of it overlaps, and pages that
+  // must stay mapped for others (a live or pending block of any other pool, a free block of
+  // another pool in use, or one whose streams may still use it).
+  std::map<uint32_t, std::pair<std::vector<uint8_t>, std::vector<uint8_t>>> pages;
+  const BlockMap& blocks = placement_.index().blocks();
+  for (const auto& [addr, b] : blocks) {
+    if (b.pool == s) {
+      const Reservation& r = placement_.res(b.res);
+      pages.emplace(b.res, std::make_pair(std::vector<uint8_t>(r.page_count(), 0),
+                                          std::vector<uint8_t>(r.page_count(), 0)));
+    }
+  }
+  for (const auto& [addr, b] : blocks) {
+    auto pr = pages.find(b.res);
+    if (pr == pages.end()) continue;
+    const Reservation& r = placement_.res(b.res);
+    const bool mine = b.pool == s;
+    const bool harmless = b.pool == kDefaultPool && b.state == BlockState::free && b.safe;
+    if (!mine && harmless) continue;
+    auto& marks = mine ? pr->second.first : pr->second.second;
+    for (size_t i = r.first_page(addr); i <= r.last_page(addr, b.size); ++i) marks[i] = 1;
+  }
+  std::vector<ReclaimableHandle> out;
+  for (const auto& [res, marks] : pages) {
+    const Reservation& r = placement_.res(res);
+    for (const HandleRun& h : r.handles_in(0, r.page_count())) {
+      bool ok = true;
+      for (size_t i = h.head; i < h.end() && ok; ++i) ok = marks.first[i] != 0 && marks.second[i] == 0;
+      if (ok) out.push_back({h.pages, res, h.head});
+    }
+  }
+  return out;
+}
+
+void DeviceAllocator::sleep_pool(PoolId id, SleepMode mode) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CheckedScope checked(*this, "pool_sleep");
+  const PoolSlot s = pools_.find(id, "pool_sleep", device(), true);
+  PoolState& p = pools_.at(s);
+  if (p.asleep) {
+    throw usage_error("expanse: pool_sleep: " + pool_name(id, device()) +
+                      " is asleep already; nothing was changed");
+  }
+  BlockIndex& index = placement_.index();
+  try {
+    // Whatever may still use the pool's memory (its streams, its graphs' replays) is done only
+    // when the context is: a synchronize, never under an announced capture.
+    if (!streams_.sync_context(drv_.primary())) {
+      throw usage_error("expanse: pool_sleep: " + pool_name(id, device()) +
+                        ": the device's context cannot be synchronized now (a capture is under "
+                        "way there, which a synchronize would invalidate, or the synchronize "
+                        "failed); nothing was changed");
+    }
+    streams_.poll(false);
+    std::vector<BlockIt> live;
+    size_t total = 0;
+    for (auto it = index.blocks().begin(); it != index.blocks().end(); ++it) {
+      const Block& b = it->second;
+      if (b.pool != s) continue;
+      if (b.state == BlockState::pending || (b.state == BlockState::free && !b.safe)) {
+        throw usage_error("expanse: pool_sleep: " + pool_name(id, device()) + ": the block at " +
+                          hex(it->first) +
+                          " was freed on a stream of another context whose work cannot be "
+                          "proven done; nothing was changed");
+      }
+      if (b.state == BlockState::live) {
+        live.push_back(it);
+        total += b.requested;
+      }
+    }
+    // 1. Offload: every live block's bytes to pinned staging (reused across cycles).
+    std::vector<std::pair<CUdeviceptr, size_t>> saved;
+    if (mode == SleepMode::offload && total != 0) {
+      if (p.backup_bytes < total) {
+        drv_.free_host(p.backup);
+        p.backup = nullptr;
+        p.backup_bytes = 0;
+        p.backup = drv_.host_alloc(total);
+        p.backup_bytes = total;
+      }
+      if (copy_stream_ == nullptr) copy_stream_ = drv_.create_copy_stream();
+      size_t off = 0;
+      for (BlockIt it : live) {
+        drv_.copy_to_host(static_cast<char*>(p.backup) + off, it->first, it->second.requested,
+                          copy_stream_);
+        saved.emplace_back(it->first, off);
+        off += it->second.requested;
+      }
+      drv_.stream_synchronize(copy_stream_);
+    } else {
+      for (BlockIt it : live) saved.emplace_back(it->first, 0);
+    }
+    // 2. The live blocks stop being touched; 3. the pool's pages are unmapped and released.
+    for (BlockIt it : live) {
+      supply_.untouch(placement_.res(it->second.res), it->first, it->second.size);
+      it->second.state = BlockState::asleep;
+    }
+    p.asleep = true;
+    p.offloaded = mode == SleepMode::offload;
+    p.saved = std::move(saved);
+    try {
+      supply_.give_back(sleeping_handles(s));
+    } catch (const driver::driver_error&) {
+      // Some pages did not go: the pool wakes as it was (its bytes are in the staging when
+      // offloaded; discarded content was given up by the caller already).
+      wake_locked(s);
+      throw;
+    }
+  } catch (const driver::driver_error& e) {
+    throw driver_failure("expanse: pool_sleep of " + pool_name(id, device()) + ": " + e.what() +
+                             "; the pool is awake",
+                         static_cast<int>(e.code()));
+  }
+}
+
+void DeviceAllocator::wake_pool(PoolId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CheckedScope checked(*this, "pool_wake");
+  const PoolSlot s = pools_.find(id, "pool_wake", device(), true);
+  if (!pools_.at(s).asleep) {
+    throw usage_error("expanse: pool_wake: " + pool_name(id, device()) +
+                      " is awake; nothing was changed");
+  }
+  try {
+    wake_locked(s);
+  } catch (const driver::driver_error& e) {
+    throw driver_failure("expanse: pool_wake of " + pool_name(id, device()) + ": " + e.what() +
+                             "; the pool is still asleep, with its backup",
+                         static_cast<int>(e.code()));
+  }
+}
+
+void DeviceAllocator::wake_locked(PoolSlot s) {
+  PoolState& p = pools_.at(s);
+  BlockIndex& index = placement_.index();
+  std::vector<BlockIt> mine, waking;
+  for (auto it = index.blocks().begin(); it != index.blocks().end(); ++it) {
+    if (it->second.pool != s) continue;
+    mine.push_back(it);
+    if (it->second.state == BlockState::asleep) waking.push_back(it);
+  }
+  // Undoes a partial wake: the blocks asleep again, the pages mapped for them given back.
+  auto undo = [&] {
+    for (BlockIt it : waking) {
+      if (it->second.state == BlockState::live) {
+        supply_.untouch(placement_.res(it->second.res), it->first, it->second.size);
+        it->second.state = BlockState::asleep;
+      }
+    }
+    try {
+      supply_.give_back(sleeping_handles(s));
+    } catch (...) {
+      // Pages that did not go stay mapped under asleep blocks: counted, released later.
+    }
+  };
+  try {
+    PageRequest req;
+    for (BlockIt it : mine) {
+      req.bytes = it->second.size;
+      if (!supply_.ensure_pages(placement_.res(it->second.res), it->first, it->second.size, req)) {
+        undo();
+        throw out_of_memory("expanse: waking pool " + std::to_string(p.id) + " on device " +
+                                std::to_string(device()) + ": the pages under its block at " +
+                                hex(it->first) + " (" + conf::format_size(it->second.size) +
+                                ") cannot be had; the pool is still asleep" +
+                                pools_holding_memory(),
+                            it->second.size, device());
+      }
+    }
+    for (BlockIt it : waking) {
+      supply_.touch(placement_.res(it->second.res), it->first, it->second.size);
+      it->second.state = BlockState::live;
+    }
+    if (p.offloaded) {
+      if (copy_stream_ == nullptr) copy_stream_ = drv_.create_copy_stream();
+      for (const auto& [addr, off] : p.saved) {
+        auto it = index.blocks().find(addr);
+        // Freed while asleep: nothing to bring back.
+        if (it == index.blocks().end() || it->second.pool != s ||
+            it->second.state != BlockState::live) {
+          continue;
+        }
+        drv_.copy_to_device(addr, static_cast<const char*>(p.backup) + off,
+                            it->second.requested, copy_stream_);
+      }
+      drv_.stream_synchronize(copy_stream_);
+    }
+  } catch (const driver::driver_error&) {
+    undo();
+    throw;
+  }
+  p.asleep = false;
+  p.offloaded = false;
+  p.saved.clear();
+}
+
+bool DeviceAllocator::pool_is_asleep(PoolId id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pools_.at(pools_.find(id, "pool_is_asleep", device(), false)).asleep;
+}
+
+size_t DeviceAllocator::release_host_backup() {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t freed = 0;
+  pools_.for_each([&](PoolSlot s, const PoolState& st) {
+    if (st.asleep || st.backup == nullptr) return;
+    PoolState& p = pools_.at(s);
+    drv_.free_host(p.backup);
+    freed += p.backup_bytes;
+    p.backup = nullptr;
+    p.backup_bytes = 0;
+  });
+  return freed;
+}
+
+}  // namespace expanse::core

@@ -1,0 +1,230 @@
+// Sleep and wake of a pool on the sim: every page goes back to the driver, addresses stay, an
+// offloaded pool's bytes come back, nothing grows over cycles, and a driver failure at any step
+// leaves the pool whole (awake after a failed sleep, asleep with its backup after a failed wake).
+#include "core_fixture.hpp"
+
+#include "core/capture_announcements.hpp"
+#include "expanse/errors.hpp"
+
+namespace expanse::test {
+namespace {
+
+constexpr size_t P = 2 * MiB;
+using Mode = core::DeviceAllocator::SleepMode;
+
+class PoolSleepTest : public CoreTest {
+ protected:
+  void SetUp() override { make(sim_config(32 * P)); }
+
+  struct Held {
+    void* p;
+    size_t n;
+    uint64_t seed;
+  };
+  // A weights-like pool: blocks of several sizes, each filled with a pattern.
+  std::vector<Held> fill_pool(core::PoolId id, uint64_t seed0 = 1) {
+    std::vector<Held> out;
+    const size_t sizes[] = {3 * P + 4096, 700, 5 * P, 64 * KiB, 2 * P};
+    uint64_t seed = seed0;
+    for (size_t n : sizes) {
+      void* p = alloc_->allocate(n, nullptr, id);
+      fill_pattern(p, n, seed);
+      out.push_back({p, n, seed++});
+    }
+    return out;
+  }
+  size_t driver_free() {
+    PrimaryCtx c(drv_->table());
+    size_t free = 0, total = 0;
+    drv_->table().mem_get_info(&free, &total);
+    return free;
+  }
+  void expect_intact(const std::vector<Held>& blocks) {
+    for (const Held& h : blocks) {
+      EXPECT_EQ(check_pattern(h.p, h.n, h.seed), SIZE_MAX) << "block " << h.p << " lost its bytes";
+    }
+  }
+  void free_all(const std::vector<Held>& blocks) {
+    for (const Held& h : blocks) alloc_->deallocate(h.p, nullptr);
+  }
+};
+
+TEST_F(PoolSleepTest, OffloadGivesEveryPageBackAndBringsEveryByteBackAtTheSameAddress) {
+  alloc_->create_pool(1);
+  void* other = alloc_->allocate(3 * P, nullptr);  // the default pool's, untouched by the sleep
+  fill_pattern(other, 3 * P, 99);
+  const auto blocks = fill_pool(1);
+  const size_t pool_physical = alloc_->pool_stats(1).physical_bytes;
+  const size_t free_before = driver_free();
+  alloc_->sleep_pool(1, Mode::offload);
+  EXPECT_TRUE(alloc_->pool_is_asleep(1));
+  EXPECT_EQ(driver_free(), free_before + pool_physical) << "the driver got every page back";
+  EXPECT_EQ(alloc_->pool_stats(1).physical_bytes, 0u);
+  EXPECT_GT(alloc_->pool_stats(1).host_backup_bytes, 0u);
+  EXPECT_EQ(books_vs_driver(), "");
+  alloc_->wake_pool(1);
+  EXPECT_FALSE(alloc_->pool_is_asleep(1));
+  expect_intact(blocks);
+  EXPECT_EQ(check_pattern(other, 3 * P, 99), SIZE_MAX);
+  EXPECT_EQ(books_vs_driver(), "");
+  free_all(blocks);
+  alloc_->deallocate(other, nullptr);
+  alloc_->release_pool(1);
+}
+
+TEST_F(PoolSleepTest, WhileAsleepThePoolsMemoryServesOthersAndTheBlocksRefuseUse) {
+  alloc_->create_pool(2);
+  const auto blocks = fill_pool(2);
+  alloc_->sleep_pool(2, Mode::offload);
+  EXPECT_THROW(alloc_->allocate(100, nullptr, 2), usage_error);
+  EXPECT_THROW(alloc_->record_stream(blocks[0].p, nullptr), usage_error);
+  // The whole device but what the default pool holds: the sleeping pool's pages included.
+  void* big = alloc_->allocate(32 * P, nullptr);
+  ASSERT_NE(big, nullptr);
+  alloc_->deallocate(big, nullptr);
+  // A free while asleep is allowed: that block does not come back.
+  alloc_->deallocate(blocks[1].p, nullptr);
+  alloc_->wake_pool(2);
+  expect_intact({blocks[0], blocks[2], blocks[3], blocks[4]});
+  EXPECT_EQ(alloc_->pool_stats(2).live_blocks, 4u);
+  for (size_t i : {0, 2, 3, 4}) alloc_->deallocate(blocks[i].p, nullptr);
+  alloc_->release_pool(2);
+}
+
+TEST_F(PoolSleepTest, DiscardDropsTheBytesButKeepsTheAddressesUsable) {
+  alloc_->create_pool(3);
+  const auto blocks = fill_pool(3);
+  const size_t free_before = driver_free();
+  const size_t pool_physical = alloc_->pool_stats(3).physical_bytes;
+  alloc_->sleep_pool(3, Mode::discard);
+  EXPECT_EQ(driver_free(), free_before + pool_physical);
+  EXPECT_EQ(alloc_->pool_stats(3).host_backup_bytes, 0u);
+  alloc_->wake_pool(3);
+  for (const Held& h : blocks) fill_pattern(h.p, h.n, h.seed + 50);  // writable again
+  for (const Held& h : blocks) EXPECT_EQ(check_pattern(h.p, h.n, h.seed + 50), SIZE_MAX);
+  free_all(blocks);
+  alloc_->release_pool(3);
+}
+
+TEST_F(PoolSleepTest, AHundredCyclesGrowNothing) {
+  alloc_->create_pool(4);
+  const auto blocks = fill_pool(4);
+  alloc_->sleep_pool(4, Mode::offload);
+  alloc_->wake_pool(4);
+  const core::DeviceStats s0 = alloc_->stats();
+  const size_t backup0 = alloc_->pool_stats(4).host_backup_bytes;
+  for (int i = 0; i < 100; ++i) {
+    alloc_->sleep_pool(4, Mode::offload);
+    alloc_->wake_pool(4);
+  }
+  const core::DeviceStats s1 = alloc_->stats();
+  EXPECT_EQ(s1.physical_bytes, s0.physical_bytes);
+  EXPECT_EQ(s1.va_reserved_bytes, s0.va_reserved_bytes);
+  EXPECT_EQ(alloc_->pool_stats(4).host_backup_bytes, backup0);
+  expect_intact(blocks);
+  EXPECT_EQ(books_vs_driver(), "");
+  free_all(blocks);
+  alloc_->release_pool(4);
+  EXPECT_EQ(alloc_->release_host_backup(), 0u);  // forgotten with the pool already
+}
+
+TEST_F(PoolSleepTest, SleepIsRefusedUnderAnAnnouncedCaptureAndChangesNothing) {
+  alloc_->create_pool(5);
+  const auto blocks = fill_pool(5);
+  core::CaptureAnnouncements::begin(alloc_->driver().primary());
+  EXPECT_THROW(alloc_->sleep_pool(5, Mode::offload), usage_error);
+  core::CaptureAnnouncements::end(alloc_->driver().primary());
+  EXPECT_FALSE(alloc_->pool_is_asleep(5));
+  expect_intact(blocks);
+  free_all(blocks);
+  alloc_->release_pool(5);
+}
+
+TEST_F(PoolSleepTest, HeldStreamWorkIsDoneBeforeAnyPageGoes) {
+  alloc_->create_pool(6);
+  CUstream s = new_stream();
+  void* p = alloc_->allocate(4 * P, s, 6);
+  sim::hold_stream(s);
+  {  // work on s that uses the block and has not completed
+    PrimaryCtx c(drv_->table());
+    CUevent e = nullptr;
+    drv_->table().event_create(&e, 0);
+    drv_->table().event_record(e, s);
+    EXPECT_EQ(drv_->table().event_query(e), CUDA_ERROR_NOT_READY);
+    alloc_->sleep_pool(6, Mode::discard);
+    EXPECT_EQ(drv_->table().event_query(e), CUDA_SUCCESS) << "pages went under pending work";
+    drv_->table().event_destroy(e);
+  }
+  alloc_->wake_pool(6);
+  alloc_->deallocate(p, s);
+  alloc_->release_pool(6);
+}
+
+// A driver failure at the nth call of each entry point a sleep or wake makes.
+class PoolSleepFailureTest : public PoolSleepTest,
+                             public ::testing::WithParamInterface<driver::EntryPoint> {};
+
+TEST_P(PoolSleepFailureTest, AFailedSleepLeavesThePoolAwakeWithItsBytes) {
+  for (uint64_t nth = 1; nth <= 6; ++nth) {
+    alloc_->create_pool(100 + nth);
+    const auto blocks = fill_pool(100 + nth, nth * 10);
+    sim::inject_failure(GetParam(), nth, CUDA_ERROR_OUT_OF_MEMORY);
+    bool failed = false;
+    try {
+      alloc_->sleep_pool(100 + nth, Mode::offload);
+    } catch (const std::exception&) {  // driver_failure, or usage_error for a failed synchronize
+      failed = true;
+    }
+    sim::clear_injections();
+    EXPECT_EQ(books_vs_driver(), "") << "nth " << nth;
+    if (failed) {
+      EXPECT_FALSE(alloc_->pool_is_asleep(100 + nth)) << "nth " << nth;
+    } else {
+      alloc_->wake_pool(100 + nth);
+    }
+    expect_intact(blocks);
+    free_all(blocks);
+    alloc_->release_pool(100 + nth);
+    alloc_->release_cached();
+  }
+}
+
+TEST_P(PoolSleepFailureTest, AFailedWakeLeavesThePoolAsleepAndALaterWakeWorks) {
+  for (uint64_t nth = 1; nth <= 6; ++nth) {
+    alloc_->create_pool(200 + nth);
+    const auto blocks = fill_pool(200 + nth, nth * 10);
+    alloc_->sleep_pool(200 + nth, Mode::offload);
+    sim::inject_failure(GetParam(), nth, CUDA_ERROR_OUT_OF_MEMORY);
+    bool failed = false;
+    try {
+      alloc_->wake_pool(200 + nth);
+    } catch (const driver_failure&) {
+      failed = true;
+    } catch (const out_of_memory&) {
+      failed = true;
+    }
+    sim::clear_injections();
+    EXPECT_EQ(books_vs_driver(), "") << "nth " << nth;
+    if (failed) {
+      EXPECT_TRUE(alloc_->pool_is_asleep(200 + nth)) << "nth " << nth;
+      alloc_->wake_pool(200 + nth);
+    }
+    expect_intact(blocks);
+    free_all(blocks);
+    alloc_->release_pool(200 + nth);
+    alloc_->release_cached();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryEntryPoint, PoolSleepFailureTest,
+    ::testing::Values(driver::EntryPoint::mem_host_alloc, driver::EntryPoint::memcpy_dtoh_async,
+                      driver::EntryPoint::memcpy_htod_async,
+                      driver::EntryPoint::stream_synchronize, driver::EntryPoint::stream_create,
+                      driver::EntryPoint::mem_unmap, driver::EntryPoint::mem_release,
+                      driver::EntryPoint::mem_create, driver::EntryPoint::mem_map,
+                      driver::EntryPoint::mem_set_access, driver::EntryPoint::ctx_synchronize),
+    entry_point_param_name);
+
+}  // namespace
+}  // namespace expanse::test
