@@ -237,13 +237,15 @@ BlockIt DeviceAllocator::place_once(size_t sz, Arena a, StreamKey stream, PageRe
       req.needed = fresh;
       throw_oom(req);
     }
-    if (!supply_.ensure_pages(r, it->first, span, req)) throw_oom(req);
+    // The block and the rest of its pages apart: a multi-page handle lies inside one block's
+    // inner pages (reservation.hpp), and the rest stays the pool's free memory, mapped.
+    if (!supply_.ensure_pages(r, it->first, sz, req)) throw_oom(req);
+    if (span > sz && !supply_.ensure_pages(r, it->first + sz, span - sz, req)) throw_oom(req);
   } catch (...) {
     it->second.pool = from;
     placement_.index().insert_free(it, a);
     throw;
   }
-  // The rest of the pages taken stays the pool's free memory, mapped.
   if (span > sz) placement_.index().split_tail(it, sz, a);
   return it;
 }

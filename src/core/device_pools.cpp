@@ -26,6 +26,10 @@ void DeviceAllocator::release_pool(PoolId id) {
   const PoolSlot s = pools_.find(id, "pool_release", device(), true);
   PoolState& p = pools_.at(s);
   if (--p.use_count > 0) return;
+  // Nothing can wake it any more: its host staging is of no use.
+  drv_.free_host(p.backup);
+  p.backup = nullptr;
+  p.backup_bytes = 0;
   // Nothing of it left to prove done: forgotten at once.
   if (p.live_blocks == 0 && !placement_.index().pool_has_free(s)) {
     bool pending = false;

@@ -10,6 +10,7 @@
 #include "core/check.hpp"
 #include "core/device_allocator.hpp"
 #include "core/format.hpp"
+#include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 
 #include <map>

@@ -125,7 +125,7 @@ TEST_F(PoolSleepTest, AHundredCyclesGrowNothing) {
   EXPECT_EQ(books_vs_driver(), "");
   free_all(blocks);
   alloc_->release_pool(4);
-  EXPECT_EQ(alloc_->release_host_backup(), 0u);  // forgotten with the pool already
+  EXPECT_EQ(alloc_->release_host_backup(), 0u);  // freed when the pool was released
 }
 
 TEST_F(PoolSleepTest, SleepIsRefusedUnderAnAnnouncedCaptureAndChangesNothing) {
@@ -165,7 +165,7 @@ class PoolSleepFailureTest : public PoolSleepTest,
                              public ::testing::WithParamInterface<driver::EntryPoint> {};
 
 TEST_P(PoolSleepFailureTest, AFailedSleepLeavesThePoolAwakeWithItsBytes) {
-  for (uint64_t nth = 1; nth <= 6; ++nth) {
+  for (uint64_t nth = 1; nth <= 4; ++nth) {
     alloc_->create_pool(100 + nth);
     const auto blocks = fill_pool(100 + nth, nth * 10);
     sim::inject_failure(GetParam(), nth, CUDA_ERROR_OUT_OF_MEMORY);
@@ -190,7 +190,7 @@ TEST_P(PoolSleepFailureTest, AFailedSleepLeavesThePoolAwakeWithItsBytes) {
 }
 
 TEST_P(PoolSleepFailureTest, AFailedWakeLeavesThePoolAsleepAndALaterWakeWorks) {
-  for (uint64_t nth = 1; nth <= 6; ++nth) {
+  for (uint64_t nth = 1; nth <= 4; ++nth) {
     alloc_->create_pool(200 + nth);
     const auto blocks = fill_pool(200 + nth, nth * 10);
     alloc_->sleep_pool(200 + nth, Mode::offload);
