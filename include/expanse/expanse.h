@@ -35,7 +35,7 @@ enum {
   EXPANSE_EINVAL = 1,  /* bad argument: pointer, size, device, configuration */
   EXPANSE_ENOMEM = 2,  /* out of device memory */
   EXPANSE_EDRIVER = 3, /* the CUDA driver failed or could not be loaded */
-  EXPANSE_EBUSY = 4    /* not now: a capture is announced (expanse_pool_trim) */
+  EXPANSE_EBUSY = 4    /* not now: a capture is announced (expanse_pool_trim, expanse_pool_sleep) */
 };
 
 /* Allocates size bytes on device, ordered on stream. NULL on failure (see expanse_last_error), and
@@ -177,8 +177,44 @@ typedef struct expanse_pool_stats {
   uint64_t live_bytes;      /* live blocks, as carved (multiples of 512 B) */
   uint64_t cached_bytes;    /* free blocks still the pool's (reused only by its allocations) */
   uint64_t physical_bytes;  /* mapped pages under the pool's blocks */
+  uint32_t asleep;          /* 1: put to sleep (expanse_pool_sleep) and not yet woken */
+  uint32_t reserved0;
+  uint64_t host_backup_bytes; /* pinned host memory it holds: its content while asleep, and the
+                                 staging kept for the next sleep (expanse_release_host_backup) */
 } expanse_pool_stats;
 EXPANSE_C_API int expanse_pool_get_stats(expanse_pool_id id, expanse_pool_stats* s);
+
+/* Sleep and wake: a pool's physical memory goes back to the driver while its addresses and
+ * blocks stay, and comes back at the same addresses, so pointers into it (and CUDA graphs
+ * captured over them) stay valid across a cycle.
+ *
+ * expanse_pool_sleep waits for all work on the device's context (stream's included, and replays
+ * of graphs that use the pool), then, with EXPANSE_SLEEP_OFFLOAD, copies every live block of the
+ * pool to pinned host memory (kept for the next cycle), and unmaps and releases every page of the
+ * pool's blocks, live and free: cuMemGetInfo's free memory grows by all of it. With
+ * EXPANSE_SLEEP_DISCARD the content is dropped. While asleep, allocating into the pool or
+ * recording a stream on its blocks is an error; freeing its blocks is allowed (they do not come
+ * back). Refused (EXPANSE_EBUSY) while a capture is announced in the device's context or routed
+ * into the pool. On a failure the pool is awake with its data.
+ *
+ * expanse_pool_wake maps pages under every block of the pool again at the same addresses, grants
+ * access (peers included), copies offloaded content back, and returns when it is there (work on
+ * `stream` after the call sees it). Discarded blocks come back with undefined content. On a
+ * failure the pool stays asleep with its backup, and a later wake may succeed. Then the wake hook
+ * runs (expanse_set_wake_hook): the physical pages are new, so registrations of the old ones
+ * (NCCL's ncclCommRegister, ibv_reg_mr / GPUDirect RDMA, cuMemExport handles) are stale and must
+ * be made again.
+ *
+ * expanse_pool_is_asleep returns 1 or 0, or minus an error code for an unknown pool.
+ * expanse_release_host_backup frees the pinned staging of every awake pool on device. */
+enum { EXPANSE_SLEEP_OFFLOAD = 1, EXPANSE_SLEEP_DISCARD = 2 };
+EXPANSE_C_API int expanse_pool_sleep(expanse_pool_id id, int mode, struct CUstream_st* stream);
+EXPANSE_C_API int expanse_pool_wake(expanse_pool_id id, struct CUstream_st* stream);
+EXPANSE_C_API int expanse_pool_is_asleep(expanse_pool_id id);
+EXPANSE_C_API int expanse_release_host_backup(int device);
+/* hook(id, ctx) runs after every successful expanse_pool_wake, on the waking thread, with no
+ * expanse lock held; NULL removes it. */
+EXPANSE_C_API int expanse_set_wake_hook(void (*hook)(expanse_pool_id id, void* ctx), void* ctx);
 
 /* ---- PyTorch ------------------------------------------------------------------------------
  * expanse_torch_malloc / expanse_torch_free keep PyTorch's pluggable-allocator contract:

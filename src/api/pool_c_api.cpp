@@ -3,6 +3,8 @@
 #include "api/pools.hpp"
 #include "expanse/expanse.h"
 
+#include <string>
+
 using expanse::api::guarded;
 
 namespace {
@@ -64,6 +66,39 @@ EXPANSE_C_API int expanse_pool_trim(expanse_pool_id id) {
                                "context synchronize proves its work done; nothing was given "
                                "back (try again after the capture ends)";
   return EXPANSE_EBUSY;
+}
+
+EXPANSE_C_API int expanse_pool_sleep(expanse_pool_id id, int mode, struct CUstream_st* stream) {
+  bool done = true;
+  const int rc = guarded([&] { done = expanse::api::pool_sleep(id, mode, to_cu(stream)); });
+  if (rc != EXPANSE_OK || done) return rc;
+  expanse::api::last_error() =
+      "expanse_pool_sleep: pool " + std::to_string(id) +
+      ": a capture is announced in its device's context or routed into the pool, and sleeping "
+      "needs a context synchronize that would invalidate it; nothing was changed (try again "
+      "after the capture ends)";
+  return EXPANSE_EBUSY;
+}
+
+EXPANSE_C_API int expanse_pool_wake(expanse_pool_id id, struct CUstream_st* stream) {
+  return guarded([&] { expanse::api::pool_wake(id, to_cu(stream)); });
+}
+
+EXPANSE_C_API int expanse_pool_is_asleep(expanse_pool_id id) {
+  bool asleep = false;
+  const int rc = guarded([&] { asleep = expanse::api::pool_is_asleep(id); });
+  return rc != EXPANSE_OK ? -rc : (asleep ? 1 : 0);
+}
+
+EXPANSE_C_API int expanse_release_host_backup(int device) {
+  return guarded([&] { (void)expanse::api::release_host_backup(device); });
+}
+
+EXPANSE_C_API int expanse_set_wake_hook(void (*hook)(expanse_pool_id id, void* ctx), void* ctx) {
+  static_assert(sizeof(expanse_pool_id) == sizeof(uint64_t), "pool ids are 64-bit");
+  return guarded([&] {
+    expanse::api::set_wake_hook(reinterpret_cast<void (*)(uint64_t, void*)>(hook), ctx);
+  });
 }
 
 EXPANSE_C_API int expanse_pool_get_stats(expanse_pool_id id, expanse_pool_stats* s) {

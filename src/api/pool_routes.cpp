@@ -105,6 +105,13 @@ bool PoolRoutes::end_route(uint64_t token, CUstream* capture) {
   return true;
 }
 
+int PoolRoutes::captures_into(core::PoolId pool) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int n = 0;
+  for (const auto& r : routes_) n += r->pool == pool && r->kind == Kind::capture ? 1 : 0;
+  return n;
+}
+
 int PoolRoutes::routes_of(core::PoolId pool) const {
   std::lock_guard<std::mutex> lock(mu_);
   int n = 0;

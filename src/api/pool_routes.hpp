@@ -50,6 +50,8 @@ class PoolRoutes {
   CUstream end(core::PoolId pool, const char* what);
   // Ends the route `token` names; false if it has ended already. *capture: as end() returns.
   bool end_route(uint64_t token, CUstream* capture);
+  // How many capture routes `pool` has (a capture may be recording into it).
+  int captures_into(core::PoolId pool) const;
   // How many routes `pool` has now.
   int routes_of(core::PoolId pool) const;
 

@@ -71,6 +71,22 @@ int stream_device(const driver::LoadedDriver& d, CUstream stream, const char* wh
                        static_cast<int>(r));
 }
 
+// The context a capture on s belongs to (the calling thread's current one for special handles).
+CUcontext capture_context(const driver::LoadedDriver& d, CUstream s, const char* what) {
+  CUcontext ctx = nullptr;
+  const CUresult r = d.table().stream_get_ctx(s, &ctx);
+  if (r != CUDA_SUCCESS || ctx == nullptr) {
+    throw driver_failure(std::string(what) + ": cannot tell the context of stream " +
+                             stream_text(s) + " (" +
+                             d.describe_error(driver::EntryPoint::stream_get_ctx, r) +
+                             "); a NULL or per-thread stream needs a current context",
+                         static_cast<int>(r));
+  }
+  return ctx;
+}
+
+}  // namespace
+
 // Throws usage_error when `stream` belongs to another device than pool `id`'s.
 void check_stream_device(Runtime& rt, core::PoolId id, int device, CUstream stream,
                          const char* what) {
@@ -94,21 +110,6 @@ core::DeviceAllocator& live_pool(Runtime& rt, core::PoolId id, const char* what,
   return a;
 }
 
-// The context a capture on s belongs to (the calling thread's current one for special handles).
-CUcontext capture_context(const driver::LoadedDriver& d, CUstream s, const char* what) {
-  CUcontext ctx = nullptr;
-  const CUresult r = d.table().stream_get_ctx(s, &ctx);
-  if (r != CUDA_SUCCESS || ctx == nullptr) {
-    throw driver_failure(std::string(what) + ": cannot tell the context of stream " +
-                             stream_text(s) + " (" +
-                             d.describe_error(driver::EntryPoint::stream_get_ctx, r) +
-                             "); a NULL or per-thread stream needs a current context",
-                         static_cast<int>(r));
-  }
-  return ctx;
-}
-
-}  // namespace
 
 void PoolRegistry::add(core::PoolId id, int device) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -230,6 +231,8 @@ expanse_pool_stats pool_stats(core::PoolId id) {
   out.live_bytes = s.live_bytes;
   out.cached_bytes = s.cached_bytes;
   out.physical_bytes = s.physical_bytes;
+  out.asleep = s.asleep ? 1 : 0;
+  out.host_backup_bytes = s.host_backup_bytes;
   return out;
 }
 

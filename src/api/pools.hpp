@@ -9,6 +9,7 @@
 #pragma once
 
 #include "api/pool_routes.hpp"
+#include "core/device_allocator.hpp"
 #include "core/pool_table.hpp"
 #include "expanse/expanse.h"
 
@@ -49,6 +50,22 @@ void* pool_malloc(core::PoolId id, size_t size, CUstream stream);
 bool pool_trim(core::PoolId id);
 // Every field (struct_size = sizeof(expanse_pool_stats)).
 expanse_pool_stats pool_stats(core::PoolId id);
+
+// Shared by the pool functions: throws usage_error when `stream` belongs to another device than
+// pool `id`'s; pool `id`'s allocator, after checking its use count is above 0 (*device: its
+// device).
+class Runtime;
+void check_stream_device(Runtime& rt, core::PoolId id, int device, CUstream stream,
+                         const char* what);
+core::DeviceAllocator& live_pool(Runtime& rt, core::PoolId id, const char* what, int* device);
+
+// Sleep and wake (pool_sleep.cpp). pool_sleep returns false, with nothing changed, while a
+// capture is announced in the device's context or routed into the pool.
+bool pool_sleep(core::PoolId id, int mode, CUstream stream);
+void pool_wake(core::PoolId id, CUstream stream);
+bool pool_is_asleep(core::PoolId id);
+size_t release_host_backup(int device);
+void set_wake_hook(void (*hook)(uint64_t id, void* ctx), void* ctx);
 // Fills out's first out->struct_size bytes, as fill_stats does.
 void fill_pool_stats(core::PoolId id, expanse_pool_stats* out);
 

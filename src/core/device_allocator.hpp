@@ -97,8 +97,9 @@ class DeviceAllocator {
   // done; refused while a capture is announced), offload copies each live block to pinned host
   // memory first, discard drops the content. Its live blocks are then "asleep": allocating into
   // the pool or recording a stream on them is an error, a free is allowed. On a throw the pool is
-  // awake with its data.
-  void sleep_pool(PoolId id, SleepMode mode);
+  // awake with its data. False, with nothing changed, when the context cannot be synchronized
+  // now (a capture is announced there, or the synchronize failed).
+  bool sleep_pool(PoolId id, SleepMode mode);
   // Maps pages under every block of pool `id` again, at the same addresses, and copies an
   // offloaded pool's content back; done when it returns. On a throw the pool is still asleep
   // with its backup, and a later wake may succeed.

@@ -60,7 +60,7 @@ std::vector<ReclaimableHandle> DeviceAllocator::sleeping_handles(PoolSlot s) con
   return out;
 }
 
-void DeviceAllocator::sleep_pool(PoolId id, SleepMode mode) {
+bool DeviceAllocator::sleep_pool(PoolId id, SleepMode mode) {
   std::lock_guard<std::mutex> lock(mu_);
   CheckedScope checked(*this, "pool_sleep");
   const PoolSlot s = pools_.find(id, "pool_sleep", device(), true);
@@ -73,12 +73,7 @@ void DeviceAllocator::sleep_pool(PoolId id, SleepMode mode) {
   try {
     // Whatever may still use the pool's memory (its streams, its graphs' replays) is done only
     // when the context is: a synchronize, never under an announced capture.
-    if (!streams_.sync_context(drv_.primary())) {
-      throw usage_error("expanse: pool_sleep: " + pool_name(id, device()) +
-                        ": the device's context cannot be synchronized now (a capture is under "
-                        "way there, which a synchronize would invalidate, or the synchronize "
-                        "failed); nothing was changed");
-    }
+    if (!streams_.sync_context(drv_.primary())) return false;
     streams_.poll(false);
     std::vector<BlockIt> live;
     size_t total = 0;
@@ -139,6 +134,7 @@ void DeviceAllocator::sleep_pool(PoolId id, SleepMode mode) {
                              "; the pool is awake",
                          static_cast<int>(e.code()));
   }
+  return true;
 }
 
 void DeviceAllocator::wake_pool(PoolId id) {
