@@ -326,6 +326,10 @@ TEST_F(PoolTest, SlotsAreReusedOnceTheirPoolsAreForgotten) {
 // a pool when every slot is held so should return released pools first (as an allocation that
 // would fail does), unless a capture is announced.
 TEST_F(PoolTest, KnownGapCreateWhenEverySlotIsHeldByAReleasedPoolReturnsThemFirst) {
+#ifdef EXPANSE_CHECKED
+  // Every call checks all 65535 pools' books there: about ten minutes.
+  GTEST_SKIP() << "too slow in the checked build";
+#endif
   for (uint64_t id = 1; id <= 70000; ++id) {
     alloc_->create_pool(id);
     void* p = alloc_->allocate(512, nullptr, id);
