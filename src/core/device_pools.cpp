@@ -11,6 +11,8 @@ namespace expanse::core {
 
 void DeviceAllocator::create_pool(PoolId id) {
   std::lock_guard<std::mutex> lock(mu_);
+  // Every slot held: released pools proven done now are forgotten, freeing theirs.
+  if (pools_.full()) return_released_pools();
   const PoolSlot s = pools_.create(id, device());
   placement_.index().add_pool(s);
 }

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -70,6 +71,10 @@ class PoolTable {
     }
   }
   bool empty() const noexcept { return by_id_.empty(); }
+  // Whether create() would find no slot.
+  bool full() const noexcept {
+    return free_slots_.empty() && slots_.size() > std::numeric_limits<PoolSlot>::max();
+  }
 
  private:
   std::vector<PoolState> slots_ = std::vector<PoolState>(1);  // [0]: the default pool
