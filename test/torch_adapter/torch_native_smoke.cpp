@@ -117,9 +117,9 @@ int main() {
   // ---- memory pools, as torch.cuda.graph drives them ----
   using expanse::torch_native::MempoolId;
   const MempoolId graph{1, 0};  // a graph's own pool: {uuid, 0}
-  auto pool_of = [](void* p) {
+  auto pool_of = [](void* block) {
     expanse_pool_id id = 0;
-    return expanse_pool_of(p, &id) == EXPANSE_OK ? id : ~0ull;
+    return expanse_pool_of(block, &id) == EXPANSE_OK ? id : ~0ull;
   };
   expect(a.getPoolUseCount(0, graph) == 0, "getPoolUseCount of a pool never begun: 0");
   a.beginAllocateToPool(0, graph, [](cudaStream_t) { return true; });
