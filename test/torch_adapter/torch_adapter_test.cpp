@@ -620,6 +620,21 @@ TEST_F(TorchAdapterTest, PoolFilterCopyIsFreedWhenItsRouteEnds) {
   EXPECT_EQ(ta::FilterTable::instance().held(), held);
 }
 
+TEST_F(TorchAdapterTest, PoolMapGoneEndsItsRoutings) {
+  const size_t held = ta::FilterTable::instance().held();
+  auto token = std::make_shared<int>(0);
+  expanse_pool_id id = 0;
+  {
+    ta::PoolMap m;
+    m.begin(kGraph, [token](CUstream_st*) { return true; });
+    id = m.id_of(kGraph);
+  }
+  EXPECT_EQ(token.use_count(), 1);
+  EXPECT_EQ(ta::FilterTable::instance().held(), held);
+  EXPECT_EQ(pool_of(alloc(MiB)), 0u) << "no routing left";
+  EXPECT_EQ(pool_stats(id).use_count, 1);
+}
+
 TEST_F(TorchAdapterTest, PoolEmptyCacheTrimsReleasedPoolsOnly) {
   ta::PoolMap m;
   m.begin(kGraph, [](CUstream_st*) { return true; });

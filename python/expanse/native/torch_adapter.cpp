@@ -405,6 +405,15 @@ PoolMap::Entry& PoolMap::acquire(const MempoolKey& k, const char* what, bool* cr
   return e;
 }
 
+PoolMap::~PoolMap() {
+  for (auto& [k, e] : pools_) {
+    (void)k;
+    if (!e.routing) continue;
+    (void)expanse_pool_end(e.id);
+    FilterTable::instance().remove(e.filter_ctx);
+  }
+}
+
 void PoolMap::begin(const MempoolKey& k, Filter filter) {
   const char* what = "beginAllocateToPool";
   std::lock_guard<std::mutex> lock(mu_);

@@ -215,6 +215,11 @@ class FilterTable {
 class PoolMap {
  public:
   using Filter = FilterTable::Filter;
+  PoolMap() = default;
+  // Ends the routings still on (their filters are destroyed); the pools keep their use counts.
+  ~PoolMap();
+  PoolMap(const PoolMap&) = delete;
+  PoolMap& operator=(const PoolMap&) = delete;
   void begin(const MempoolKey& k, Filter filter);
   void end(const MempoolKey& k);
   void release(const MempoolKey& k);
