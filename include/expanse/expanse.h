@@ -163,6 +163,11 @@ EXPANSE_C_API void* expanse_pool_malloc(expanse_pool_id id, size_t size,
  * synchronize): nothing was given back; try again after the capture ends. */
 EXPANSE_C_API int expanse_pool_trim(expanse_pool_id id);
 
+/* The pool the live block at ptr belongs to: *out receives its id, or 0 for the default pool
+ * (a pool's block stays its pool's while live, its pool released or not). EXPANSE_EINVAL, *out 0,
+ * when ptr is not the start of a live block on any device. */
+EXPANSE_C_API int expanse_pool_of(const void* ptr, expanse_pool_id* out);
+
 /* One pool's figures. Set struct_size = sizeof(expanse_pool_stats) before the call: fields past
  * the caller's struct_size are not written. */
 typedef struct expanse_pool_stats {

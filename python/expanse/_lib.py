@@ -118,6 +118,7 @@ def _declare(lib):
         "expanse_pool_malloc": (c.c_void_p, [c.c_ulonglong, c.c_size_t, stream]),
         "expanse_pool_trim": (c.c_int, [c.c_ulonglong]),
         "expanse_pool_get_stats": (c.c_int, [c.c_ulonglong, c.POINTER(PoolStats)]),
+        "expanse_pool_of": (c.c_int, [c.c_void_p, c.POINTER(c.c_ulonglong)]),
     }
     for name, (res, args) in sigs.items():
         f = getattr(lib, name)

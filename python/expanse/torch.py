@@ -8,9 +8,12 @@ use() makes expanse PyTorch's own allocator (native: a C++ CUDAAllocator compile
 installed torch at first use, then cached): torch.cuda.memory_stats(), memory_snapshot(),
 _record_memory_history(), empty_cache(), set_per_process_memory_fraction(),
 torch.backends.cudnn.benchmark (cacheInfo) and Tensor.record_stream answer from expanse's books,
-and an OOM raises torch.cuda.OutOfMemoryError. Not yet: CUDA graph capture, torch.cuda.MemPool and
-torch.compile(mode="reduce-overhead") (they need memory pools; they raise an error that says so),
-and sharing CUDA tensors between processes.
+and an OOM raises torch.cuda.OutOfMemoryError. CUDA graphs (torch.cuda.graph,
+make_graphed_callables, graph_pool_handle()) and torch.cuda.MemPool / use_mem_pool get expanse
+pools, and each torch.cuda.graph capture is announced to expanse (see expanse.capture_begin). Not
+supported: torch.compile's CUDA graph trees (mode="reduce-overhead" needs
+torch._inductor.config.triton.cudagraph_trees = False) and sharing CUDA tensors between
+processes.
 
 Where the native allocator cannot be built (no C++ compiler, no CUDA headers, no ninja), use()
 falls back, with a warning naming what is lost, to the pluggable pair (CUDAPluggableAllocator
@@ -88,6 +91,10 @@ def use(conf=None, native=None):
     if native is not False:
         try:
             _allocator = _install_native(torch)
+            # The native allocator routes a capture's allocations to its pool (beginAllocateToPool
+            # comes before the capture begins), but PyTorch calls no allocator hook that tells
+            # expanse a capture is coming: the same wrapper announces it.
+            _announce_graph_captures(torch)
             return _allocator
         except NativeUnavailable as e:
             if native:

@@ -101,6 +101,15 @@ EXPANSE_C_API int expanse_set_wake_hook(void (*hook)(expanse_pool_id id, void* c
   });
 }
 
+EXPANSE_C_API int expanse_pool_of(const void* ptr, expanse_pool_id* out) {
+  if (out == nullptr) {
+    expanse::api::last_error() = "expanse_pool_of: out must not be NULL";
+    return EXPANSE_EINVAL;
+  }
+  *out = 0;
+  return guarded([&] { *out = expanse::api::pool_of(ptr, "expanse_pool_of"); });
+}
+
 EXPANSE_C_API int expanse_pool_get_stats(expanse_pool_id id, expanse_pool_stats* s) {
   return guarded([&] { expanse::api::fill_pool_stats(id, s); });
 }

@@ -15,6 +15,8 @@
 
 #include <cuda.h>
 
+#include <atomic>
+#include <cstdint>
 #include <mutex>
 #include <unordered_map>
 
@@ -30,6 +32,27 @@ class PoolRegistry {
  private:
   mutable std::mutex mu_;
   std::unordered_map<core::PoolId, int> devices_;
+};
+
+// Which pool each live block of a pool (not the default pool) belongs to, for expanse_pool_of.
+// A block is added when an allocation routed to a pool (or expanse_pool_malloc) returns it and
+// taken out before its free (put back if the free fails). With no pool block live, a free pays one
+// relaxed atomic load here.
+class PoolBlocks {
+ public:
+  void add(const void* ptr, core::PoolId id);
+  // Forgets ptr; returns the pool it had (0: none), for add() should the free fail.
+  core::PoolId take(const void* ptr) {
+    if (count_.load(std::memory_order_relaxed) == 0) return 0;
+    return take_slow(ptr);
+  }
+  core::PoolId find(const void* ptr) const;
+
+ private:
+  core::PoolId take_slow(const void* ptr);
+  std::atomic<size_t> count_{0};
+  mutable std::mutex mu_;
+  std::unordered_map<uintptr_t, core::PoolId> blocks_;
 };
 
 // The pool functions (expanse_pool_*), with exceptions. `what` names the caller in errors.
@@ -68,6 +91,10 @@ size_t release_host_backup(int device);
 void set_wake_hook(void (*hook)(uint64_t id, void* ctx), void* ctx);
 // Fills out's first out->struct_size bytes, as fill_stats does.
 void fill_pool_stats(core::PoolId id, expanse_pool_stats* out);
+
+// The pool of the live block ptr (0: the default pool). Throws usage_error naming `what` for a
+// pointer that is not a live block's start on any device.
+core::PoolId pool_of(const void* ptr, const char* what);
 
 // Allocation and free as the routes say (expanse_malloc, expanse_free, the torch pair, C++).
 void* routed_allocate(size_t size, int device, CUstream stream);

@@ -343,6 +343,70 @@ TEST_P(Pools, FilterRoutingAsksTheFilter) {
   must_free(c, MiB, 0, s1);
 }
 
+expanse_pool_id pool_of(const void* p) {
+  expanse_pool_id id = 12345;
+  EXPECT_EQ(expanse_pool_of(p, &id), EXPANSE_OK) << expanse_last_error();
+  return id;
+}
+
+// expanse_pool_of: the pool of a live block however it got there (routed by thread or filter,
+// expanse_pool_malloc, the torch entry point), 0 for the default pool, an error for anything
+// not live; a pool's block stays its pool's after the release; a freed address reused by the
+// default pool is the default pool's.
+TEST_P(Pools, PoolOfNamesTheLiveBlocksPool) {
+  start("sim_devices:2,sim_capacity:1GiB");
+  CUstream s1 = stream();
+  const expanse_pool_id p = create(0), q = create(0), r = create(1);
+  void* plain = must_malloc(MiB, 0, nullptr);
+  EXPECT_EQ(pool_of(plain), 0u);
+  ASSERT_EQ(expanse_pool_begin_thread(p), EXPANSE_OK);
+  void* in_p = must_malloc(MiB, 0, nullptr);
+  void* torch_in_p = expanse_torch_malloc(4096, 0, nullptr);
+  void* on_1 = must_malloc(MiB, 1, nullptr);  // the route is device 0's only
+  ASSERT_EQ(expanse_pool_end(p), EXPANSE_OK);
+  FilterCtx f{s1, 0};
+  ASSERT_EQ(expanse_pool_begin_filter(q, accept_one, &f), EXPANSE_OK);
+  void* in_q = must_malloc(MiB, 0, s1);
+  ASSERT_EQ(expanse_pool_end(q), EXPANSE_OK);
+  void* in_r = expanse_pool_malloc(r, MiB, nullptr);
+  ASSERT_NE(in_r, nullptr) << expanse_last_error();
+  EXPECT_EQ(pool_of(in_p), p);
+  EXPECT_EQ(pool_of(torch_in_p), p);
+  EXPECT_EQ(pool_of(on_1), 0u);
+  EXPECT_EQ(pool_of(in_q), q);
+  EXPECT_EQ(pool_of(in_r), r);
+
+  expanse_pool_id id = 7;
+  EXPECT_EQ(expanse_pool_of(static_cast<char*>(in_p) + 512, &id), EXPANSE_EINVAL);
+  EXPECT_EQ(id, 0u);
+  EXPECT_NE(std::string(expanse_last_error()).find("not the start of a live block"),
+            std::string::npos) << expanse_last_error();
+  EXPECT_EQ(expanse_pool_of(nullptr, &id), EXPANSE_EINVAL);
+  EXPECT_EQ(expanse_pool_of(in_p, nullptr), EXPANSE_EINVAL);
+
+  // A free that fails (wrong size) leaves the block its pool's.
+  EXPECT_EQ(expanse_free_checked(in_q, 3 * MiB, 0, cs(s1)), EXPANSE_EINVAL);
+  EXPECT_EQ(pool_of(in_q), q);
+
+  ASSERT_EQ(expanse_pool_release(p), EXPANSE_OK);
+  EXPECT_EQ(pool_of(in_p), p) << "a live block stays its pool's after the release";
+  must_free(in_p, MiB, 0, nullptr);
+  expanse_torch_free(torch_in_p, 4096, 0, nullptr);
+  EXPECT_EQ(expanse_pool_of(in_p, &id), EXPANSE_EINVAL) << "freed: not live";
+  ASSERT_EQ(expanse_release_cached(0), EXPANSE_OK);  // p's memory returns to the default pool
+  std::vector<void*> again;
+  bool reused = false;
+  for (int i = 0; i < 8 && !reused; ++i) {
+    again.push_back(must_malloc(MiB, 0, nullptr));
+    EXPECT_EQ(pool_of(again.back()), 0u);
+    reused = again.back() == in_p;
+  }
+  for (void* x : again) must_free(x, MiB, 0, nullptr);
+  for (void* x : {plain, in_q}) must_free(x, MiB, 0, x == in_q ? s1 : nullptr);
+  must_free(on_1, MiB, 1, nullptr);
+  must_free(in_r, MiB, 1, nullptr);
+}
+
 TEST_P(Pools, RoutesNestNewestFirst) {
   start("sim_capacity:1GiB");
   const expanse_pool_id a = create(), b = create();

@@ -1,5 +1,6 @@
 """expanse as PyTorch's native allocator (expanse.torch.use(native=True)), checked on a real GPU:
-what docs/integrations.md says the native allocator answers. Each check prints ok / FAIL / note;
+what docs/integrations.md says the native allocator answers (the CUDA graph and MemPool checks
+below have not been run on a GPU yet). Each check prints ok / FAIL / note;
 the script exits 1 if any check failed, 77 (skipped) without PyTorch or a GPU.
 
     EXPANSE_CONF=driver:cuda EXPANSE_LIBRARY=build/lib/libexpanse.so \\
@@ -218,21 +219,118 @@ def memory_fraction_is_a_limit():
     return "0.25 of the GPU caps expanse; 1.0 lifts the cap"
 
 
-def graph_capture_names_the_missing_pools():
-    g = torch.cuda.CUDAGraph()
+def pool_of(t):
+    """The expanse pool of a tensor's block (0: the default pool)."""
+    import ctypes
+    out = ctypes.c_ulonglong(0)
+    rc = expanse.library().expanse_pool_of(ctypes.c_void_p(t.data_ptr()), ctypes.byref(out))
+    assert rc == 0, expanse.library().expanse_last_error()
+    return out.value
+
+
+def graph_freeing_in_capture_replays_like_eager():
+    # A capture that frees tensors (tmp, tmp2), then eager allocations between replays: with a
+    # private pool they never get the graph's memory, so every replay equals the eager result
+    # (what PyTorch's own allocator gives), and the eager tensors keep their values.
+    x = torch.randn(1 << 20, device="cuda")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up, as PyTorch's docs do before a capture
+        for _ in range(2):
+            ((x * 2) + 1).sin()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        tmp = x * 2
+        tmp2 = tmp + 1
+        del tmp
+        out = tmp2.sin() * 3
+        del tmp2
+    assert pool_of(out) != 0, "the graph's output is not in an expanse pool"
+    assert pool_of(x) == 0
+    assert torch._C._cuda_checkPoolLiveAllocations(0, g.pool(), {out.data_ptr()})
+    for i in range(5):
+        new = torch.randn(1 << 20, device="cuda")
+        x.copy_(new)
+        before = [torch.full((1 << 18,), 7.0, device="cuda") for _ in range(8)]
+        g.replay()
+        after = [torch.full((1 << 18,), -1.0, device="cuda") for _ in range(8)]
+        expect = ((new * 2) + 1).sin() * 3
+        torch.cuda.synchronize()
+        assert torch.equal(out, expect), f"replay {i} differs from eager"
+        assert all(bool((b == 7.0).all()) for b in before), "a replay wrote an eager tensor"
+        assert all(bool((a == -1.0).all()) for a in after)
+    pid = pool_of(out)
+    del g  # releasePool
+    torch.cuda.empty_cache()
+    assert float(out.sum()) == float(out.sum())  # the output stays valid
+    return f"5 replays equal eager; the graph's pool is expanse pool {pid}"
+
+
+def shared_pool_handle_and_graphed_callables():
+    h = torch.cuda.graph_pool_handle()
+    x = torch.randn(1 << 16, device="cuda")
+    g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g1, pool=h):
+        y1 = x * 2
+    with torch.cuda.graph(g2, pool=h):
+        y2 = y1 + 1
+    assert pool_of(y1) == pool_of(y2) != 0, "two graphs of one handle: one pool"
+    for _ in range(3):
+        x.normal_()
+        g1.replay()
+        g2.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y2, x * 2 + 1)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    model = model.cuda()
+    ref = [p.detach().clone() for p in model.parameters()]
+    sample = torch.randn(16, 64, device="cuda", requires_grad=True)
+    graphed = torch.cuda.make_graphed_callables(model, (sample,))
+    inp = torch.randn(16, 64, device="cuda")
+    out = graphed(inp)
+    out.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    eager = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 8)).cuda()
+    with torch.no_grad():
+        for p, r in zip(eager.parameters(), ref):
+            p.copy_(r)
+    e_out = eager(inp)
+    e_out.sum().backward()
+    assert torch.allclose(out, e_out, atol=1e-5)
+    for g, p in zip(grads, eager.parameters()):
+        assert torch.allclose(g, p.grad, atol=1e-5)
+    return "two graphs share a handle's pool; make_graphed_callables matches eager (out, grads)"
+
+
+def mempool_and_use_mem_pool():
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        a = torch.empty(1 << 20, device="cuda")
+    b = torch.empty(1 << 20, device="cuda")
+    assert pool_of(a) != 0 and pool_of(b) == 0
+    assert pool.use_count() == 1, pool.use_count()
+    assert torch._C._cuda_checkPoolLiveAllocations(0, pool.id, {a.data_ptr()})
+    del a
+    assert torch._C._cuda_checkPoolLiveAllocations(0, pool.id, set())
+    del pool  # releasePool + emptyCache(id)
+    torch.cuda.empty_cache()
+    return "use_mem_pool's allocations are in an expanse pool, others not"
+
+
+def reduce_overhead_without_trees():
+    import torch._inductor.config as ic
+    ic.triton.cudagraph_trees = False
     try:
-        with torch.cuda.stream(s):
-            with torch.cuda.graph(g, stream=s):
-                torch.ones(4, device="cuda")
-        raise AssertionError("capture did not raise")
-    except RuntimeError as e:
-        msg = str(e)
-    assert "memory pools" in msg and "native=False" in msg, msg
-    y = torch.ones(1 << 10, device="cuda")  # CUDA still works
-    assert float(y.sum()) == 1024.0
-    return msg.splitlines()[0][:200]
+        f = torch.compile(lambda t: (t * 2).sin() + 1, mode="reduce-overhead")
+        t = torch.randn(1 << 12, device="cuda")
+        for _ in range(3):
+            r = f(t)
+        assert torch.allclose(r, (t * 2).sin() + 1)
+    finally:
+        ic.triton.cudagraph_trees = True
+    return "works"
 
 
 check("tensor storage comes from expanse (native)", through_expanse)
@@ -244,8 +342,16 @@ check("an OOM is torch.cuda.OutOfMemoryError; the observer hears it", oom_is_out
 check("record_stream across streams under a long kernel", record_stream_under_a_long_kernel)
 check("torch.cuda.empty_cache() gives memory back", empty_cache_gives_back)
 check("set_per_process_memory_fraction caps expanse", memory_fraction_is_a_limit)
-check("CUDA graph capture raises naming the missing pools", graph_capture_names_the_missing_pools)
-note("torch.cuda.MemPool", lambda: torch.cuda.MemPool())
+check("a graph that frees in its capture replays like eager beside eager allocations",
+      graph_freeing_in_capture_replays_like_eager)
+check("graph_pool_handle() shared by two graphs; make_graphed_callables",
+      shared_pool_handle_and_graphed_callables)
+check("torch.cuda.MemPool + use_mem_pool", mempool_and_use_mem_pool)
+note("torch.compile(mode='reduce-overhead') with cudagraph_trees = False",
+     reduce_overhead_without_trees)
+note("torch.compile(mode='reduce-overhead') with cudagraph trees (expected to raise)",
+     lambda: torch.compile(lambda t: t * 2, mode="reduce-overhead")(
+         torch.ones(8, device="cuda")).sum().item())
 
 print(f"{len(failures)} failed" + (f": {failures}" if failures else ""))
 sys.exit(1 if failures else 0)

@@ -162,3 +162,22 @@ def test_build_cache_follows_the_sources_content(native_torch, monkeypatch, tmp_
         b = et.native_build_args(fake.module, ext.module)["build_directory"]
         assert b != a, name
         a = b
+
+
+def test_native_allocator_announces_graph_captures(native_torch, monkeypatch):
+    # The native allocator routes a capture to its pool; the announcement (so that expanse never
+    # synchronizes the context under the capture) comes from the same wrapper as the pluggable
+    # pair's, around torch.cuda.CUDAGraph.capture_begin / capture_end.
+    fake, ext, et = native_torch
+    monkeypatch.setattr(et, "_install_native", lambda torch: et.NativeAllocator("/x.so"))
+    monkeypatch.setattr(expanse, "capture_begin",
+                        lambda s=None: fake.calls.append(("announce", s.cuda_stream)))
+    monkeypatch.setattr(expanse, "capture_end",
+                        lambda s=None: fake.calls.append(("unannounce", s.cuda_stream)))
+    assert isinstance(et.use(), et.NativeAllocator)
+    assert et.native_in_use()
+    fake.calls.clear()
+    g = fake.module.cuda.CUDAGraph()
+    g.capture_begin()
+    g.capture_end()
+    assert [c[0] for c in fake.calls] == ["announce", "capture_begin", "capture_end", "unannounce"]

@@ -1,13 +1,19 @@
 // The torch-free half of the native PyTorch allocator against expanse on the sim: what
 // torch.cuda.memory_stats(), cudnn.benchmark's cacheInfo and torch.cuda.OutOfMemoryError's
-// message are made of, and the C API calls it reads them through.
+// message are made of, and the C API calls it reads them through; and the map from PyTorch's
+// memory pool ids to expanse pools (PoolMap, FilterTable) that CUDA graphs and MemPool use.
 #include "torch_adapter.hpp"
 
 #include "expanse/expanse.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <memory>
 #include <string>
+#include <thread>
+#include <unordered_set>
 #include <vector>
 
 namespace ta = expanse::torch_adapter;
@@ -397,6 +403,305 @@ TEST_F(TorchAdapterTest, OomMessageNamesTheLimit) {
   ASSERT_EQ(expanse_malloc_checked(&p, 64 * MiB, 0, nullptr), EXPANSE_ENOMEM);
   const std::string m = ta::oom_message(64 * MiB, 0, stats(), expanse_last_error());
   EXPECT_NE(m.find("under its limit of 32.00 MiB"), std::string::npos) << m;
+}
+
+// ---- memory pools: PyTorch's pool ids on expanse pools ---------------------------------------
+
+expanse_pool_stats pool_stats(expanse_pool_id id) {
+  expanse_pool_stats s{};
+  s.struct_size = sizeof s;
+  EXPECT_EQ(expanse_pool_get_stats(id, &s), EXPANSE_OK) << expanse_last_error();
+  return s;
+}
+
+expanse_pool_id pool_of(const void* p) {
+  expanse_pool_id id = 99;
+  EXPECT_EQ(expanse_pool_of(p, &id), EXPANSE_OK) << expanse_last_error();
+  return id;
+}
+
+template <class F>
+std::string pool_error(F&& f) {
+  try {
+    f();
+  } catch (const ta::PoolError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const ta::MempoolKey kGraph{0, 1, 0};   // a graph's pool: {uuid, 0}
+const ta::MempoolKey kMemPool{0, 0, 1}; // a MemPool's: {0, uid}
+
+TEST_F(TorchAdapterTest, PoolBeginCreatesWithUseCountOneThenRetains) {
+  ta::PoolMap m;
+  EXPECT_EQ(m.use_count(kGraph), 0) << "never created";
+  m.begin(kGraph, [](CUstream_st*) { return true; });
+  const expanse_pool_id id = m.id_of(kGraph);
+  ASSERT_NE(id, 0u);
+  EXPECT_EQ(m.use_count(kGraph), 1);
+  void* in = alloc(MiB);
+  EXPECT_EQ(pool_of(in), id) << "routed by the filter";
+  m.end(kGraph);
+  EXPECT_EQ(m.use_count(kGraph), 1) << "end keeps the use";
+  void* out = alloc(MiB);
+  EXPECT_EQ(pool_of(out), 0u) << "ended: the default pool";
+  m.begin(kGraph, [](CUstream_st*) { return true; });  // a second graph sharing the pool
+  EXPECT_EQ(m.id_of(kGraph), id);
+  EXPECT_EQ(m.use_count(kGraph), 2);
+  m.end(kGraph);
+  m.release(kGraph);
+  EXPECT_EQ(m.use_count(kGraph), 1);
+  m.release(kGraph);
+  EXPECT_EQ(m.use_count(kGraph), 0);
+  EXPECT_EQ(pool_stats(id).released, 1u);
+  EXPECT_EQ(pool_of(in), id) << "its tensors stay valid, and the pool's";
+}
+
+TEST_F(TorchAdapterTest, PoolRoutesWhatTheFilterAcceptsOnItsDeviceOnly) {
+  ASSERT_EQ(expanse_shutdown(), EXPANSE_OK);
+  ASSERT_EQ(expanse_init("driver:sim,sim_devices:2,sim_capacity:1GiB"), EXPANSE_OK);
+  ta::PoolMap m;
+  std::atomic<bool> accept{true};
+  std::atomic<int> calls{0};
+  m.begin(kGraph, [&](CUstream_st*) {
+    ++calls;
+    return accept.load();
+  });
+  void* a = alloc(MiB);
+  accept = false;
+  void* b = alloc(MiB);
+  void* other = nullptr;
+  ASSERT_EQ(expanse_malloc_checked(&other, MiB, 1, nullptr), EXPANSE_OK);
+  EXPECT_EQ(pool_of(a), m.id_of(kGraph));
+  EXPECT_EQ(pool_of(b), 0u);
+  EXPECT_EQ(pool_of(other), 0u) << "a pool of device 0 routes device 0 only";
+  EXPECT_EQ(calls.load(), 2);
+  m.end(kGraph);
+  (void)alloc(MiB);
+  EXPECT_EQ(calls.load(), 2) << "an ended route's filter is not called";
+  ASSERT_EQ(expanse_free_checked(other, 0, 1, nullptr), EXPANSE_OK);
+}
+
+TEST_F(TorchAdapterTest, PoolBeginTwiceAndEndWithoutBeginAreRefusedNamingThePair) {
+  ta::PoolMap m;
+  const std::string end = pool_error([&] { m.end(kGraph); });
+  EXPECT_NE(end.find("endAllocateToPool: memory pool (1, 0) on device 0 is not being allocated to"),
+            std::string::npos) << end;
+  m.begin(kGraph, [](CUstream_st*) { return true; });
+  const std::string twice = pool_error([&] { m.begin(kGraph, [](CUstream_st*) { return true; }); });
+  EXPECT_NE(twice.find("memory pool (1, 0) on device 0 is being allocated to already"),
+            std::string::npos) << twice;
+  EXPECT_EQ(m.use_count(kGraph), 1) << "the refused begin changed nothing";
+  m.end(kGraph);
+  const std::string rel = pool_error([&] { m.release({0, 5, 0}); });
+  EXPECT_NE(rel.find("releasePool: memory pool (5, 0) on device 0 does not exist"),
+            std::string::npos) << rel;
+  m.release(kGraph);
+  const std::string again = pool_error([&] { m.release(kGraph); });
+  EXPECT_NE(again.find("memory pool (1, 0) on device 0"), std::string::npos) << again;
+  EXPECT_NE(again.find("released"), std::string::npos) << again;
+}
+
+TEST_F(TorchAdapterTest, PoolReleasedCannotBeBegunWhileExpanseHoldsItsMemory) {
+  ta::PoolMap m;
+  m.begin(kGraph, [](CUstream_st*) { return true; });
+  const expanse_pool_id first = m.id_of(kGraph);
+  void* out = alloc(MiB);  // a graph output still alive
+  m.end(kGraph);
+  m.release(kGraph);
+  const std::string e = pool_error([&] { m.begin(kGraph, [](CUstream_st*) { return true; }); });
+  EXPECT_NE(e.find("beginAllocateToPool: memory pool (1, 0) on device 0 was released"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("1 live blocks"), std::string::npos) << e;
+  EXPECT_NE(e.find("torch.cuda.empty_cache()"), std::string::npos) << e;
+  const std::string inc = pool_error([&] { m.create_or_incref(kGraph); });
+  EXPECT_NE(inc.find("createOrIncrefPool: memory pool (1, 0) on device 0 was released"),
+            std::string::npos) << inc;
+  EXPECT_EQ(ta::FilterTable::instance().held(), 0u) << "the refused begin's filter copy is gone";
+  // Its tensor freed and its memory given back: PyTorch forgets such a pool, and the pair names
+  // a new one.
+  release(out);
+  ASSERT_EQ(expanse_release_cached(0), EXPANSE_OK);
+  m.begin(kGraph, [](CUstream_st*) { return true; });
+  EXPECT_NE(m.id_of(kGraph), first);
+  EXPECT_EQ(m.use_count(kGraph), 1);
+  m.end(kGraph);
+}
+
+TEST_F(TorchAdapterTest, PoolCreateOrIncrefIsMemPoolsUseCount) {
+  ta::PoolMap m;
+  m.create_or_incref(kMemPool);  // MemPool()
+  EXPECT_EQ(m.use_count(kMemPool), 1);
+  m.create_or_incref(kMemPool);  // a graph captured into it (graph._retain_pool)
+  EXPECT_EQ(m.use_count(kMemPool), 2);
+  m.begin(kMemPool, [](CUstream_st*) { return true; });  // use_mem_pool
+  EXPECT_EQ(m.use_count(kMemPool), 3);
+  void* p = alloc(4 * KiB);
+  EXPECT_EQ(pool_of(p), m.id_of(kMemPool));
+  m.end(kMemPool);
+  m.release(kMemPool);  // use_mem_pool's exit
+  m.release(kMemPool);
+  EXPECT_EQ(m.use_count(kMemPool), 1);
+  EXPECT_EQ(pool_stats(m.id_of(kMemPool)).use_count, 1);
+  m.release(kMemPool);  // ~MemPool
+  EXPECT_EQ(m.use_count(kMemPool), 0);
+}
+
+TEST(TorchAdapterFilters, TheCopyLivesUntilRemovedThenCallsAnswerNo) {
+  ta::FilterTable& t = ta::FilterTable::instance();
+  const size_t held = t.held();
+  auto token = std::make_shared<int>(0);
+  int calls = 0;
+  void* ctx = t.add([token, &calls](CUstream_st*) {
+    ++calls;
+    return true;
+  });
+  EXPECT_EQ(token.use_count(), 2) << "the table owns a copy";
+  EXPECT_EQ(t.held(), held + 1);
+  EXPECT_EQ(ta::FilterTable::trampoline(nullptr, ctx), 1);
+  EXPECT_EQ(calls, 1);
+  t.remove(ctx);
+  EXPECT_EQ(token.use_count(), 1) << "removed: the copy is destroyed";
+  EXPECT_EQ(ta::FilterTable::trampoline(nullptr, ctx), 0) << "a late call answers no";
+  EXPECT_EQ(calls, 1);
+  // The slot is reused with a new generation: the old ctx still answers no.
+  void* again = t.add([](CUstream_st*) { return true; });
+  EXPECT_NE(again, ctx);
+  EXPECT_EQ(ta::FilterTable::trampoline(nullptr, ctx), 0);
+  EXPECT_EQ(ta::FilterTable::trampoline(nullptr, again), 1);
+  t.remove(again);
+  t.remove(again);  // twice: nothing
+  EXPECT_EQ(t.held(), held);
+  EXPECT_EQ(ta::FilterTable::trampoline(nullptr, nullptr), 0) << "a ctx never handed out";
+}
+
+TEST(TorchAdapterFilters, ThrowingFilterAnswersNo) {
+  ta::FilterTable& t = ta::FilterTable::instance();
+  void* ctx = t.add([](CUstream_st*) -> bool { throw std::runtime_error("no capture info"); });
+  EXPECT_EQ(ta::FilterTable::trampoline(nullptr, ctx), 0);
+  t.remove(ctx);
+}
+
+TEST(TorchAdapterFilters, RemoveWaitsForACallInFlight) {
+  ta::FilterTable& t = ta::FilterTable::instance();
+  std::atomic<bool> entered{false}, let_go{false}, removed{false};
+  auto token = std::make_shared<int>(0);
+  void* ctx = t.add([&, token](CUstream_st*) {
+    entered = true;
+    while (!let_go) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return true;
+  });
+  std::thread caller([&] { EXPECT_EQ(ta::FilterTable::trampoline(nullptr, ctx), 1); });
+  while (!entered) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::thread remover([&] {
+    t.remove(ctx);
+    removed = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(removed.load()) << "remove returned while the filter ran";
+  EXPECT_EQ(token.use_count(), 2);
+  let_go = true;
+  caller.join();
+  remover.join();
+  EXPECT_TRUE(removed.load());
+  EXPECT_EQ(token.use_count(), 1);
+}
+
+TEST_F(TorchAdapterTest, PoolFilterCopyIsFreedWhenItsRouteEnds) {
+  ta::PoolMap m;
+  const size_t held = ta::FilterTable::instance().held();
+  auto token = std::make_shared<int>(0);
+  m.begin(kGraph, [token](CUstream_st*) { return true; });
+  EXPECT_EQ(token.use_count(), 2);
+  EXPECT_EQ(ta::FilterTable::instance().held(), held + 1);
+  m.end(kGraph);
+  EXPECT_EQ(token.use_count(), 1);
+  EXPECT_EQ(ta::FilterTable::instance().held(), held);
+}
+
+TEST_F(TorchAdapterTest, PoolMapGoneEndsItsRoutings) {
+  const size_t held = ta::FilterTable::instance().held();
+  auto token = std::make_shared<int>(0);
+  expanse_pool_id id = 0;
+  {
+    ta::PoolMap m;
+    m.begin(kGraph, [token](CUstream_st*) { return true; });
+    id = m.id_of(kGraph);
+  }
+  EXPECT_EQ(token.use_count(), 1);
+  EXPECT_EQ(ta::FilterTable::instance().held(), held);
+  EXPECT_EQ(pool_of(alloc(MiB)), 0u) << "no routing left";
+  EXPECT_EQ(pool_stats(id).use_count, 1);
+}
+
+TEST_F(TorchAdapterTest, PoolEmptyCacheTrimsReleasedPoolsOnly) {
+  ta::PoolMap m;
+  m.begin(kGraph, [](CUstream_st*) { return true; });
+  const expanse_pool_id id = m.id_of(kGraph);
+  release(alloc(4 * MiB));  // freed in the capture: cached in the pool
+  m.end(kGraph);
+  const uint64_t cached = pool_stats(id).cached_bytes;
+  EXPECT_GE(cached, 4 * MiB);
+  m.empty_cache(kGraph.first, kGraph.second);
+  EXPECT_EQ(pool_stats(id).cached_bytes, cached) << "a live pool keeps its memory";
+  EXPECT_EQ(m.use_count(kGraph), 1);
+  m.empty_cache(0, 7);  // a pair never created: nothing
+  m.release(kGraph);
+  m.empty_cache(kGraph.first, kGraph.second);
+  EXPECT_EQ(stats().mapped_bytes, 0u) << "released: its memory went back to the driver";
+  EXPECT_EQ(m.size(), 0u) << "nothing of it left: forgotten";
+  EXPECT_EQ(m.use_count(kGraph), 0);
+}
+
+TEST_F(TorchAdapterTest, PoolForgetsFinishedPools) {
+  ta::PoolMap m;
+  m.create_or_incref(kMemPool);
+  m.create_or_incref({0, 0, 2});
+  m.release(kMemPool);
+  EXPECT_EQ(m.size(), 2u);
+  ASSERT_EQ(expanse_release_cached(0), EXPANSE_OK);
+  m.forget_finished();
+  EXPECT_EQ(m.size(), 1u) << "the released one is gone, the live one stays";
+  EXPECT_NE(m.id_of({0, 0, 2}), 0u);
+}
+
+TEST_F(TorchAdapterTest, PoolLiveAllocationsAreExactlyThePools) {
+  ta::PoolMap m;
+  m.begin(kGraph, [](CUstream_st*) { return true; });
+  void* a = alloc(MiB);
+  void* b = alloc(8 * KiB);
+  m.end(kGraph);
+  void* c = alloc(MiB);  // default pool
+  using Set = std::unordered_set<void*>;
+  EXPECT_TRUE(m.live_allocations_are(kGraph, Set{a, b}));
+  EXPECT_FALSE(m.live_allocations_are(kGraph, Set{a})) << "b is live too";
+  EXPECT_FALSE(m.live_allocations_are(kGraph, Set{a, b, c})) << "c is not the pool's";
+  EXPECT_FALSE(m.live_allocations_are(kGraph, Set{}));
+  EXPECT_FALSE(m.live_allocations_are(kGraph, Set{a, static_cast<char*>(b) + 512}));
+  release(b);
+  EXPECT_TRUE(m.live_allocations_are(kGraph, Set{a}));
+  EXPECT_FALSE(m.live_allocations_are(kGraph, Set{a, b})) << "b was freed";
+  release(a);
+  EXPECT_TRUE(m.live_allocations_are(kGraph, Set{}));
+  const std::string e = pool_error([&] { (void)m.live_allocations_are({0, 9, 0}, Set{}); });
+  EXPECT_NE(e.find("memory pool (9, 0) on device 0 does not exist"), std::string::npos) << e;
+}
+
+TEST_F(TorchAdapterTest, PoolUseOnOomListsMarkedPoolsNewestFirst) {
+  ta::PoolMap m;
+  m.create_or_incref(kMemPool);
+  m.create_or_incref({0, 0, 2});
+  EXPECT_TRUE(m.use_on_oom(0).empty());
+  m.set_use_on_oom(kMemPool, true);
+  m.set_use_on_oom({0, 0, 2}, true);
+  EXPECT_EQ(m.use_on_oom(0), (std::vector<expanse_pool_id>{m.id_of({0, 0, 2}), m.id_of(kMemPool)}));
+  EXPECT_TRUE(m.use_on_oom(1).empty());
+  m.set_use_on_oom({0, 0, 2}, false);
+  EXPECT_EQ(m.use_on_oom(0), (std::vector<expanse_pool_id>{m.id_of(kMemPool)}));
+  const std::string e = pool_error([&] { m.set_use_on_oom({0, 0, 3}, true); });
+  EXPECT_NE(e.find("setUseOnOOM: memory pool (0, 3) on device 0 does not exist"),
+            std::string::npos) << e;
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 // The torch half of the native allocator (torch_allocator.cpp) run against real c10 libraries
 // and expanse on the sim, without a GPU: what PyTorch reads through the CUDAAllocator interface
-// that needs no CUDA call (memory_stats, snapshots, the memory fraction, empty_cache, the errors
-// of pools and IPC). Allocation itself asks the CUDA runtime for the current device, so it is
-// left to test/gpu/torch_native_checks.py. Built only with EXPANSE_TORCH_INCLUDE and
+// that needs no CUDA call (memory_stats, snapshots, the memory fraction, empty_cache, memory
+// pools as CUDA graphs and MemPool drive them, the errors of checkpoints and IPC). Allocation
+// itself asks the CUDA runtime for the current device, so it is left to
+// test/gpu/torch_native_checks.py; here the pool cases allocate with expanse_malloc_checked, the
+// call allocate() makes. Built only with EXPANSE_TORCH_INCLUDE and
 // EXPANSE_TORCH_LIB (test/torch_compile_check.sh does), as it links c10 from a torch wheel.
 #define EXPANSE_TORCH_NATIVE_WITHOUT_INSTALL
 #include "torch_allocator.cpp"
@@ -10,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -111,14 +114,107 @@ int main() {
   expect(r.allocation[A].allocated == 0 && r.allocated_bytes[A].peak == r.allocated_bytes[A].current,
          "resets: accumulations from 0, peaks at current");
 
-  const std::string pools = error_of([&] { a.beginAllocateToPool(0, {1, 0}, [](cudaStream_t) { return true; }); });
-  expect(pools.find("memory pools") != std::string::npos &&
-             pools.find("native=False") != std::string::npos,
-         "beginAllocateToPool raises naming pools and the way around: " + pools.substr(0, 80));
-  expect(error_of([&] { a.releasePool(0, {1, 0}); }).find("memory pools") != std::string::npos,
-         "releasePool raises");
-  expect(error_of([&] { a.getPoolUseCount(0, {1, 0}); }).find("memory pools") != std::string::npos,
-         "getPoolUseCount raises");
+  // ---- memory pools, as torch.cuda.graph drives them ----
+  using expanse::torch_native::MempoolId;
+  const MempoolId graph{1, 0};  // a graph's own pool: {uuid, 0}
+  auto pool_of = [](void* block) {
+    expanse_pool_id id = 0;
+    return expanse_pool_of(block, &id) == EXPANSE_OK ? id : ~0ull;
+  };
+  expect(a.getPoolUseCount(0, graph) == 0, "getPoolUseCount of a pool never begun: 0");
+  a.beginAllocateToPool(0, graph, [](cudaStream_t) { return true; });
+  void* in_pool = nullptr;  // what allocate() calls, on the capture's stream
+  expanse_malloc_checked(&in_pool, 1 << 20, 0, nullptr);
+  a.endAllocateToPool(0, graph);
+  void* after = expanse_malloc(1 << 20, 0, nullptr);
+  const expanse_pool_id gid = pool_of(in_pool);
+  expanse_pool_stats ps{};
+  ps.struct_size = sizeof ps;
+  expect(gid != 0 && gid != ~0ull && expanse_pool_get_stats(gid, &ps) == EXPANSE_OK &&
+             ps.live_blocks == 1 && ps.use_count == 1,
+         "beginAllocateToPool routes to an expanse pool (use count 1, the block its)");
+  expect(pool_of(after) == 0, "after endAllocateToPool: the default pool");
+  expect(a.getPoolUseCount(0, graph) == 1, "getPoolUseCount: 1");
+  expect(a.checkPoolLiveAllocations(0, graph, {in_pool}), "checkPoolLiveAllocations: exactly it");
+  expect(!a.checkPoolLiveAllocations(0, graph, {}), "checkPoolLiveAllocations: not none");
+  expect(!a.checkPoolLiveAllocations(0, graph, {in_pool, after}),
+         "checkPoolLiveAllocations: not with a default-pool block");
+  a.beginAllocateToPool(0, graph, [](cudaStream_t) { return false; });  // a second graph
+  expect(a.getPoolUseCount(0, graph) == 2, "a second begin retains: 2");
+  a.endAllocateToPool(0, graph);
+  a.releasePool(0, graph);
+  a.releasePool(0, graph);
+  expect(a.getPoolUseCount(0, graph) == 0, "releasePool twice: 0");
+  const std::string again =
+      error_of([&] { a.beginAllocateToPool(0, graph, [](cudaStream_t) { return true; }); });
+  expect(again.find("memory pool (1, 0) on device 0 was released") != std::string::npos,
+         "beginning a released pool that holds memory raises naming it: " + again.substr(0, 90));
+  const std::string not_begun = error_of([&] { a.endAllocateToPool(0, {7, 0}); });
+  expect(not_begun.find("(7, 0)") != std::string::npos, "endAllocateToPool without begin raises");
+  expanse_free(in_pool, 0, 0, nullptr);
+  expanse_free(after, 0, 0, nullptr);
+#if EXPANSE_TORCH_EMPTY_CACHE_TAKES_POOL
+  a.emptyCache(graph);  // released: its memory goes back, and the pair is forgotten
+#else
+  a.emptyCache();
+#endif
+  a.beginAllocateToPool(0, graph, [](cudaStream_t) { return true; });
+  expect(a.getPoolUseCount(0, graph) == 1,
+         "once empty_cache gave its memory back, the pair names a new pool");
+  a.endAllocateToPool(0, graph);
+  a.releasePool(0, graph);
+
+  // ---- torch.cuda.MemPool and use_mem_pool ----
+  const MempoolId mem{0, 1};  // a MemPool's id: {0, uid}
+  ExpanseAllocator other;
+#if EXPANSE_TORCH_POOL_INCREF_FORM == 2
+  a.createOrIncrefPool(0, mem, nullptr);
+  a.createOrIncrefPool(0, mem, nullptr);
+  const std::string foreign = error_of([&] {
+    a.createOrIncrefPool(0, {0, 2}, std::shared_ptr<cca::CUDAAllocator>(&other, [](void*) {}));
+  });
+#elif EXPANSE_TORCH_POOL_INCREF_FORM == 1
+  a.createOrIncrefPool(0, mem, nullptr);
+  a.createOrIncrefPool(0, mem, nullptr);
+  const std::string foreign = error_of([&] { a.createOrIncrefPool(0, {0, 2}, &other); });
+#else
+  a.ensureExistsAndIncrefPool(0, mem);
+  a.ensureExistsAndIncrefPool(0, mem);
+  const std::string foreign = "MemPool(allocator=";  // 2.6 passes no allocator here
+#endif
+  expect(a.getPoolUseCount(0, mem) == 2, "createOrIncrefPool twice: use count 2");
+  expect(foreign.find("MemPool(allocator=") != std::string::npos,
+         "a MemPool with an allocator of its own raises");
+#if EXPANSE_TORCH_HAS_POOL_OPTIONS
+  a.setNoSplit(0, mem);  // accepted: nothing to keep whole
+  a.setUseOnOOM(0, mem, true);
+  expect(error_of([&] { a.setUseOnOOM(0, {0, 9}, true); }).find("(0, 9)") != std::string::npos,
+         "setUseOnOOM of a pool never created raises naming it");
+#endif
+  const auto me = std::this_thread::get_id();
+  a.beginAllocateToPool(0, mem, [me](cudaStream_t) { return std::this_thread::get_id() == me; });
+  void* mine = expanse_malloc(4096, 0, nullptr);
+  void* theirs = nullptr;
+  std::thread([&] { theirs = expanse_malloc(4096, 0, nullptr); }).join();
+  a.endAllocateToPool(0, mem);
+  a.releasePool(0, mem);  // use_mem_pool's exit
+  expect(pool_of(mine) != 0 && pool_of(theirs) == 0,
+         "use_mem_pool's thread filter: this thread's allocation only");
+  expect(a.checkPoolLiveAllocations(0, mem, {mine}), "the MemPool's live allocation");
+  expect(a.getPoolUseCount(0, mem) == 2, "use count back to 2");
+  expanse_free(mine, 0, 0, nullptr);
+  expanse_free(theirs, 0, 0, nullptr);
+  a.releasePool(0, mem);
+  a.releasePool(0, mem);  // ~MemPool
+  expect(a.getPoolUseCount(0, mem) == 0, "released: 0");
+
+  const std::string trees = error_of([&] { a.getCheckpointState(0, graph); });
+  expect(trees.find("cudagraph_trees = False") != std::string::npos,
+         "getCheckpointState raises naming the way around: " + trees.substr(0, 80));
+#if EXPANSE_TORCH_SNAPSHOT_ARGS >= 1
+  expect(error_of([&] { a.snapshot(mem); }).find("one memory pool (0, 1)") != std::string::npos,
+         "a snapshot of one pool raises naming it");
+#endif
   expect(error_of([&] { a.shareIpcHandle(small); }).find("not supported by expanse yet") != std::string::npos,
          "IPC raises");
   expect(a.name() == "expanse", "name()");

@@ -258,4 +258,332 @@ std::string oom_message(uint64_t requested, int device, const expanse_stats& s,
   return m;
 }
 
+// ---- memory pools ---------------------------------------------------------------------------
+
+std::string pool_name(const MempoolKey& k) {
+  return "memory pool (" + std::to_string(k.first) + ", " + std::to_string(k.second) +
+         ") on device " + std::to_string(k.device);
+}
+
+namespace {
+
+// A slot number (from 1) and a generation, as the void* expanse hands back to the trampoline.
+void* filter_ctx(size_t slot, uint32_t generation) {
+  return reinterpret_cast<void*>(static_cast<uintptr_t>(((uint64_t{slot} + 1) << 32) | generation));
+}
+void decode_ctx(void* ctx, size_t* slot, uint32_t* generation) {
+  const uint64_t v = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(ctx));
+  *slot = static_cast<size_t>((v >> 32) - 1);  // 0 (never handed out) wraps: no such slot
+  *generation = static_cast<uint32_t>(v);
+}
+
+[[noreturn]] void pool_failed(const char* what, const MempoolKey& k, const char* call) {
+  throw PoolError(std::string(what) + ": " + pool_name(k) + ": " + call +
+                  " failed: " + expanse_last_error());
+}
+
+expanse_pool_stats stats_of_pool(expanse_pool_id id, const char* what, const MempoolKey& k) {
+  expanse_pool_stats s;
+  std::memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  if (expanse_pool_get_stats(id, &s) != EXPANSE_OK) pool_failed(what, k, "expanse_pool_get_stats");
+  return s;
+}
+
+// Released, its memory given back, none of its blocks live: nothing of it is left.
+bool finished(const expanse_pool_stats& s) {
+  return s.released != 0 && s.returned != 0 && s.live_blocks == 0;
+}
+
+}  // namespace
+
+FilterTable& FilterTable::instance() {
+  static FilterTable* t = new FilterTable();  // never destroyed: expanse may call it at exit
+  return *t;
+}
+
+void* FilterTable::add(Filter f) {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t i = 0;
+  if (!free_.empty()) {
+    i = free_.back();
+    free_.pop_back();
+  } else {
+    slots_.emplace_back();
+    i = slots_.size() - 1;
+  }
+  Slot& s = slots_[i];
+  s.filter = std::move(f);
+  s.used = true;
+  ++held_;
+  return filter_ctx(i, s.generation);
+}
+
+void FilterTable::remove(void* ctx) {
+  size_t i = 0;
+  uint32_t gen = 0;
+  decode_ctx(ctx, &i, &gen);
+  Filter gone;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (i >= slots_.size() || !slots_[i].used || slots_[i].generation != gen) return;
+    Slot& s = slots_[i];
+    s.used = false;
+    s.generation = s.generation == UINT32_MAX ? 1 : s.generation + 1;
+    idle_.wait(lock, [&] { return slots_[i].in_flight == 0; });
+    gone = std::move(s.filter);
+    s.filter = nullptr;
+    free_.push_back(static_cast<uint32_t>(i));
+    --held_;
+  }
+  // `gone` (PyTorch's filter and what it captured) is destroyed here, outside the lock.
+}
+
+int FilterTable::trampoline(CUstream_st* stream, void* ctx) {
+  return instance().call(stream, ctx);
+}
+
+int FilterTable::call(CUstream_st* stream, void* ctx) {
+  size_t i = 0;
+  uint32_t gen = 0;
+  decode_ctx(ctx, &i, &gen);
+  const Filter* f = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (i >= slots_.size() || !slots_[i].used || slots_[i].generation != gen) return 0;
+    ++slots_[i].in_flight;
+    f = &slots_[i].filter;  // not changed while a call is in flight (remove waits)
+  }
+  int r = 0;
+  try {
+    r = (*f)(stream) ? 1 : 0;
+  } catch (...) {
+    // An exception cannot cross expanse's C frames. PyTorch's capture filter throws only when
+    // cudaStreamGetCaptureInfo fails, i.e. for a stream that is not part of its capture.
+    r = 0;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--slots_[i].in_flight == 0) idle_.notify_all();
+  }
+  return r;
+}
+
+size_t FilterTable::held() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return held_;
+}
+
+PoolMap::Entry& PoolMap::acquire(const MempoolKey& k, const char* what, bool* created) {
+  *created = false;
+  auto it = pools_.find(k);
+  if (it != pools_.end()) {
+    Entry& e = it->second;
+    const expanse_pool_stats s = stats_of_pool(e.id, what, k);
+    if (s.released == 0) {
+      if (expanse_pool_retain(e.id) != EXPANSE_OK) pool_failed(what, k, "expanse_pool_retain");
+      return e;
+    }
+    if (!finished(s) || e.routing) {
+      throw PoolError(
+          std::string(what) + ": " + pool_name(k) +
+          " was released (its use count reached 0) and expanse still holds memory of it (" +
+          std::to_string(s.live_blocks) + " live blocks, " + format_size(s.cached_bytes) +
+          " cached); a released pool cannot be used again (PyTorch's allocator refuses it "
+          "too: its use_count > 0 assertion). Use a new pool (torch.cuda.graph_pool_handle(), "
+          "torch.cuda.MemPool()), or free the pool's tensors and call torch.cuda.empty_cache() "
+          "first; nothing was changed");
+    }
+    pools_.erase(it);  // PyTorch has forgotten it too: the pair names a new pool
+  }
+  expanse_pool_id id = 0;
+  if (expanse_pool_create(k.device, &id) != EXPANSE_OK) pool_failed(what, k, "expanse_pool_create");
+  *created = true;
+  Entry& e = pools_[k];
+  e = Entry{};
+  e.id = id;
+  return e;
+}
+
+PoolMap::~PoolMap() {
+  for (auto& [k, e] : pools_) {
+    (void)k;
+    if (!e.routing) continue;
+    (void)expanse_pool_end(e.id);
+    FilterTable::instance().remove(e.filter_ctx);
+  }
+}
+
+void PoolMap::begin(const MempoolKey& k, Filter filter) {
+  const char* what = "beginAllocateToPool";
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pools_.find(k);
+  if (it != pools_.end() && it->second.routing) {
+    throw PoolError(std::string(what) + ": " + pool_name(k) +
+                    " is being allocated to already (its endAllocateToPool has not come); "
+                    "nothing was changed");
+  }
+  FilterTable& filters = FilterTable::instance();
+  void* ctx = filters.add(std::move(filter));
+  bool created = false;
+  Entry* e = nullptr;
+  try {
+    e = &acquire(k, what, &created);
+  } catch (...) {
+    filters.remove(ctx);
+    throw;
+  }
+  if (expanse_pool_begin_filter(e->id, &FilterTable::trampoline, ctx) != EXPANSE_OK) {
+    const std::string why = expanse_last_error();
+    (void)expanse_pool_release(e->id);  // the use acquire took
+    if (created) pools_.erase(k);
+    filters.remove(ctx);
+    throw PoolError(std::string(what) + ": " + pool_name(k) +
+                    ": expanse_pool_begin_filter failed: " + why);
+  }
+  e->routing = true;
+  e->filter_ctx = ctx;
+}
+
+void PoolMap::end(const MempoolKey& k) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pools_.find(k);
+  if (it == pools_.end() || !it->second.routing) {
+    throw PoolError("endAllocateToPool: " + pool_name(k) +
+                    " is not being allocated to (no beginAllocateToPool, or it ended already); "
+                    "nothing was changed");
+  }
+  Entry& e = it->second;
+  const int rc = expanse_pool_end(e.id);
+  const std::string why = rc == EXPANSE_OK ? std::string() : expanse_last_error();
+  // Whatever expanse answered, the filter routes nothing from here on (its generation is gone).
+  FilterTable::instance().remove(e.filter_ctx);
+  e.filter_ctx = nullptr;
+  e.routing = false;
+  if (rc != EXPANSE_OK) {
+    throw PoolError("endAllocateToPool: " + pool_name(k) + ": expanse_pool_end failed: " + why);
+  }
+}
+
+void PoolMap::release(const MempoolKey& k) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pools_.find(k);
+  if (it == pools_.end()) {
+    throw PoolError("releasePool: " + pool_name(k) +
+                    " does not exist (never begun or created); nothing was changed");
+  }
+  if (expanse_pool_release(it->second.id) != EXPANSE_OK) {
+    pool_failed("releasePool", k, "expanse_pool_release");
+  }
+}
+
+void PoolMap::create_or_incref(const MempoolKey& k) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool created = false;
+  (void)acquire(k, "createOrIncrefPool", &created);
+}
+
+int PoolMap::use_count(const MempoolKey& k) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pools_.find(k);
+  if (it == pools_.end()) return 0;
+  return stats_of_pool(it->second.id, "getPoolUseCount", k).use_count;
+}
+
+expanse_pool_id PoolMap::id_of(const MempoolKey& k) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pools_.find(k);
+  return it == pools_.end() ? 0 : it->second.id;
+}
+
+void PoolMap::empty_cache(uint64_t first, uint64_t second) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = pools_.begin(); it != pools_.end();) {
+    const MempoolKey& k = it->first;
+    if (k.first != first || k.second != second) {
+      ++it;
+      continue;
+    }
+    const expanse_pool_stats s = stats_of_pool(it->second.id, "emptyCache", k);
+    if (s.released != 0 && s.returned == 0) {
+      const int rc = expanse_pool_trim(it->second.id);
+      // EXPANSE_EBUSY: a capture is announced on the device; its memory goes back at a later
+      // empty_cache (or when expanse needs it).
+      if (rc != EXPANSE_OK && rc != EXPANSE_EBUSY) pool_failed("emptyCache", k, "expanse_pool_trim");
+    }
+    if (!it->second.routing && finished(stats_of_pool(it->second.id, "emptyCache", k))) {
+      it = pools_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void PoolMap::forget_finished() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = pools_.begin(); it != pools_.end();) {
+    expanse_pool_stats s;
+    std::memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    if (!it->second.routing && expanse_pool_get_stats(it->second.id, &s) == EXPANSE_OK &&
+        finished(s)) {
+      it = pools_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+bool PoolMap::live_allocations_are(const MempoolKey& k,
+                                   const std::unordered_set<void*>& expected) const {
+  const char* what = "checkPoolLiveAllocations";
+  expanse_pool_id id = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pools_.find(k);
+    if (it == pools_.end()) {
+      throw PoolError(std::string(what) + ": " + pool_name(k) +
+                      " does not exist (never begun or created)");
+    }
+    id = it->second.id;
+  }
+  // Every expected pointer a live block of the pool, and as many live blocks as pointers: the
+  // live blocks are exactly those.
+  for (void* p : expected) {
+    expanse_pool_id of = 0;
+    if (expanse_pool_of(p, &of) != EXPANSE_OK || of != id) return false;
+  }
+  return stats_of_pool(id, what, k).live_blocks == expected.size();
+}
+
+void PoolMap::set_use_on_oom(const MempoolKey& k, bool use) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pools_.find(k);
+  if (it == pools_.end()) {
+    throw PoolError("setUseOnOOM: " + pool_name(k) +
+                    " does not exist (never begun or created); nothing was changed");
+  }
+  it->second.use_on_oom = use;
+  it->second.oom_order = next_oom_order_++;
+}
+
+std::vector<expanse_pool_id> PoolMap::use_on_oom(int device) const {
+  std::vector<std::pair<uint64_t, expanse_pool_id>> marked;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [k, e] : pools_) {
+      if (k.device == device && e.use_on_oom) marked.emplace_back(e.oom_order, e.id);
+    }
+  }
+  std::sort(marked.begin(), marked.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<expanse_pool_id> out;
+  for (const auto& m : marked) out.push_back(m.second);
+  return out;
+}
+
+size_t PoolMap::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pools_.size();
+}
+
 }  // namespace expanse::torch_adapter

@@ -11,10 +11,16 @@
 #include "expanse/expanse.h"
 
 #include <array>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
 #include <mutex>
+#include <stdexcept>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace expanse::torch_adapter {
@@ -31,7 +37,7 @@ struct Stat {
 enum Pool : size_t { kAggregate = 0, kSmallPool = 1, kLargePool = 2, kNumPools = 3 };
 using StatArray = std::array<Stat, kNumPools>;
 
-// c10::CachingDeviceAllocator::DeviceStats, less the private-pool map (expanse has no pools yet).
+// c10::CachingDeviceAllocator::DeviceStats, less the private-pool map.
 // How each figure comes from expanse's books: map_device_stats (torch_adapter.cpp) and
 // docs/integrations.md.
 struct DeviceStats {
@@ -136,5 +142,120 @@ OomObserverArgs oom_observer_args(uint64_t requested, const expanse_stats& s);
 
 // expanse_get_stats with struct_size set; an expanse error code.
 int read_stats(int device, expanse_stats& out);
+
+// ---- memory pools (CUDA graphs, torch.cuda.MemPool) ------------------------------------------
+// PyTorch names a private pool by a pair of numbers (c10::MempoolId_t: {graph uuid, 0} for a
+// graph's own pool or graph_pool_handle(), {0, uid} for a MemPool) and keeps one pool per device
+// for each. Each becomes one expanse pool (expanse_pool_create), found by (device, pair).
+
+struct MempoolKey {
+  int device = 0;
+  uint64_t first = 0, second = 0;
+  bool operator<(const MempoolKey& o) const {
+    return device != o.device ? device < o.device : first != o.first ? first < o.first
+                                                                       : second < o.second;
+  }
+};
+// "memory pool (1, 0) on device 0": how errors name a pool.
+std::string pool_name(const MempoolKey& k);
+
+// What the pool functions throw; the torch half raises it as a c10::Error with this message.
+struct PoolError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// PyTorch's allocation filters (std::function<bool(cudaStream_t)>; cudaStream_t is CUstream_st*)
+// behind expanse_pool_begin_filter's C filter. The ctx expanse keeps is not a pointer to the copy
+// but a slot number and generation (a slot is never freed; it is reused after its route ended):
+// expanse calls filters outside its locks, so a call may still arrive for a route ended a moment
+// before, and it then finds a newer generation and answers "no". remove() waits for the calls in
+// flight before destroying the copy, so a filter never runs once its route's end returned (as in
+// PyTorch, whose allocator runs filters under the lock endAllocateToPool takes).
+class FilterTable {
+ public:
+  using Filter = std::function<bool(CUstream_st*)>;
+  // The process's table (the trampoline is a plain function: it finds no other).
+  static FilterTable& instance();
+  // Keeps a copy of f; returns the ctx to give expanse_pool_begin_filter with trampoline.
+  void* add(Filter f);
+  // Ends ctx (from add): later calls answer 0; waits for calls in flight, destroys the copy.
+  void remove(void* ctx);
+  // expanse_pool_begin_filter's filter.
+  static int trampoline(CUstream_st* stream, void* ctx);
+  // Filters held (added and not removed): for tests.
+  size_t held() const;
+
+ private:
+  struct Slot {
+    uint32_t generation = 1;
+    int in_flight = 0;
+    bool used = false;
+    Filter filter;
+  };
+  int call(CUstream_st* stream, void* ctx);
+  mutable std::mutex mu_;
+  std::condition_variable idle_;
+  std::deque<Slot> slots_;  // never shrinks: a slot's address stays valid
+  std::vector<uint32_t> free_;
+  size_t held_ = 0;
+};
+
+// The pools this allocator made, with PyTorch's semantics (c10's DeviceCachingAllocator):
+//   begin (beginAllocateToPool): create the pool with use count 1, or retain it
+//     (create_or_incref), then route the allocations on its device whose stream the filter
+//     accepts to it. One routing per pool at a time.
+//   end (endAllocateToPool): stop that routing; the use count is unchanged.
+//   release (releasePool): use count - 1; at 0 expanse releases the pool (its memory goes back
+//     once expanse proves the work that used it done).
+//   create_or_incref (createOrIncrefPool / ensureExistsAndIncrefPool: torch.cuda.MemPool).
+// A pool whose use count reached 0 cannot be begun or retained again (PyTorch asserts), unless
+// expanse has given all its memory back and none of its blocks is live: PyTorch has then forgotten
+// the pool (torch.cuda.graph calls empty_cache() before each capture), and the pair names a new
+// one; so does this map. Every error is a PoolError naming the pool, and changes nothing.
+class PoolMap {
+ public:
+  using Filter = FilterTable::Filter;
+  PoolMap() = default;
+  // Ends the routings still on (their filters are destroyed); the pools keep their use counts.
+  ~PoolMap();
+  PoolMap(const PoolMap&) = delete;
+  PoolMap& operator=(const PoolMap&) = delete;
+  void begin(const MempoolKey& k, Filter filter);
+  void end(const MempoolKey& k);
+  void release(const MempoolKey& k);
+  void create_or_incref(const MempoolKey& k);
+  // The use count (0 for a pair never created, as PyTorch's other allocators answer).
+  int use_count(const MempoolKey& k);
+  // The expanse pool of k; 0 when none.
+  expanse_pool_id id_of(const MempoolKey& k) const;
+  // emptyCache(pair): the released pools of that pair (on any device) give their cached memory
+  // back (expanse_pool_trim; during an announced capture nothing is given back, and a later
+  // empty_cache does it); a live pool keeps its memory, as PyTorch's does.
+  void empty_cache(uint64_t first, uint64_t second);
+  // Forgets the pools expanse has nothing of any more (released, returned, no live block).
+  void forget_finished();
+  // checkPoolLiveAllocations: whether the live blocks of k's pool are exactly `expected`.
+  bool live_allocations_are(const MempoolKey& k, const std::unordered_set<void*>& expected) const;
+  // setUseOnOOM: an allocation on k.device that fails for lack of memory is tried again in the
+  // pools marked so (their cached memory), newest mark first.
+  void set_use_on_oom(const MempoolKey& k, bool use);
+  std::vector<expanse_pool_id> use_on_oom(int device) const;
+  // Pairs known (for tests).
+  size_t size() const;
+
+ private:
+  struct Entry {
+    expanse_pool_id id = 0;
+    void* filter_ctx = nullptr;  // while routing
+    bool routing = false;
+    bool use_on_oom = false;
+    uint64_t oom_order = 0;
+  };
+  // Creates k's pool, or retains it (PoolError naming `what` when it cannot be begun again).
+  Entry& acquire(const MempoolKey& k, const char* what, bool* created);  // mu_ held
+  mutable std::mutex mu_;
+  std::map<MempoolKey, Entry> pools_;
+  uint64_t next_oom_order_ = 1;
+};
 
 }  // namespace expanse::torch_adapter

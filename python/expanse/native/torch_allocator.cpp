@@ -3,8 +3,9 @@
 // pointer every CUDA allocation reads). Built against the user's torch by expanse.torch.use()
 // (torch.utils.cpp_extension), and against real torch headers by test/torch_compile_check.sh.
 //
-// What expanse's books cannot answer raises a c10::Error that says so: memory pools (CUDA graph
-// capture, torch.cuda.MemPool, cudagraph trees) and IPC do not exist in expanse yet.
+// Memory pools (CUDA graph capture, torch.cuda.MemPool) are expanse pools, found by PyTorch's pool
+// id (torch_adapter.hpp: PoolMap). What expanse's books cannot answer raises a c10::Error that
+// says so: the checkpoints of cudagraph trees, a snapshot of one pool, IPC.
 // Version differences: torch_version.hpp, and nowhere else.
 #include "torch_adapter.hpp"
 #include "torch_version.hpp"
@@ -49,15 +50,31 @@ using TraceT = decltype(SnapshotT::device_traces)::value_type::value_type;
 // c10::MempoolId_t since 2.8, c10::cuda::MempoolId_t before; the latter names it in both.
 using MempoolId = c10::cuda::MempoolId_t;
 
-const char* const kPoolsMissing =
-    " needs memory pools (CUDA graph capture with torch.cuda.graph / make_graphed_callables, "
-    "torch.cuda.MemPool and use_mem_pool, torch.compile(mode=\"reduce-overhead\")), which "
-    "expanse's native PyTorch allocator does not have yet. To avoid it, do not capture CUDA "
-    "graphs (torch.compile without mode=\"reduce-overhead\"), or use expanse through the "
-    "pluggable path, expanse.torch.use(native=False), which captures graphs without private pools.";
+// cudagraph trees (torch.compile(mode="reduce-overhead")'s default) checkpoint a pool's blocks and
+// rebuild them later; expanse cannot re-create blocks at given addresses.
+[[noreturn]] void checkpoints_missing(const char* what) {
+  TORCH_CHECK(false, "expanse: ", what, " (torch.compile's CUDA graph trees, the default of "
+              "mode=\"reduce-overhead\") is not supported by expanse's native allocator: it "
+              "cannot save a memory pool's blocks and re-create them at the same addresses. "
+              "Turn the trees off and keep CUDA graphs: "
+              "torch._inductor.config.triton.cudagraph_trees = False (inductor then captures "
+              "each graph with torch.cuda.graph into a pool of its own), or compile without "
+              "mode=\"reduce-overhead\".");
+}
 
-[[noreturn]] void pools_missing(const char* what) {
-  TORCH_CHECK(false, "expanse: ", what, kPoolsMissing);
+ta::MempoolKey key(c10::DeviceIndex device, const MempoolId& id) {
+  return ta::MempoolKey{static_cast<int>(device), static_cast<uint64_t>(id.first),
+                        static_cast<uint64_t>(id.second)};
+}
+
+// Runs a PoolMap call; its PoolError becomes the c10::Error Python sees as a RuntimeError.
+template <class F>
+auto pool_call(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const ta::PoolError& e) {
+    TORCH_CHECK(false, "expanse: ", e.what());
+  }
 }
 
 [[noreturn]] void expanse_failed(const char* what) {
@@ -205,8 +222,13 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
   }
 
 #if EXPANSE_TORCH_EMPTY_CACHE_TAKES_POOL
+  // A pool's: its memory goes back if it was released (MemPool's destructor calls this), a live
+  // pool's stays, as with PyTorch's allocator.
   void emptyCache(MempoolId mempool_id) override {
-    if (mempool_id != MempoolId{0, 0}) pools_missing("empty_cache of a memory pool");
+    if (mempool_id != MempoolId{0, 0}) {
+      pool_call([&] { pools_.empty_cache(mempool_id.first, mempool_id.second); });
+      return;
+    }
     release_all();
   }
 #else
@@ -301,12 +323,12 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
 
 #if EXPANSE_TORCH_SNAPSHOT_ARGS == 2
   SnapshotT snapshot(MempoolId mempool_id, bool include_traces) override {
-    if (mempool_id != MempoolId{0, 0}) pools_missing("a snapshot of a memory pool");
+    if (mempool_id != MempoolId{0, 0}) no_pool_snapshot(mempool_id);
     return make_snapshot(include_traces);
   }
 #elif EXPANSE_TORCH_SNAPSHOT_ARGS == 1
   SnapshotT snapshot(MempoolId mempool_id) override {
-    if (mempool_id != MempoolId{0, 0}) pools_missing("a snapshot of a memory pool");
+    if (mempool_id != MempoolId{0, 0}) no_pool_snapshot(mempool_id);
     return make_snapshot(true);
   }
 #else
@@ -324,51 +346,64 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
   }
 #endif
 
-  // ---- memory pools (CUDA graphs, MemPool): not in expanse yet ---------------------------
-  void beginAllocateToPool(c10::DeviceIndex, MempoolId,
-                           std::function<bool(cudaStream_t)>) override {
-    pools_missing("beginAllocateToPool (CUDA graph capture, use_mem_pool)");
+  // ---- memory pools (CUDA graphs, MemPool): expanse pools (torch_adapter.hpp: PoolMap) -------
+  // CUDAGraph::capture_begin calls this before cudaStreamBeginCapture, with a filter that accepts
+  // the streams of its capture; use_mem_pool with one that accepts the calling thread. The
+  // capture itself is announced to expanse by expanse.torch.use()'s wrapper of
+  // torch.cuda.CUDAGraph.capture_begin / capture_end (expanse.capture_begin / capture_end).
+  void beginAllocateToPool(c10::DeviceIndex device, MempoolId mempool_id,
+                           std::function<bool(cudaStream_t)> filter) override {
+    pool_call([&] { pools_.begin(key(device, mempool_id), std::move(filter)); });
   }
-  void endAllocateToPool(c10::DeviceIndex, MempoolId) override {
-    pools_missing("endAllocateToPool");
+  void endAllocateToPool(c10::DeviceIndex device, MempoolId mempool_id) override {
+    pool_call([&] { pools_.end(key(device, mempool_id)); });
   }
-  void releasePool(c10::DeviceIndex, MempoolId) override { pools_missing("releasePool"); }
-  int getPoolUseCount(c10::DeviceIndex, MempoolId) override {
-    pools_missing("getPoolUseCount (torch.cuda.MemPool)");
+  void releasePool(c10::DeviceIndex device, MempoolId mempool_id) override {
+    pool_call([&] { pools_.release(key(device, mempool_id)); });
+  }
+  int getPoolUseCount(c10::DeviceIndex device, MempoolId mempool_id) override {
+    return pool_call([&] { return pools_.use_count(key(device, mempool_id)); });
   }
 #if EXPANSE_TORCH_POOL_INCREF_FORM == 2
-  void createOrIncrefPool(c10::DeviceIndex, MempoolId,
-                          std::shared_ptr<cca::CUDAAllocator>) override {
-    pools_missing("createOrIncrefPool (torch.cuda.MemPool)");
+  void createOrIncrefPool(c10::DeviceIndex device, MempoolId mempool_id,
+                          std::shared_ptr<cca::CUDAAllocator> allocator) override {
+    check_pool_allocator(allocator.get());
+    pool_call([&] { pools_.create_or_incref(key(device, mempool_id)); });
   }
 #elif EXPANSE_TORCH_POOL_INCREF_FORM == 1
-  void createOrIncrefPool(c10::DeviceIndex, MempoolId, cca::CUDAAllocator*) override {
-    pools_missing("createOrIncrefPool (torch.cuda.MemPool)");
+  void createOrIncrefPool(c10::DeviceIndex device, MempoolId mempool_id,
+                          cca::CUDAAllocator* allocator) override {
+    check_pool_allocator(allocator);
+    pool_call([&] { pools_.create_or_incref(key(device, mempool_id)); });
   }
 #else
-  void ensureExistsAndIncrefPool(c10::DeviceIndex, MempoolId) override {
-    pools_missing("ensureExistsAndIncrefPool (torch.cuda.MemPool)");
+  void ensureExistsAndIncrefPool(c10::DeviceIndex device, MempoolId mempool_id) override {
+    pool_call([&] { pools_.create_or_incref(key(device, mempool_id)); });
   }
 #endif
 #if EXPANSE_TORCH_HAS_POOL_OPTIONS
-  void setUseOnOOM(c10::DeviceIndex, MempoolId, bool) override {
-    pools_missing("setUseOnOOM (torch.cuda.MemPool)");
+  // MemPool(use_on_oom=True): an allocation on the device that fails for lack of memory is tried
+  // again in the pool's cached memory (malloc_or_throw).
+  void setUseOnOOM(c10::DeviceIndex device, MempoolId mempool_id, bool use_on_oom) override {
+    pool_call([&] { pools_.set_use_on_oom(key(device, mempool_id), use_on_oom); });
   }
-  void setNoSplit(c10::DeviceIndex, MempoolId) override {
-    pools_missing("setNoSplit (torch.cuda.MemPool)");
-  }
+  // MemPool(no_split=True) keeps PyTorch from carving an allocation out of a larger cached
+  // segment of the pool, so that each allocation is a segment of its own. expanse has no such
+  // segments: a block is carved from one VA range per arena, on pages mapped for it, and a
+  // segment in its books is only a run of mapped pages. There is nothing to keep whole.
+  void setNoSplit(c10::DeviceIndex, MempoolId) override {}
 #endif
-  bool checkPoolLiveAllocations(c10::DeviceIndex, MempoolId,
-                                const std::unordered_set<void*>&) override {
-    pools_missing("checkPoolLiveAllocations (torch.compile's CUDA graph trees)");
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, MempoolId mempool_id,
+                                const std::unordered_set<void*>& expected) override {
+    return pool_call([&] { return pools_.live_allocations_are(key(device, mempool_id), expected); });
   }
   std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex,
                                                           MempoolId) override {
-    pools_missing("getCheckpointState (torch.compile's CUDA graph trees)");
+    checkpoints_missing("getCheckpointState");
   }
   cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex,
                                               std::shared_ptr<cca::AllocatorState>) override {
-    pools_missing("setCheckpointPoolState (torch.compile's CUDA graph trees)");
+    checkpoints_missing("setCheckpointPoolState");
   }
 
   // ---- IPC: not in expanse yet -----------------------------------------------------------
@@ -474,6 +509,10 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
     if (rc != EXPANSE_ENOMEM) {
       TORCH_CHECK(false, "expanse: allocating ", ta::format_size(n), " on CUDA device ",
                   static_cast<int>(dev), " failed: ", why);
+    }
+    // Pools marked use_on_oom (MemPool(use_on_oom=True)), newest first: their cached memory.
+    for (expanse_pool_id id : pools_.use_on_oom(dev)) {
+      if (void* q = expanse_pool_malloc(id, n, reinterpret_cast<CUstream_st*>(stream))) return q;
     }
     expanse_stats s{};
     if (ta::read_stats(dev, s) != EXPANSE_OK) std::memset(&s, 0, sizeof s);
@@ -631,6 +670,24 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
     const int n = expanse_device_count();
     TORCH_CHECK(n >= 0, "expanse: empty_cache: ", expanse_last_error());
     for (int d = 0; d < n; ++d) check(expanse_release_cached(d), "expanse_release_cached");
+    pools_.forget_finished();  // released pools whose memory went back just now
+  }
+
+  // MemPool(allocator=...) asks PyTorch's allocator to take the pool's segments from another
+  // allocator; expanse takes a pool's memory from expanse only.
+  void check_pool_allocator(const cca::CUDAAllocator* allocator) const {
+    TORCH_CHECK(allocator == nullptr || allocator == this,
+                "expanse: torch.cuda.MemPool(allocator=...) with an allocator of its own is not "
+                "supported by expanse's native allocator (a pool's memory comes from expanse); "
+                "use torch.cuda.MemPool() without an allocator");
+  }
+
+  [[noreturn]] static void no_pool_snapshot(const MempoolId& id) {
+    TORCH_CHECK(false, "expanse: a snapshot of one memory pool (", id.first, ", ", id.second,
+                ") is not available: expanse's segments are shared by its pools and its "
+                "snapshot records do not say which pool a block belongs to. "
+                "torch.cuda.memory_snapshot() (no pool) shows every segment, pools' blocks "
+                "included");
   }
 
   ta::Baseline& baseline(c10::DeviceIndex device) {  // books_mu_ held
@@ -646,6 +703,8 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
 
   std::mutex books_mu_;
   std::vector<ta::Baseline> baselines_;
+
+  ta::PoolMap pools_;
 
   std::mutex history_mu_;
   std::atomic<bool> history_on_{false};
