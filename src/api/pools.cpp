@@ -129,45 +129,6 @@ int PoolRegistry::device_of(core::PoolId id, const char* what) const {
   return it->second;
 }
 
-void PoolBlocks::add(const void* ptr, core::PoolId id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  blocks_[reinterpret_cast<uintptr_t>(ptr)] = id;
-  count_.store(blocks_.size(), std::memory_order_relaxed);
-}
-
-core::PoolId PoolBlocks::take_slow(const void* ptr) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
-  if (it == blocks_.end()) return 0;
-  const core::PoolId id = it->second;
-  blocks_.erase(it);
-  count_.store(blocks_.size(), std::memory_order_relaxed);
-  return id;
-}
-
-core::PoolId PoolBlocks::find(const void* ptr) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
-  return it == blocks_.end() ? 0 : it->second;
-}
-
-namespace {
-
-// Records p (from an allocation in `pool`) in the runtime's PoolBlocks; frees it if that fails.
-void* remember_pool_block(Runtime& rt, core::DeviceAllocator& a, void* p, core::PoolId pool,
-                          CUstream stream) {
-  if (p == nullptr || pool == 0) return p;
-  try {
-    rt.pool_blocks().add(p, pool);
-  } catch (...) {  // out of host memory: the block goes back before the error leaves
-    a.deallocate(p, stream);
-    throw;
-  }
-  return p;
-}
-
-}  // namespace
-
 core::PoolId pool_create(int device) {
   Runtime& rt = Runtime::get();
   core::DeviceAllocator& a = rt.device(device);
@@ -238,7 +199,7 @@ void* pool_malloc(core::PoolId id, size_t size, CUstream stream) {
   const int device = rt.pools().device_of(id, what);
   check_stream_device(rt, id, device, stream, what);
   core::DeviceAllocator& a = rt.device(device);
-  return remember_pool_block(rt, a, a.allocate(size, stream, id), id, stream);
+  return a.allocate(size, stream, id);
 }
 
 bool pool_trim(core::PoolId id) {
@@ -295,14 +256,14 @@ void* routed_allocate(size_t size, int device, CUstream stream) {
   Runtime& rt = Runtime::get();
   const core::PoolId pool = rt.routes().route(device, stream);
   core::DeviceAllocator& a = rt.device(device);
-  return remember_pool_block(rt, a, a.allocate(size, stream, pool), pool, stream);
+  return a.allocate(size, stream, pool);
 }
 
 core::PoolId pool_of(const void* ptr, const char* what) {
   Runtime& rt = Runtime::get();
   for (int d = 0; d < rt.device_count(); ++d) {
     core::DeviceAllocator* a = rt.existing(d);
-    if (a != nullptr && a->owns(ptr)) return rt.pool_blocks().find(ptr);
+    if (a != nullptr && a->owns(ptr)) return a->pool_of(ptr);
   }
   char buf[32];
   std::snprintf(buf, sizeof buf, "%p", ptr);

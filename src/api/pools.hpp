@@ -34,27 +34,6 @@ class PoolRegistry {
   std::unordered_map<core::PoolId, int> devices_;
 };
 
-// Which pool each live block of a pool (not the default pool) belongs to, for expanse_pool_of.
-// A block is added when an allocation routed to a pool (or expanse_pool_malloc) returns it and
-// taken out before its free (put back if the free fails). With no pool block live, a free pays one
-// relaxed atomic load here.
-class PoolBlocks {
- public:
-  void add(const void* ptr, core::PoolId id);
-  // Forgets ptr; returns the pool it had (0: none), for add() should the free fail.
-  core::PoolId take(const void* ptr) {
-    if (count_.load(std::memory_order_relaxed) == 0) return 0;
-    return take_slow(ptr);
-  }
-  core::PoolId find(const void* ptr) const;
-
- private:
-  core::PoolId take_slow(const void* ptr);
-  std::atomic<size_t> count_{0};
-  mutable std::mutex mu_;
-  std::unordered_map<uintptr_t, core::PoolId> blocks_;
-};
-
 // The pool functions (expanse_pool_*), with exceptions. `what` names the caller in errors.
 core::PoolId pool_create(int device);
 void pool_retain(core::PoolId id);

@@ -39,8 +39,6 @@ class Runtime {
   // (pool_routes.hpp).
   PoolRegistry& pools() noexcept { return pools_; }
   PoolRoutes& routes() noexcept { return *routes_; }
-  // Which pool each live pool block belongs to (expanse_pool_of).
-  PoolBlocks& pool_blocks() noexcept { return pool_blocks_; }
 
   ~Runtime();
 
@@ -54,7 +52,6 @@ class Runtime {
   std::vector<std::atomic<core::DeviceAllocator*>> slots_;
   std::vector<std::unique_ptr<core::DeviceAllocator>> owned_;
   PoolRegistry pools_;
-  PoolBlocks pool_blocks_;
   std::unique_ptr<PoolRoutes> routes_;
 };
 

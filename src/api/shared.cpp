@@ -27,13 +27,9 @@ std::string& last_error() {
 void free_on_device(void* ptr, size_t size, int device, CUstream stream) {
   Runtime& rt = Runtime::get();
   core::DeviceAllocator& a = rt.device(device);
-  // A pool block leaves the pool books before the free (after it, another thread could get the
-  // same address); it goes back if the free fails.
-  const core::PoolId had = rt.pool_blocks().take(ptr);
   try {
     a.deallocate(ptr, stream, size, join_for_free(device, stream));
   } catch (const usage_error&) {
-    if (had != 0) rt.pool_blocks().add(ptr, had);
     for (int d = 0; d < rt.device_count(); ++d) {
       core::DeviceAllocator* other = rt.existing(d);
       if (d != device && other != nullptr && other->owns(ptr)) {
@@ -42,9 +38,6 @@ void free_on_device(void* ptr, size_t size, int device, CUstream stream) {
                           "; nothing was changed");
       }
     }
-    throw;
-  } catch (...) {
-    if (had != 0) rt.pool_blocks().add(ptr, had);
     throw;
   }
 }

@@ -156,13 +156,7 @@ EXPANSE_C_API void expanse_torch_free(void* ptr, size_t size, int device,
       }
     }
     const CUstream s = reinterpret_cast<CUstream>(stream);
-    const expanse::core::PoolId had = rt.pool_blocks().take(ptr);  // as free_on_device does
-    try {
-      owner->deallocate(ptr, s, 0, expanse::api::join_for_free(owner->device(), s));
-    } catch (...) {
-      if (had != 0) rt.pool_blocks().add(ptr, had);
-      throw;
-    }
+    owner->deallocate(ptr, s, 0, expanse::api::join_for_free(owner->device(), s));
   } catch (const std::exception& e) {
     expanse::api::last_error() = e.what();
     expanse::api::report(std::string("expanse_torch_free: ") + e.what());

@@ -108,6 +108,10 @@ class DeviceAllocator {
   // Frees the pinned host staging of every pool that is awake; the bytes freed.
   size_t release_host_backup();
 
+  // The pool of the live block starting at ptr (0: the default pool); expanse::usage_error when
+  // ptr is not a live block's start here.
+  PoolId pool_of(const void* ptr) const;
+
   // True if ptr is the start of a live block here; *size gets its requested size.
   bool owns(const void* ptr, size_t* size = nullptr) const;
 

@@ -48,6 +48,19 @@ void DeviceAllocator::release_pool(PoolId id) {
   }
 }
 
+PoolId DeviceAllocator::pool_of(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto& blocks = placement_.index().blocks();
+  auto it = blocks.find(reinterpret_cast<CUdeviceptr>(ptr));
+  if (it == blocks.end() ||
+      (it->second.state != BlockState::live && it->second.state != BlockState::asleep)) {
+    throw usage_error("expanse: pool_of " + hex(reinterpret_cast<CUdeviceptr>(ptr)) +
+                      " on device " + std::to_string(device()) + ": " +
+                      describe_pointer_locked(ptr));
+  }
+  return it->second.pool == kDefaultPool ? 0 : pools_.at(it->second.pool).id;
+}
+
 bool DeviceAllocator::has_pool(PoolId id) const {
   std::lock_guard<std::mutex> lock(mu_);
   try {
