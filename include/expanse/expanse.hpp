@@ -70,6 +70,13 @@ class EXPANSE_API pool {
   void* allocate(size_t bytes, stream_t stream = nullptr) const;
   // Gives up this object's use now (the pool's memory is returned once no use is left).
   void release();
+  // Sleep and wake (expanse_pool_sleep / expanse_pool_wake): the pool's pages go back to the
+  // driver, its addresses stay. offload: its live blocks' bytes are kept in pinned host memory
+  // and come back at wake; otherwise dropped. sleep() returns false, with nothing changed, while
+  // a capture is announced on the device or routed into the pool.
+  bool sleep(bool offload = true, stream_t stream = nullptr) const;
+  void wake(stream_t stream = nullptr) const;
+  bool asleep() const;
 
  private:
   expanse_pool_id id_ = 0;

@@ -21,7 +21,7 @@ __all__ = [
     "ExpanseError", "init", "shutdown", "driver_description", "device_count", "library",
     "library_path", "memory_stats", "memory_summary", "empty_cache", "set_limit",
     "reset_peak_stats", "record_history", "dump_snapshot", "capture_begin", "capture_end",
-    "announced_capture", "Pool", "use_pool", "graph_pool",
+    "announced_capture", "Pool", "use_pool", "graph_pool", "release_host_backup",
 ]
 
 DEFAULT_MAX_ENTRIES = 100000  # PyTorch's default for _record_memory_history
@@ -167,6 +167,14 @@ def empty_cache():
         check(lib.expanse_release_cached(d), f"expanse.empty_cache() on device {d}")
 
 
+def release_host_backup(device=None):
+    """Frees the pinned host staging that pools keep between sleeps (Pool.sleep), for every awake
+    pool of device (default: all devices)."""
+    lib = library()
+    for d in ([_device(device)] if device is not None else range(device_count())):
+        check(lib.expanse_release_host_backup(d), f"expanse.release_host_backup() on device {d}")
+
+
 def set_limit(bytes_or_fraction, device=None):
     """Caps the physical memory expanse holds on device: a number of bytes (int), a fraction of
     the device's capacity (float in (0, 1], like torch.cuda.set_per_process_memory_fraction), or
@@ -277,10 +285,37 @@ class Pool:
         s.struct_size = ctypes.sizeof(PoolStats)
         check(library().expanse_pool_get_stats(self.id, ctypes.byref(s)),
               f"expanse.Pool.stats() of pool {self.id}")
-        out = {name: getattr(s, name) for name, _ in PoolStats._fields_ if name != "struct_size"}
-        out["released"] = bool(out["released"])
-        out["returned"] = bool(out["returned"])
+        out = {name: getattr(s, name) for name, _ in PoolStats._fields_
+               if name not in ("struct_size", "reserved0")}
+        for flag in ("released", "returned", "asleep"):
+            out[flag] = bool(out[flag])
         return out
+
+    def sleep(self, offload=True, stream=None):
+        """Gives the pool's pages back to the driver, keeping its addresses (pointers and CUDA
+        graphs over them stay valid). offload=True keeps its live blocks' bytes in pinned host
+        memory for wake(); offload=False drops them. Returns False, with nothing changed, while a
+        capture is announced on its device or routed into it."""
+        from ._lib import EBUSY
+        mode = 1 if offload else 2  # EXPANSE_SLEEP_OFFLOAD / EXPANSE_SLEEP_DISCARD
+        rc = library().expanse_pool_sleep(self.id, mode, _stream_handle(stream))
+        if rc == EBUSY:
+            return False
+        check(rc, f"expanse.Pool.sleep(offload={offload}) of pool {self.id}")
+        return True
+
+    def wake(self, stream=None):
+        """Maps the pool's pages again at the same addresses and brings offloaded bytes back;
+        done when it returns."""
+        check(library().expanse_pool_wake(self.id, _stream_handle(stream)),
+              f"expanse.Pool.wake() of pool {self.id}")
+
+    @property
+    def asleep(self):
+        rc = library().expanse_pool_is_asleep(self.id)
+        if rc < 0:
+            check(-rc, f"expanse.Pool.asleep of pool {self.id}")
+        return rc == 1
 
     def malloc(self, size, stream=None):
         """size bytes in this pool, ordered on stream (of the pool's device); an int address.

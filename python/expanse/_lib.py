@@ -49,7 +49,8 @@ class PoolStats(ctypes.Structure):
                 ("released", ctypes.c_uint32), ("returned", ctypes.c_uint32),
                 ("live_blocks", ctypes.c_uint64), ("requested_bytes", ctypes.c_uint64),
                 ("live_bytes", ctypes.c_uint64), ("cached_bytes", ctypes.c_uint64),
-                ("physical_bytes", ctypes.c_uint64)]
+                ("physical_bytes", ctypes.c_uint64), ("asleep", ctypes.c_uint32),
+                ("reserved0", ctypes.c_uint32), ("host_backup_bytes", ctypes.c_uint64)]
 
 
 # int filter(stream, ctx) of expanse_pool_begin_filter.
@@ -119,6 +120,10 @@ def _declare(lib):
         "expanse_pool_trim": (c.c_int, [c.c_ulonglong]),
         "expanse_pool_get_stats": (c.c_int, [c.c_ulonglong, c.POINTER(PoolStats)]),
         "expanse_pool_of": (c.c_int, [c.c_void_p, c.POINTER(c.c_ulonglong)]),
+        "expanse_pool_sleep": (c.c_int, [c.c_ulonglong, c.c_int, stream]),
+        "expanse_pool_wake": (c.c_int, [c.c_ulonglong, stream]),
+        "expanse_pool_is_asleep": (c.c_int, [c.c_ulonglong]),
+        "expanse_release_host_backup": (c.c_int, [c.c_int]),
     }
     for name, (res, args) in sigs.items():
         f = getattr(lib, name)

@@ -95,6 +95,22 @@ void* pool::allocate(size_t bytes, stream_t stream) const {
   return api::pool_malloc(id_, bytes, reinterpret_cast<CUstream>(stream));
 }
 
+bool pool::sleep(bool offload, stream_t stream) const {
+  if (id_ == 0) throw usage_error("expanse::pool::sleep: the pool was released or moved from");
+  return api::pool_sleep(id_, offload ? EXPANSE_SLEEP_OFFLOAD : EXPANSE_SLEEP_DISCARD,
+                         reinterpret_cast<CUstream>(stream));
+}
+
+void pool::wake(stream_t stream) const {
+  if (id_ == 0) throw usage_error("expanse::pool::wake: the pool was released or moved from");
+  api::pool_wake(id_, reinterpret_cast<CUstream>(stream));
+}
+
+bool pool::asleep() const {
+  if (id_ == 0) throw usage_error("expanse::pool::asleep: the pool was released or moved from");
+  return api::pool_is_asleep(id_);
+}
+
 void pool::release() {
   if (id_ == 0) return;
   const expanse_pool_id id = id_;

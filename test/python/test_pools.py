@@ -80,3 +80,26 @@ def test_graph_pool_takes_torch_style_streams(ex):
     with pytest.raises(expanse.ExpanseError, match="routes nothing"):
         expanse.graph_pool(p, 0xDEAD000).__exit__(None, None, None)
     p.release()
+
+
+def test_sleep_gives_the_pages_back_and_wake_brings_the_bytes_back(ex, lib):
+    import ctypes
+    with expanse.Pool(0) as p:
+        a = p.malloc(3 * MiB)
+        ctypes.memset(a, 0x5A, 3 * MiB)
+        ctypes.memset(a + MiB, 0xC3, 4096)
+        held = p.stats()["physical_bytes"]
+        assert held >= 3 * MiB
+        assert p.sleep(offload=True) is True
+        s = p.stats()
+        assert s["asleep"] is True and p.asleep
+        assert s["physical_bytes"] == 0 and s["host_backup_bytes"] >= 3 * MiB
+        with pytest.raises(expanse.ExpanseError, match="asleep"):
+            p.malloc(MiB)
+        p.wake()
+        assert not p.asleep
+        assert ctypes.string_at(a, 16) == b"\x5a" * 16
+        assert ctypes.string_at(a + MiB, 4096) == b"\xc3" * 4096
+        assert ctypes.string_at(a + 3 * MiB - 16, 16) == b"\x5a" * 16
+        lib.expanse_free(a, 3 * MiB, 0, None)
+    expanse.release_host_backup()
