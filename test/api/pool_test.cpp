@@ -638,6 +638,73 @@ TEST_P(Pools, CaptureIntoAPoolMakesNoProhibitedCall) {
   ASSERT_EQ(expanse_pool_release(p), EXPANSE_OK);
 }
 
+// Sleep and wake through the C ABI: a weights pool offloaded, a KV-cache pool discarded. The
+// driver's free memory grows by both pools' pages; pointers keep their values; every weight byte
+// comes back; the wake hook runs; sleeping is refused while a capture is routed into the pool.
+TEST_P(Pools, SleepGivesThePagesToTheDriverAndWakeBringsTheWeightsBack) {
+  start("sim_capacity:256MiB");
+  const expanse_pool_id weights = create();
+  const expanse_pool_id kv = create();
+  void* w = expanse_pool_malloc(weights, 40 * MiB + 300, nullptr);
+  void* k = expanse_pool_malloc(kv, 64 * MiB, nullptr);
+  void* other = must_malloc(8 * MiB, 0, nullptr);  // the default pool's: stays
+  ASSERT_TRUE(w != nullptr && k != nullptr) << expanse_last_error();
+  std::vector<unsigned char> want(40 * MiB + 300);
+  for (size_t i = 0; i < want.size(); ++i) want[i] = static_cast<unsigned char>(i * 131 + 7);
+  std::memcpy(w, want.data(), want.size());
+  auto driver_free = [&] {
+    push(0);
+    size_t f = 0, total = 0;
+    EXPECT_EQ(t().mem_get_info(&f, &total), CUDA_SUCCESS);
+    pop();
+    return f;
+  };
+  const size_t free_before = driver_free();
+  const size_t held = stats_of(weights).physical_bytes + stats_of(kv).physical_bytes;
+  ASSERT_EQ(expanse_pool_sleep(weights, EXPANSE_SLEEP_OFFLOAD, nullptr), EXPANSE_OK)
+      << expanse_last_error();
+  ASSERT_EQ(expanse_pool_sleep(kv, EXPANSE_SLEEP_DISCARD, nullptr), EXPANSE_OK)
+      << expanse_last_error();
+  EXPECT_EQ(driver_free(), free_before + held);
+  EXPECT_EQ(expanse_pool_is_asleep(weights), 1);
+  EXPECT_EQ(expanse_pool_is_asleep(kv), 1);
+  EXPECT_EQ(stats_of(weights).physical_bytes, 0u);
+  EXPECT_GE(stats_of(weights).host_backup_bytes, want.size());
+  EXPECT_EQ(stats_of(kv).host_backup_bytes, 0u);
+  EXPECT_POOL_ERROR(expanse_pool_sleep(weights, EXPANSE_SLEEP_OFFLOAD, nullptr), EXPANSE_EINVAL,
+                    weights, "asleep already");
+  EXPECT_EQ(expanse_pool_malloc(weights, MiB, nullptr), nullptr);
+  EXPECT_NE(std::string(expanse_last_error()).find("asleep"), std::string::npos);
+
+  static std::vector<expanse_pool_id> woken;
+  woken.clear();
+  ASSERT_EQ(expanse_set_wake_hook([](expanse_pool_id id, void*) { woken.push_back(id); }, nullptr),
+            EXPANSE_OK);
+  ASSERT_EQ(expanse_pool_wake(weights, nullptr), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_pool_wake(kv, nullptr), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(woken, (std::vector<expanse_pool_id>{weights, kv}));
+  ASSERT_EQ(expanse_set_wake_hook(nullptr, nullptr), EXPANSE_OK);
+  EXPECT_EQ(std::memcmp(w, want.data(), want.size()), 0) << "the weights came back";
+  std::memset(k, 0x11, 64 * MiB);  // the KV cache's addresses are usable again
+  EXPECT_EQ(expanse_pool_is_asleep(weights), 0);
+  EXPECT_EQ(expanse_pool_is_asleep(987654321), -EXPANSE_EINVAL);
+  EXPECT_POOL_ERROR(expanse_pool_sleep(weights, 3, nullptr), EXPANSE_EINVAL, weights, "mode 3");
+
+  // Not while a capture is routed into the pool (its graph is being recorded).
+  CUstream s = stream();
+  ASSERT_EQ(expanse_pool_begin_capture(kv, cs(s)), EXPANSE_OK) << expanse_last_error();
+  EXPECT_POOL_ERROR(expanse_pool_sleep(kv, EXPANSE_SLEEP_DISCARD, nullptr), EXPANSE_EBUSY, kv,
+                    "capture");
+  ASSERT_EQ(expanse_pool_end(kv), EXPANSE_OK);
+
+  must_free(w, 0, 0, nullptr);
+  must_free(k, 0, 0, nullptr);
+  must_free(other, 0, 0, nullptr);
+  ASSERT_EQ(expanse_pool_release(weights), EXPANSE_OK);
+  ASSERT_EQ(expanse_pool_release(kv), EXPANSE_OK);
+  ASSERT_EQ(expanse_release_host_backup(0), EXPANSE_OK);
+}
+
 INSTANTIATE_TEST_SUITE_P(Drivers, Pools, ::testing::Values("sim", "simcuda"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
