@@ -27,6 +27,8 @@ uint64_t PoolRoutes::begin_capture(core::PoolId pool, int device, CUstream strea
   r->kind = Kind::capture;
   r->stream = stream;
   r->announced = announced_ctx;
+  r->special = reinterpret_cast<uintptr_t>(stream) <= 2;  // NULL, LEGACY, PER_THREAD
+  r->thread = std::this_thread::get_id();
   // Already capturing (begun before the route): its id now, while the stream surely exists.
   const Capture c = capture_of(stream);
   if (c.capturing) r->capture_id.store(c.id, std::memory_order_relaxed);
@@ -154,10 +156,14 @@ bool PoolRoutes::matches(const Route& r, CUstream stream, Capture& c) const {
     case Kind::capture: {
       if (!c.asked) c = capture_of(stream);
       if (!c.capturing) return false;
-      if (stream == r.stream) return true;
+      // A special handle names the calling thread's stream: equal handles are the same stream
+      // only on the thread that began the route.
+      const bool own_thread = !r.special || r.thread == std::this_thread::get_id();
+      if (stream == r.stream && own_thread) return true;
       if (c.id == 0) return false;  // the driver gives no capture ids: own stream only
       uint64_t want = r.capture_id.load(std::memory_order_relaxed);
       if (want == 0) {
+        if (!own_thread) return false;  // r.stream here would be this thread's stream
         // The route's stream had not begun capturing at begin: learn its capture's id now.
         const Capture mine = capture_of(r.stream);
         if (!mine.capturing || mine.id == 0) return false;

@@ -75,8 +75,12 @@ class PoolRoutes {
     int device = 0;
     Kind kind = Kind::thread;
     CUstream stream = nullptr;        // capture: the stream named at begin
+    // capture on a special handle (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD): the handle
+    // names the beginning thread's stream only, so only that thread may compare handles or
+    // learn the capture's id through it.
+    bool special = false;
     CUcontext announced = nullptr;    // capture: the context whose announcement it made
-    std::thread::id thread;           // thread
+    std::thread::id thread;           // thread; capture on a special handle: the beginner
     PoolFilter filter = nullptr;      // filter
     void* filter_ctx = nullptr;
     // capture: the capture's id, learned at the first match attempt after the route's stream

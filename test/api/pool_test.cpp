@@ -15,6 +15,8 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <mutex>
+#include <condition_variable>
 #include <vector>
 
 namespace {
@@ -703,6 +705,120 @@ TEST_P(Pools, SleepGivesThePagesToTheDriverAndWakeBringsTheWeightsBack) {
   ASSERT_EQ(expanse_pool_release(weights), EXPANSE_OK);
   ASSERT_EQ(expanse_pool_release(kv), EXPANSE_OK);
   ASSERT_EQ(expanse_release_host_backup(0), EXPANSE_OK);
+}
+
+
+// ---- review tests (adversarial) ----------------------------------------------------------
+
+// A capture route begun on CU_STREAM_PER_THREAD matches by handle value (pool_routes.cpp:264):
+// every thread's per-thread stream has that value, so another thread's capture on its own
+// per-thread stream is routed to this route's pool.
+TEST_P(Pools, CaptureRouteOnThePerThreadStreamTakesItsOwnThreadsCaptureOnly) {
+  start("sim_capacity:1GiB");
+  const expanse_pool_id p = create();
+  const expanse_pool_id q = create();
+  CUcontext ctx = primary(0);
+  push(0);
+  ASSERT_EQ(expanse_pool_begin_capture(p, cs(CU_STREAM_PER_THREAD)), EXPANSE_OK)
+      << expanse_last_error();
+  ASSERT_EQ(t().stream_begin_capture(CU_STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+            CUDA_SUCCESS);
+  std::mutex m;
+  std::condition_variable cv;
+  int phase = 0;
+  std::thread b([&] {
+    EXPECT_EQ(t().ctx_push_current(ctx), CUDA_SUCCESS);
+    EXPECT_EQ(expanse_pool_begin_capture(q, cs(CU_STREAM_PER_THREAD)), EXPANSE_OK)
+        << expanse_last_error();
+    EXPECT_EQ(t().stream_begin_capture(CU_STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+              CUDA_SUCCESS);
+    {
+      std::lock_guard<std::mutex> l(m);
+      phase = 1;
+    }
+    cv.notify_all();
+    {
+      std::unique_lock<std::mutex> l(m);
+      cv.wait(l, [&] { return phase == 2; });
+    }
+    CUgraph g = nullptr;
+    EXPECT_EQ(t().stream_end_capture(CU_STREAM_PER_THREAD, &g), CUDA_SUCCESS);
+    if (g != nullptr) t().graph_destroy(g);
+    EXPECT_EQ(expanse_pool_end(q), EXPANSE_OK) << expanse_last_error();
+    CUcontext c = nullptr;
+    t().ctx_pop_current(&c);
+  });
+  {
+    std::unique_lock<std::mutex> l(m);
+    cv.wait(l, [&] { return phase == 1; });
+  }
+  // Thread A's own capture allocates: it must land in A's pool p.
+  void* x = must_malloc(2 * MiB, 0, CU_STREAM_PER_THREAD);
+  expanse_pool_id of = 0;
+  EXPECT_EQ(expanse_pool_of(x, &of), EXPANSE_OK);
+  EXPECT_EQ(of, p) << "thread A's capture allocation went to pool " << of
+                   << " (thread B's pool is " << q << ")";
+  {
+    std::lock_guard<std::mutex> l(m);
+    phase = 2;
+  }
+  cv.notify_all();
+  b.join();
+  CUgraph g = nullptr;
+  EXPECT_EQ(t().stream_end_capture(CU_STREAM_PER_THREAD, &g), CUDA_SUCCESS);
+  if (g != nullptr) t().graph_destroy(g);
+  ASSERT_EQ(expanse_pool_end(p), EXPANSE_OK);
+  pop();
+  must_free(x, 2 * MiB, 0, CU_STREAM_PER_THREAD);
+  ASSERT_EQ(expanse_pool_release(p), EXPANSE_OK);
+  ASSERT_EQ(expanse_pool_release(q), EXPANSE_OK);
+}
+
+// After a sleep/wake cycle the pool's free memory is mapped as one large handle per free run
+// (pool_sleep.cpp wake_locked -> ensure_pages on free blocks); find_in_pool only takes placements
+// whose handles it holds whole (HandleFit::ready), so the pool stops reusing its own cached memory.
+TEST_P(Pools, AfterWakeThePoolReusesItsFreeMemory) {
+  start("sim_capacity:1GiB");
+  const expanse_pool_id p = create();
+  std::vector<void*> v;
+  for (int i = 0; i < 4; ++i) {
+    v.push_back(expanse_pool_malloc(p, 8 * MiB, nullptr));
+    ASSERT_NE(v.back(), nullptr) << expanse_last_error();
+  }
+  for (void* x : v) must_free(x, 0, 0, nullptr);
+  const uint64_t phys = stats_of(p).physical_bytes;
+  void* a = expanse_pool_malloc(p, 8 * MiB, nullptr);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(stats_of(p).physical_bytes, phys) << "before sleep: reused";
+  must_free(a, 0, 0, nullptr);
+  ASSERT_EQ(expanse_pool_sleep(p, EXPANSE_SLEEP_DISCARD, nullptr), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_pool_wake(p, nullptr), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(stats_of(p).physical_bytes, phys);
+  void* b = expanse_pool_malloc(p, 8 * MiB, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(stats_of(p).physical_bytes, phys)
+      << "after wake the pool took new pages instead of reusing its " << phys << " cached bytes";
+  must_free(b, 0, 0, nullptr);
+  ASSERT_EQ(expanse_pool_release(p), EXPANSE_OK);
+}
+
+// Releasing an asleep pool frees its host backup while its live blocks are still asleep
+// (device_pools.cpp release_pool); wake is refused for a released pool, so their content is
+// gone and their pages stay unmapped, although "its live blocks stay valid" (expanse.h).
+TEST_P(Pools, ReleasingAnAsleepPoolKeepsItsLiveBlocksWakeable) {
+  start("sim_capacity:1GiB");
+  const expanse_pool_id p = create();
+  void* w = expanse_pool_malloc(p, 4 * MiB, nullptr);
+  ASSERT_NE(w, nullptr);
+  std::memset(w, 0x5a, 4 * MiB);
+  ASSERT_EQ(expanse_pool_sleep(p, EXPANSE_SLEEP_OFFLOAD, nullptr), EXPANSE_OK);
+  ASSERT_EQ(expanse_pool_release(p), EXPANSE_OK);
+  EXPECT_GE(stats_of(p).host_backup_bytes, 4 * MiB) << "the live block's content was dropped";
+  EXPECT_EQ(expanse_pool_wake(p, nullptr), EXPANSE_OK)
+      << "no way to get the live block back: " << expanse_last_error();
+  expanse_pool_id of = 0;
+  EXPECT_EQ(expanse_pool_of(w, &of), EXPANSE_OK);
+  must_free(w, 0, 0, nullptr);
 }
 
 INSTANTIATE_TEST_SUITE_P(Drivers, Pools, ::testing::Values("sim", "simcuda"),
