@@ -39,8 +39,9 @@ bool pool_sleep(core::PoolId id, int mode, CUstream stream) {
 void pool_wake(core::PoolId id, CUstream stream) {
   const char* what = "expanse_pool_wake";
   Runtime& rt = Runtime::get();
-  int device = 0;
-  core::DeviceAllocator& a = live_pool(rt, id, what, &device);
+  // A released pool may be woken too (its live blocks stay valid): no use-count check here.
+  const int device = rt.pools().device_of(id, what);
+  core::DeviceAllocator& a = rt.device(device);
   check_stream_device(rt, id, device, stream, what);
   // Done when it returns: work on `stream` after this call sees the content.
   a.wake_pool(id);

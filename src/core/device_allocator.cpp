@@ -1,5 +1,6 @@
 #include "core/device_allocator.hpp"
 
+#include "core/capture_announcements.hpp"
 #include "core/check.hpp"
 #include "core/format.hpp"
 #include "conf/env_config.hpp"
@@ -61,6 +62,7 @@ DeviceAllocator::~DeviceAllocator() {
   supply_.release_pool_quietly();
   streams_.destroy_events();
   pools_.for_each([&](PoolSlot, const PoolState& p) { drv_.free_host(p.backup); });
+  free_orphan_backups_locked();
   drv_.destroy_stream(copy_stream_);
 }
 
@@ -395,6 +397,10 @@ void DeviceAllocator::release_cached() {
   CheckedScope checked(*this, "release_cached");
   try {
     return_released_pools();
+    CaptureAnnouncements::run_unless_capturing(drv_.primary(), [&] {
+      free_orphan_backups_locked();
+      return true;
+    });
     streams_.poll(true);
     supply_.trim_to(supply_.touched_pages());
     placement_.release_empty_reservations();

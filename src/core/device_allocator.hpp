@@ -105,7 +105,9 @@ class DeviceAllocator {
   // with its backup, and a later wake may succeed.
   void wake_pool(PoolId id);
   bool pool_is_asleep(PoolId id) const;
-  // Frees the pinned host staging of every pool that is awake; the bytes freed.
+  // Frees the pinned host staging of every awake or released pool (none of an asleep pool's
+  // that can still wake), unless a capture is announced in the device's context (freeing pinned
+  // memory synchronizes); the bytes freed.
   size_t release_host_backup();
 
   // The pool of the live block starting at ptr (0: the default pool); expanse::usage_error when
@@ -159,6 +161,8 @@ class DeviceAllocator {
   // The mapped handles under pool s's blocks that lie on no page another pool's block, or a
   // default block other than a safe free one, overlaps: what a sleep gives back.
   std::vector<ReclaimableHandle> sleeping_handles(PoolSlot s) const;
+  // Frees the host staging of forgotten pools (call where no capture can be under way).
+  void free_orphan_backups_locked();
   // Maps every block of pool s again, touches its asleep blocks and copies their bytes back.
   void wake_locked(PoolSlot s);
   PoolStats pool_stats_locked(PoolSlot s) const;
@@ -186,6 +190,7 @@ class DeviceAllocator {
   PageSupply supply_;
   PoolTable pools_;
   CUstream copy_stream_ = nullptr;  // sleep and wake copies; made at the first
+  std::vector<void*> orphan_backups_;  // host staging of forgotten pools, freed when safe
 };
 
 class DeviceAllocator::CheckedScope {

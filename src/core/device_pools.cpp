@@ -28,10 +28,8 @@ void DeviceAllocator::release_pool(PoolId id) {
   const PoolSlot s = pools_.find(id, "pool_release", device(), true);
   PoolState& p = pools_.at(s);
   if (--p.use_count > 0) return;
-  // Nothing can wake it any more: its host staging is of no use.
-  drv_.free_host(p.backup);
-  p.backup = nullptr;
-  p.backup_bytes = 0;
+  // Its staging is freed later, where freeing pinned memory (which synchronizes) cannot run
+  // beside a capture: an asleep pool's backup holds its live blocks' bytes until they wake.
   // Nothing of it left to prove done: forgotten at once.
   if (p.live_blocks == 0 && !placement_.index().pool_has_free(s)) {
     bool pending = false;
@@ -188,7 +186,9 @@ PoolStats DeviceAllocator::pool_stats_locked(PoolSlot s) const {
 
 void DeviceAllocator::forget_pool(PoolSlot s) {
   PoolState& p = pools_.at(s);
-  drv_.free_host(p.backup);
+  // Freed at the next release_host_backup or release_cached (never from a free, which may run
+  // beside another thread's capture: cuMemFreeHost synchronizes).
+  if (p.backup != nullptr) orphan_backups_.push_back(p.backup);
   p.backup = nullptr;
   p.backup_bytes = 0;
   pools_.forget(s);

@@ -166,8 +166,10 @@ void Placement::release_empty_reservations() {
   for (auto& rp : reservations_) {
     if (!rp || !rp->alive || rp->live_blocks != 0 || rp->mapped_pages != 0) continue;
     auto it = index_.blocks().find(rp->base);
+    // A pool's free memory keeps its addresses (an asleep pool's graphs replay into them).
     if (it == index_.blocks().end() || it->second.size != rp->size ||
-        it->second.state != BlockState::free || !it->second.safe) {
+        it->second.state != BlockState::free || !it->second.safe ||
+        it->second.pool != kDefaultPool) {
       continue;
     }
     drv_.address_free(rp->base, rp->size);

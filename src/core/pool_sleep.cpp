@@ -7,12 +7,14 @@
 // longer touched), unmap the pool's handles, release them. Wake: map pages under every block of
 // the pool again (the usual page supply: pooled, new, reclaimed from the default pool's free
 // memory), mark the blocks live, copy the bytes back. A failure on the way undoes what was done.
+#include "core/capture_announcements.hpp"
 #include "core/check.hpp"
 #include "core/device_allocator.hpp"
 #include "core/format.hpp"
 #include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 
+#include <algorithm>
 #include <map>
 
 namespace expanse::core {
@@ -123,10 +125,18 @@ bool DeviceAllocator::sleep_pool(PoolId id, SleepMode mode) {
     p.saved = std::move(saved);
     try {
       supply_.give_back(sleeping_handles(s));
-    } catch (const driver::driver_error&) {
+    } catch (const driver::driver_error& e) {
       // Some pages did not go: the pool wakes as it was (its bytes are in the staging when
       // offloaded; discarded content was given up by the caller already).
-      wake_locked(s);
+      try {
+        wake_locked(s);
+      } catch (...) {
+        throw driver_failure("expanse: pool_sleep of " + pool_name(id, device()) + ": " +
+                                 e.what() + "; waking it again failed too: the pool is asleep" +
+                                 (p.offloaded ? ", with its bytes in host memory" : "") +
+                                 " (pool_wake may succeed later)",
+                             static_cast<int>(e.code()));
+      }
       throw;
     }
   } catch (const driver::driver_error& e) {
@@ -140,7 +150,9 @@ bool DeviceAllocator::sleep_pool(PoolId id, SleepMode mode) {
 void DeviceAllocator::wake_pool(PoolId id) {
   std::lock_guard<std::mutex> lock(mu_);
   CheckedScope checked(*this, "pool_wake");
-  const PoolSlot s = pools_.find(id, "pool_wake", device(), true);
+  // A released pool may still be woken: its live blocks stay valid, and their bytes are in its
+  // backup.
+  const PoolSlot s = pools_.find(id, "pool_wake", device(), false);
   if (!pools_.at(s).asleep) {
     throw usage_error("expanse: pool_wake: " + pool_name(id, device()) +
                       " is awake; nothing was changed");
@@ -177,11 +189,25 @@ void DeviceAllocator::wake_locked(PoolSlot s) {
       // Pages that did not go stay mapped under asleep blocks: counted, released later.
     }
   };
+  // The pages under a block: live blocks as any allocation maps them; free memory one page per
+  // handle, so that the pool can place any block in it again (a live pool's handles are never
+  // split: graphs may address the pages).
+  auto map_block = [&](BlockIt it, PageRequest& req) {
+    Reservation& r = placement_.res(it->second.res);
+    const CUdeviceptr start = it->first, end = it->first + it->second.size;
+    if (it->second.state == BlockState::asleep) return supply_.ensure_pages(r, start, end - start, req);
+    for (CUdeviceptr a = start; a < end;) {
+      const CUdeviceptr next = std::min<CUdeviceptr>(end, r.page_addr(r.page_of(a) + 1));
+      if (!supply_.ensure_pages(r, a, next - a, req)) return false;
+      a = next;
+    }
+    return true;
+  };
   try {
     PageRequest req;
     for (BlockIt it : mine) {
       req.bytes = it->second.size;
-      if (!supply_.ensure_pages(placement_.res(it->second.res), it->first, it->second.size, req)) {
+      if (!map_block(it, req)) {
         undo();
         throw out_of_memory("expanse: waking pool " + std::to_string(p.id) + " on device " +
                                 std::to_string(device()) + ": the pages under its block at " +
@@ -226,15 +252,24 @@ bool DeviceAllocator::pool_is_asleep(PoolId id) const {
 size_t DeviceAllocator::release_host_backup() {
   std::lock_guard<std::mutex> lock(mu_);
   size_t freed = 0;
-  pools_.for_each([&](PoolSlot s, const PoolState& st) {
-    if (st.asleep || st.backup == nullptr) return;
-    PoolState& p = pools_.at(s);
-    drv_.free_host(p.backup);
-    freed += p.backup_bytes;
-    p.backup = nullptr;
-    p.backup_bytes = 0;
+  CaptureAnnouncements::run_unless_capturing(drv_.primary(), [&] {
+    free_orphan_backups_locked();
+    pools_.for_each([&](PoolSlot s, const PoolState& st) {
+      if (st.asleep || st.backup == nullptr) return;
+      PoolState& p = pools_.at(s);
+      drv_.free_host(p.backup);
+      freed += p.backup_bytes;
+      p.backup = nullptr;
+      p.backup_bytes = 0;
+    });
+    return true;
   });
   return freed;
+}
+
+void DeviceAllocator::free_orphan_backups_locked() {
+  for (void* b : orphan_backups_) drv_.free_host(b);
+  orphan_backups_.clear();
 }
 
 }  // namespace expanse::core

@@ -816,6 +816,8 @@ TEST_P(Pools, ReleasingAnAsleepPoolKeepsItsLiveBlocksWakeable) {
   EXPECT_GE(stats_of(p).host_backup_bytes, 4 * MiB) << "the live block's content was dropped";
   EXPECT_EQ(expanse_pool_wake(p, nullptr), EXPANSE_OK)
       << "no way to get the live block back: " << expanse_last_error();
+  const std::vector<unsigned char> want(4 * MiB, 0x5a);
+  EXPECT_EQ(std::memcmp(w, want.data(), want.size()), 0) << "its bytes came back";
   expanse_pool_id of = 0;
   EXPECT_EQ(expanse_pool_of(w, &of), EXPANSE_OK);
   must_free(w, 0, 0, nullptr);
