@@ -148,7 +148,9 @@ EXPANSE_C_API int expanse_pool_begin_capture(expanse_pool_id id, struct CUstream
 EXPANSE_C_API int expanse_pool_begin_thread(expanse_pool_id id);
 /* Routes every allocation (on the pool's device) whose stream filter(stream, ctx) accepts
  * (non-zero) to the pool. filter runs on the allocating thread, outside expanse's locks; it may
- * be called for allocations newer routes take first, or not at all. */
+ * be called for allocations newer routes take first, or not at all. Once the expanse_pool_end
+ * that ends this route returns, filter and ctx are never called again (the end waits for calls
+ * under way; an end from inside a filter does not wait for itself), so ctx may be freed then. */
 EXPANSE_C_API int expanse_pool_begin_filter(expanse_pool_id id,
                                             int (*filter)(struct CUstream_st* stream, void* ctx),
                                             void* ctx);

@@ -84,6 +84,7 @@ CUstream PoolRoutes::end(core::PoolId pool, const char* what) {
     throw usage_error(std::string(what) + ": pool " + std::to_string(pool) +
                       " routes nothing (no begin, or every begin has ended); nothing was changed");
   }
+  wait_for_calls(*gone);
   finish(*gone);
   return gone->kind == Kind::capture ? gone->stream : nullptr;
 }
@@ -102,6 +103,7 @@ bool PoolRoutes::end_route(uint64_t token, CUstream* capture) {
     count_.store(static_cast<int>(routes_.size()), std::memory_order_relaxed);
   }
   if (!gone) return false;
+  wait_for_calls(*gone);
   finish(*gone);
   *capture = gone->kind == Kind::capture ? gone->stream : nullptr;
   return true;
@@ -176,6 +178,12 @@ bool PoolRoutes::matches(const Route& r, CUstream stream, Capture& c) const {
   return false;
 }
 
+namespace {
+// Set while this thread runs a filter: an end called from inside a filter does not wait for
+// itself.
+thread_local int t_in_filter = 0;
+}  // namespace
+
 core::PoolId PoolRoutes::route_slow(int device, CUstream stream, bool captures_only) const {
   std::vector<std::shared_ptr<Route>> candidates;
   {
@@ -183,15 +191,33 @@ core::PoolId PoolRoutes::route_slow(int device, CUstream stream, bool captures_o
     for (auto it = routes_.rbegin(); it != routes_.rend(); ++it) {
       const Route& r = **it;
       if (r.device != device || (captures_only && r.kind != Kind::capture)) continue;
+      if (r.kind == Kind::filter) r.in_flight.fetch_add(1, std::memory_order_acq_rel);
       candidates.push_back(*it);
     }
   }
   // Matched without the lock: a filter is the application's code, and may call expanse.
   Capture c;
+  core::PoolId found = 0;
   for (const auto& r : candidates) {
-    if (matches(*r, stream, c)) return r->pool;
+    if (found == 0) {
+      ++t_in_filter;
+      bool hit = false;
+      try {
+        hit = matches(*r, stream, c);
+      } catch (...) {
+        hit = false;  // a throwing filter answers no
+      }
+      --t_in_filter;
+      if (hit) found = r->pool;
+    }
+    if (r->kind == Kind::filter) r->in_flight.fetch_sub(1, std::memory_order_acq_rel);
   }
-  return 0;
+  return found;
+}
+
+void PoolRoutes::wait_for_calls(const Route& r) {
+  if (r.kind != Kind::filter || t_in_filter != 0) return;
+  while (r.in_flight.load(std::memory_order_acquire) != 0) std::this_thread::yield();
 }
 
 }  // namespace expanse::api

@@ -86,6 +86,9 @@ class PoolRoutes {
     // capture: the capture's id, learned at the first match attempt after the route's stream
     // began capturing (0: not yet known).
     mutable std::atomic<uint64_t> capture_id{0};
+    // filter: allocations that may still call it (taken under the routes' lock); an end waits
+    // for them, so that a filter and its ctx are never called after expanse_pool_end returns.
+    mutable std::atomic<int> in_flight{0};
   };
   // What one allocation's stream is in: asked of the driver at most once per call.
   struct Capture {
@@ -96,6 +99,8 @@ class PoolRoutes {
 
   core::PoolId route_slow(int device, CUstream stream, bool captures_only) const;
   bool matches(const Route& r, CUstream stream, Capture& c) const;
+  // Waits until no allocation is still calling r's filter (none from inside a filter).
+  static void wait_for_calls(const Route& r);
   // Whether s captures now, and the capture's id where the driver can tell it.
   Capture capture_of(CUstream s) const;
   uint64_t add(std::shared_ptr<Route> r);

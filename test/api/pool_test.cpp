@@ -11,6 +11,8 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -821,6 +823,36 @@ TEST_P(Pools, ReleasingAnAsleepPoolKeepsItsLiveBlocksWakeable) {
   expanse_pool_id of = 0;
   EXPECT_EQ(expanse_pool_of(w, &of), EXPANSE_OK);
   must_free(w, 0, 0, nullptr);
+}
+
+// A filter route's ctx may be freed once expanse_pool_end returns: the end waits for the
+// allocations still calling the filter.
+TEST_P(Pools, NoFilterCallOutlivesTheEndOfItsRoute) {
+  start("sim_capacity:1GiB");
+  const expanse_pool_id p = create();
+  struct Ctx {
+    std::atomic<bool> freed{false};
+    std::atomic<bool> in_call{false};
+    std::atomic<int> late{0};
+  } ctx;
+  auto filter = [](CUstream_st*, void* c) -> int {
+    auto* x = static_cast<Ctx*>(c);
+    x->in_call = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a slow filter
+    if (x->freed) ++x->late;
+    return 1;
+  };
+  ASSERT_EQ(expanse_pool_begin_filter(p, filter, &ctx), EXPANSE_OK) << expanse_last_error();
+  void* got = nullptr;
+  std::thread t([&] { got = expanse_malloc(MiB, 0, nullptr); });
+  while (!ctx.in_call) std::this_thread::yield();
+  ASSERT_EQ(expanse_pool_end(p), EXPANSE_OK) << expanse_last_error();
+  ctx.freed = true;  // the application frees ctx now
+  t.join();
+  EXPECT_EQ(ctx.late, 0) << "the filter ran after expanse_pool_end returned";
+  ASSERT_NE(got, nullptr);
+  must_free(got, 0, 0, nullptr);
+  ASSERT_EQ(expanse_pool_release(p), EXPANSE_OK);
 }
 
 INSTANTIATE_TEST_SUITE_P(Drivers, Pools, ::testing::Values("sim", "simcuda"),
