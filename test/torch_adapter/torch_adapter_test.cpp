@@ -355,6 +355,25 @@ TEST_F(TorchAdapterTest, SizesArePrintedAsPyTorchPrintsThem) {
   EXPECT_EQ(ta::format_size(3 * GiB / 2), "1.50 GiB");
 }
 
+// The pluggable pair's OOM (expanse_torch_malloc, src/api/torch_entry.cpp) writes sizes with a
+// formatter of its own: the native folder may include only the public headers, so the two cannot
+// share one. This keeps them writing PyTorch's format alike, at each unit's boundaries.
+TEST_F(TorchAdapterTest, PluggablePairsOomWritesSizesAsTheNativeAllocatorDoes) {
+  ASSERT_EQ(expanse_set_limit(0, 0), EXPANSE_OK) << expanse_last_error();
+  for (uint64_t n : {uint64_t{512}, KiB, KiB + 1, 1536 * KiB / 1024, MiB, MiB + 1, 20 * MiB,
+                     GiB, GiB + 1, 3 * GiB / 2}) {
+    std::string m;
+    try {
+      void* p = expanse_torch_malloc(static_cast<size_t>(n), 0, nullptr);
+      if (p != nullptr) live_.push_back(p);
+    } catch (const std::exception& e) {
+      m = e.what();
+    }
+    const std::string want = "CUDA out of memory. Tried to allocate " + ta::format_size(n) + ".";
+    EXPECT_EQ(m.rfind(want, 0), 0u) << n << ": " << m;
+  }
+}
+
 TEST_F(TorchAdapterTest, OomMessageStartsLikePyTorchsAndEndsWithExpansesReason) {
   void* p = nullptr;
   ASSERT_EQ(expanse_malloc_checked(&p, 2 * GiB, 0, nullptr), EXPANSE_ENOMEM);
