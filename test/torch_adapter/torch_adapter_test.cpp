@@ -317,6 +317,8 @@ TEST_F(TorchAdapterTest, LargestBlockUsesTheDriversFreeMemoryWhenKnown) {
 // ---- set_per_process_memory_fraction --------------------------------------------------------
 
 TEST_F(TorchAdapterTest, FractionBecomesALimitInWholePages) {
+  // Sets device 0 up: a device never set up answers page_size 0 (docs/api.md, Statistics).
+  ASSERT_EQ(expanse_set_limit(0, SIZE_MAX), EXPANSE_OK) << expanse_last_error();
   expanse_stats s = stats();
   const uint64_t limit = ta::limit_for_fraction(s, 0.25);
   EXPECT_EQ(limit, s.capacity_bytes / 4 / s.page_size * s.page_size);
@@ -332,6 +334,8 @@ TEST_F(TorchAdapterTest, FractionBecomesALimitInWholePages) {
 // the limit it became was rounded down to whole pages; a limit set since by other means is read
 // back as a fraction of the capacity.
 TEST_F(TorchAdapterTest, FractionReadsBackAsSetThoughTheLimitIsWholePages) {
+  // Sets device 0 up: a device never set up answers page_size 0 (docs/api.md, Statistics).
+  ASSERT_EQ(expanse_set_limit(0, SIZE_MAX), EXPANSE_OK) << expanse_last_error();
   ta::Baseline b;
   expanse_stats s = stats();
   const uint64_t limit = ta::limit_for_fraction(s, 0.3);
