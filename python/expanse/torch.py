@@ -28,6 +28,7 @@ import glob
 import hashlib
 import os
 import shutil
+import threading
 import warnings
 
 import expanse as _expanse
@@ -36,6 +37,9 @@ MALLOC = "expanse_torch_malloc"
 FREE = "expanse_torch_free"
 
 _allocator = None
+# Held through the whole of use(): PyTorch takes one allocator, once, so a second caller waits for
+# the first and gets what it installed.
+_use_lock = threading.Lock()
 
 
 # What the pluggable pair does not give a PyTorch user (the fallback's warning names it).
@@ -71,10 +75,16 @@ def use(conf=None, native=None):
     not; False = the pluggable pair. Must run before PyTorch allocates CUDA memory; raises
     RuntimeError otherwise. Calling it again once in use does nothing (and fails if conf would
     change the configuration). Returns the allocator object (NativeAllocator, or PyTorch's
-    CUDAPluggableAllocator)."""
-    global _allocator
+    CUDAPluggableAllocator). Thread-safe: callers racing each other install once and all get that
+    allocator."""
     import torch  # noqa: F401  (ImportError names the missing dependency)
 
+    with _use_lock:
+        return _use_locked(torch, conf, native)
+
+
+def _use_locked(torch, conf, native):
+    global _allocator
     if _allocator is not None:
         if conf is not None:
             raise RuntimeError("expanse.torch.use(conf): expanse is already PyTorch's allocator; "
@@ -101,7 +111,7 @@ def use(conf=None, native=None):
                 raise
             warnings.warn(f"expanse.torch.use(): {e}; using the pluggable allocator instead, "
                           f"which loses {PLUGGABLE_LOSES}. expanse.torch.use(native=False) "
-                          "chooses it without this warning.", RuntimeWarning, stacklevel=2)
+                          "chooses it without this warning.", RuntimeWarning, stacklevel=3)
     from torch.cuda import memory as tmem
     path = _expanse.library_path()
     allocator = tmem.CUDAPluggableAllocator(path, MALLOC, FREE)

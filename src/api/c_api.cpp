@@ -118,7 +118,12 @@ EXPANSE_C_API int expanse_get_stats(int device, expanse_stats* out) {
 }
 
 EXPANSE_C_API int expanse_reset_peak_stats(int device) {
-  return guarded([&] { Runtime::get().device(device).reset_peaks(); });
+  return guarded([&] {
+    Runtime& rt = Runtime::get();
+    // A device expanse never set up has no peaks; setting it up would retain its context.
+    if (device >= 0 && device < rt.device_count() && rt.existing(device) == nullptr) return;
+    rt.device(device).reset_peaks();
+  });
 }
 
 EXPANSE_C_API const char* expanse_entry_point_name(int i) {

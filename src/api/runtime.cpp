@@ -110,23 +110,45 @@ core::DeviceAllocator* Runtime::existing(int device) const {
   return slots_[static_cast<size_t>(device)].load(std::memory_order_seq_cst);  // see device()
 }
 
-core::DeviceAllocator& Runtime::device(int device) {
-  if (core::DeviceAllocator* a = existing(device)) return *a;
+void Runtime::check_exists(int device) const {
   if (device < 0 || device >= device_count()) {
     throw usage_error("expanse: device " + std::to_string(device) + " does not exist (" +
                       std::to_string(device_count()) + " device" +
                       (device_count() == 1 ? "" : "s") + ", driver " + driver_->description() +
                       ")");
   }
-  std::lock_guard<std::mutex> lock(create_mu_);
-  auto& slot = slots_[static_cast<size_t>(device)];
-  if (core::DeviceAllocator* a = slot.load(std::memory_order_acquire)) return *a;
+}
+
+size_t Runtime::capacity_of(int device) const {
   try {
     size_t capacity = 0;
     CUdevice dev = 0;
     driver_->check(driver_->table().device_get(&dev, device), driver::EntryPoint::device_get);
     driver_->check(driver_->table().device_total_mem(&capacity, dev),
                    driver::EntryPoint::device_total_mem);
+    return capacity;
+  } catch (const driver::driver_error& e) {
+    throw driver_failure("expanse: setting up device " + std::to_string(device) + ": " + e.what(),
+                         static_cast<int>(e.code()));
+  }
+}
+
+Runtime::Unset Runtime::before_setup(int device) const {
+  check_exists(device);
+  Unset u;
+  u.capacity = capacity_of(device);
+  u.limit = conf::options_for_device(config_, u.capacity).limit;
+  return u;
+}
+
+core::DeviceAllocator& Runtime::device(int device) {
+  if (core::DeviceAllocator* a = existing(device)) return *a;
+  check_exists(device);
+  std::lock_guard<std::mutex> lock(create_mu_);
+  auto& slot = slots_[static_cast<size_t>(device)];
+  if (core::DeviceAllocator* a = slot.load(std::memory_order_acquire)) return *a;
+  const size_t capacity = capacity_of(device);
+  try {
     owned_[static_cast<size_t>(device)] = std::make_unique<core::DeviceAllocator>(
         *driver_, device, conf::options_for_device(config_, capacity));
   } catch (const driver::driver_error& e) {

@@ -31,6 +31,14 @@ class Runtime {
   core::DeviceAllocator& device(int device);
   // The allocator of device d if it exists already, else nullptr.
   core::DeviceAllocator* existing(int device) const;
+  // What a device not set up yet would be set up with, without setting it up (no context is
+  // created: cuDeviceGet and cuDeviceTotalMem need none): its capacity and the limit the
+  // configuration gives it (kNoLimit: none). Throws usage_error for a device that does not exist.
+  struct Unset {
+    size_t capacity = 0;
+    size_t limit = core::kNoLimit;
+  };
+  Unset before_setup(int device) const;
   // Tells every device's allocator that the capture announced on s has ended.
   void capture_ended(CUstream s);
   int device_count() const noexcept { return static_cast<int>(slots_.size()); }
@@ -45,6 +53,8 @@ class Runtime {
  private:
   explicit Runtime(const std::string& conf);
   bool any_live() const;
+  void check_exists(int device) const;
+  size_t capacity_of(int device) const;  // driver_failure naming the device when the driver fails
 
   conf::Config config_;
   std::unique_ptr<driver::LoadedDriver> driver_;

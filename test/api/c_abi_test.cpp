@@ -233,6 +233,39 @@ TEST(CAbiConfig, NoGpuMeansAClearErrorNotSilentHostMemory) {
   expanse_shutdown();
 }
 
+// A device expanse never set up answers its stats without being set up (on a GPU that would retain
+// a CUDA context there): every figure 0 but its capacity and the configured limit, page_size 0.
+// The witness: a configuration that no device can be set up with.
+TEST(CAbiConfig, StatsOfADeviceNeverSetUpDoNotSetItUp) {
+  ASSERT_EQ(expanse_init("driver:sim,sim_devices:2,sim_capacity:4GiB,sim_granularity:2MiB,"
+                         "page_size:1MiB,limit:0.5"),
+            EXPANSE_OK)
+      << expanse_last_error();
+  expanse_stats s{};
+  s.struct_size = sizeof s;
+  std::memset(reinterpret_cast<unsigned char*>(&s) + sizeof(size_t), 0x5A,
+              sizeof s - sizeof(size_t));
+  ASSERT_EQ(expanse_get_stats(1, &s), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(s.struct_size, sizeof s);
+  EXPECT_EQ(s.capacity_bytes, 4 * GiB);
+  EXPECT_EQ(s.limit_bytes, 2 * GiB);
+  EXPECT_EQ(s.page_size, 0u);
+  EXPECT_EQ(s.allocated_bytes, 0u);
+  EXPECT_EQ(s.peak_physical_bytes, 0u);
+  EXPECT_EQ(s.num_allocs, 0u);
+  EXPECT_EQ(s.driver_calls_total, 0u);
+  EXPECT_GT(s.num_entry_points, 0u);
+  for (uint32_t i = 0; i < s.num_entry_points; ++i) EXPECT_EQ(s.driver_calls[i], 0u) << i;
+  EXPECT_EQ(expanse_reset_peak_stats(1), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(expanse_get_stats(2, &s), EXPANSE_EINVAL);  // no such device
+  EXPECT_NE(std::string(expanse_last_error()).find("device 2 does not exist"), std::string::npos)
+      << expanse_last_error();
+  EXPECT_EQ(expanse_reset_peak_stats(2), EXPANSE_EINVAL);
+  void* p = nullptr;
+  EXPECT_NE(expanse_malloc_checked(&p, 4096, 1, nullptr), EXPANSE_OK);  // setting it up fails
+  EXPECT_EQ(expanse_shutdown(), EXPANSE_OK);
+}
+
 TEST(CAbiConfig, FractionalLimit) {
   ASSERT_EQ(expanse_init("driver:sim,sim_capacity:4GiB,limit:0.5"), EXPANSE_OK)
       << expanse_last_error();

@@ -82,6 +82,38 @@ def test_use_installs_the_torch_entry_points(fake_torch):
         et.use(SIM)
 
 
+def test_use_from_two_threads_at_once_installs_once(fake_torch, monkeypatch):
+    import threading
+    import time
+    fake, et = fake_torch
+    slow = fake.module.cuda.memory.CUDAPluggableAllocator
+
+    class SlowAllocator(slow):  # keeps the first caller inside use() while the second arrives
+        def __init__(self, *args):
+            time.sleep(0.2)
+            super().__init__(*args)
+
+    monkeypatch.setattr(fake.module.cuda.memory, "CUDAPluggableAllocator", SlowAllocator)
+    start = threading.Barrier(2)
+    got, errors = [], []
+
+    def call():
+        start.wait()
+        try:
+            got.append(et.use(native=False))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert [c[0] for c in fake.calls].count("change") == 1
+    assert len(got) == 2 and got[0] is got[1]
+
+
 def test_use_refuses_after_cuda_is_initialized(fake_torch):
     fake, et = fake_torch
     fake.initialized = True

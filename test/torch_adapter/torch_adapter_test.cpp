@@ -317,6 +317,8 @@ TEST_F(TorchAdapterTest, LargestBlockUsesTheDriversFreeMemoryWhenKnown) {
 // ---- set_per_process_memory_fraction --------------------------------------------------------
 
 TEST_F(TorchAdapterTest, FractionBecomesALimitInWholePages) {
+  // Sets device 0 up: a device never set up answers page_size 0 (docs/api.md, Statistics).
+  ASSERT_EQ(expanse_set_limit(0, SIZE_MAX), EXPANSE_OK) << expanse_last_error();
   expanse_stats s = stats();
   const uint64_t limit = ta::limit_for_fraction(s, 0.25);
   EXPECT_EQ(limit, s.capacity_bytes / 4 / s.page_size * s.page_size);
@@ -332,6 +334,8 @@ TEST_F(TorchAdapterTest, FractionBecomesALimitInWholePages) {
 // the limit it became was rounded down to whole pages; a limit set since by other means is read
 // back as a fraction of the capacity.
 TEST_F(TorchAdapterTest, FractionReadsBackAsSetThoughTheLimitIsWholePages) {
+  // Sets device 0 up: a device never set up answers page_size 0 (docs/api.md, Statistics).
+  ASSERT_EQ(expanse_set_limit(0, SIZE_MAX), EXPANSE_OK) << expanse_last_error();
   ta::Baseline b;
   expanse_stats s = stats();
   const uint64_t limit = ta::limit_for_fraction(s, 0.3);
@@ -353,6 +357,25 @@ TEST_F(TorchAdapterTest, SizesArePrintedAsPyTorchPrintsThem) {
   EXPECT_EQ(ta::format_size(1536), "1.50 KiB");
   EXPECT_EQ(ta::format_size(20 * MiB), "20.00 MiB");
   EXPECT_EQ(ta::format_size(3 * GiB / 2), "1.50 GiB");
+}
+
+// The pluggable pair's OOM (expanse_torch_malloc, src/api/torch_entry.cpp) writes sizes with a
+// formatter of its own: the native folder may include only the public headers, so the two cannot
+// share one. This keeps them writing PyTorch's format alike, at each unit's boundaries.
+TEST_F(TorchAdapterTest, PluggablePairsOomWritesSizesAsTheNativeAllocatorDoes) {
+  ASSERT_EQ(expanse_set_limit(0, 0), EXPANSE_OK) << expanse_last_error();
+  for (uint64_t n : {uint64_t{512}, KiB, KiB + 1, 1536 * KiB / 1024, MiB, MiB + 1, 20 * MiB,
+                     GiB, GiB + 1, 3 * GiB / 2}) {
+    std::string m;
+    try {
+      void* p = expanse_torch_malloc(static_cast<size_t>(n), 0, nullptr);
+      if (p != nullptr) live_.push_back(p);
+    } catch (const std::exception& e) {
+      m = e.what();
+    }
+    const std::string want = "CUDA out of memory. Tried to allocate " + ta::format_size(n) + ".";
+    EXPECT_EQ(m.rfind(want, 0), 0u) << n << ": " << m;
+  }
 }
 
 TEST_F(TorchAdapterTest, OomMessageStartsLikePyTorchsAndEndsWithExpansesReason) {

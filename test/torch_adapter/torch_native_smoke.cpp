@@ -9,8 +9,10 @@
 #define EXPANSE_TORCH_NATIVE_WITHOUT_INSTALL
 #include "torch_allocator.cpp"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -21,6 +23,30 @@ int failures = 0;
 void expect(bool ok, const std::string& what) {
   std::printf("%s  %s\n", ok ? "ok  " : "FAIL", what.c_str());
   if (!ok) ++failures;
+}
+
+// Set to make the trace tracker and the context recorder below throw, as a Python callback may.
+std::atomic<bool> g_fail_after_alloc{false};
+
+std::shared_ptr<c10::GatheredContext> failing_recorder() {
+  if (g_fail_after_alloc.load()) throw std::runtime_error("the context recorder failed");
+  return nullptr;
+}
+
+uint64_t live_blocks(int device) {
+  expanse_stats s{};
+  expanse::torch_adapter::read_stats(device, s);
+  return s.live_blocks;
+}
+
+template <class F>
+bool throws(F&& f) {
+  try {
+    f();
+  } catch (const std::exception&) {
+    return true;
+  }
+  return false;
 }
 
 template <class F>
@@ -38,7 +64,7 @@ std::string error_of(F&& f) {
 int main() {
   using expanse::torch_native::ExpanseAllocator;
   namespace cca = c10::cuda::CUDACachingAllocator;
-  if (expanse_init("driver:sim,sim_capacity:1GiB") != EXPANSE_OK) {
+  if (expanse_init("driver:sim,sim_devices:2,sim_capacity:1GiB") != EXPANSE_OK) {
     std::printf("FAIL  expanse_init: %s\n", expanse_last_error());
     return 1;
   }
@@ -56,6 +82,25 @@ int main() {
   const auto A = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
   const auto S = static_cast<size_t>(c10::CachingAllocator::StatType::SMALL_POOL);
   const auto L = static_cast<size_t>(c10::CachingAllocator::StatType::LARGE_POOL);
+
+  // ---- a device expanse never set up (device 1): the stats calls answer without setting it up
+  // (on a GPU, setting it up would retain a CUDA context there) ----
+  {
+    const auto d1 = a.getDeviceStats(1);
+    a.resetPeakStats(1);
+    a.resetAccumulatedStats(1);
+    const double f1 = a.getMemoryFraction(1);
+    expanse_stats s1{};
+    expanse::torch_adapter::read_stats(1, s1);
+    expect(s1.page_size == 0 && s1.driver_calls_total == 0,
+           "getDeviceStats, resetPeakStats, resetAccumulatedStats, getMemoryFraction of device 1 "
+           "leave it unset (page_size " + std::to_string(s1.page_size) + ")");
+    expect(d1.reserved_bytes[A].current == 0 && d1.allocation[A].allocated == 0 && f1 == 1.0,
+           "device 1 never set up: zeros, fraction 1");
+    a.setMemoryFraction(0.3, 1);  // sets it up
+    expect(a.getMemoryFraction(1) == 0.3, "setMemoryFraction(0.3) of a device not set up reads back");
+    a.setMemoryFraction(1.0, 1);
+  }
   expect(d.allocated_bytes[A].current == static_cast<int64_t>(s.allocated_bytes),
          "memory_stats allocated_bytes.all.current is expanse's allocated_bytes");
   expect(d.reserved_bytes[A].current == static_cast<int64_t>(s.physical_bytes),
@@ -78,14 +123,20 @@ int main() {
              " blocks)");
   expect(snap.config_metadata.expandable_segments, "snapshot: expandable segments");
 
-  a.recordHistory(true, nullptr, 1000, cca::RecordContext::ALLOC
+  // recordHistory as torch.cuda.memory._record_memory_history calls it (clear_history: 2.7+).
+  auto record = [&](bool enabled, cca::CreateContextFn recorder, bool clear) {
+    a.recordHistory(enabled, recorder, 1000,
+                    recorder ? cca::RecordContext::ALLOC : cca::RecordContext::NEVER
 #if EXPANSE_TORCH_RECORD_HISTORY_ARGS >= 5
-                  , false
+                    , clear
 #endif
 #if EXPANSE_TORCH_RECORD_HISTORY_ARGS >= 6
-                  , {}
+                    , {}
 #endif
-  );
+    );
+    (void)clear;
+  };
+  record(true, nullptr, false);
   void* p = expanse_malloc(1 << 20, 0, nullptr);
   expanse_free(p, 0, 0, nullptr);
   const auto traced = a.snapshot();
@@ -96,6 +147,56 @@ int main() {
   }
   expect(a.isHistoryEnabled() && alloc_seen && free_seen,
          "recordHistory: the trace has the alloc and free_completed of a block");
+  auto traced_alloc_of = [&](void* block) {
+    const auto snap_now = a.snapshot();
+    for (const auto& e : snap_now.device_traces.at(0)) {
+      if (e.action_ == decltype(e.action_)::ALLOC && e.addr_ == reinterpret_cast<size_t>(block)) {
+        return true;
+      }
+    }
+    return false;
+  };
+#if EXPANSE_TORCH_RECORD_HISTORY_ARGS >= 5
+  record(true, nullptr, /*clear=*/false);
+  expect(traced_alloc_of(p), "recordHistory again with clear_history=False keeps the trace");
+  record(true, nullptr, /*clear=*/true);
+  expect(!traced_alloc_of(p), "recordHistory with clear_history=True starts a new trace");
+#endif
+
+  // ---- allocate() and raw_alloc on the sim (the device and stream given, not read from the
+  // CUDA runtime) ----
+  {
+    const uint64_t live0 = live_blocks(0);
+    {
+      c10::DataPtr t = impl.allocate_on(1 << 20, 0, nullptr);
+      expect(t.get() != nullptr && live_blocks(0) == live0 + 1, "allocate_on: one live block");
+    }
+    expect(live_blocks(0) == live0, "the DataPtr's deleter frees it");
+    // What runs after expanse allocated (trace trackers, recordHistory's context recorder) may
+    // throw: the block goes back before the error leaves.
+    a.attachAllocatorTraceTracker([](const expanse::torch_native::TraceT& e) {
+      if (g_fail_after_alloc.load() && e.action_ == expanse::torch_native::TraceT::ALLOC) {
+        throw std::runtime_error("the trace tracker failed");
+      }
+    });
+    g_fail_after_alloc = true;
+    expect(throws([&] { c10::DataPtr t = impl.allocate_on(1 << 20, 0, nullptr); }) &&
+               live_blocks(0) == live0,
+           "allocate: a trace tracker that throws leaves no block behind");
+    expect(throws([&] { impl.raw_alloc_on(1 << 20, 0, nullptr); }) && live_blocks(0) == live0,
+           "raw_alloc: a trace tracker that throws leaves no block behind");
+    g_fail_after_alloc = false;
+    record(true, &failing_recorder, false);
+    g_fail_after_alloc = true;
+    expect(throws([&] { c10::DataPtr t = impl.allocate_on(4096, 0, nullptr); }) &&
+               live_blocks(0) == live0,
+           "allocate: a context recorder that throws leaves no block behind");
+    g_fail_after_alloc = false;
+    void* r = impl.raw_alloc_on(4096, 0, nullptr);
+    expect(r != nullptr && live_blocks(0) == live0 + 1, "raw_alloc works again afterwards");
+    impl.raw_delete(r);
+    record(false, nullptr, false);
+  }
 
   a.setMemoryFraction(0.5, 0);
   expect(a.getMemoryFraction(0) == 0.5, "setMemoryFraction(0.5) reads back");

@@ -126,17 +126,28 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
   // ---- allocation ------------------------------------------------------------------------
   c10::DataPtr allocate(size_t n) override {
     const c10::DeviceIndex dev = c10::cuda::current_device();
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev).stream();
+    return allocate_on(n, dev, c10::cuda::getCurrentCUDAStream(dev).stream());
+  }
+
+  // allocate() on a given device and stream (what it reads from the CUDA runtime): the smoke
+  // test on the sim calls it directly.
+  c10::DataPtr allocate_on(size_t n, c10::DeviceIndex dev, cudaStream_t stream) {
     if (n == 0) return {nullptr, nullptr, &delete_allocation, c10::Device(c10::DeviceType::CUDA, dev)};
     void* p = malloc_or_throw(n, dev, stream);
     Allocation* a = nullptr;
     try {
       a = new Allocation{p, stream, dev};
     } catch (...) {  // out of host memory: the block goes back before the error leaves
-      (void)expanse_free_checked(p, 0, dev, reinterpret_cast<CUstream_st*>(stream));
+      give_back(p, dev, stream);
       throw;
     }
-    after_alloc(p, n, dev, stream);
+    try {
+      after_alloc(p, n, dev, stream);
+    } catch (...) {  // a trace tracker or the context recorder threw: nothing may be left behind
+      delete a;
+      give_back(p, dev, stream);
+      throw;
+    }
     return {p, a, &delete_allocation, c10::Device(c10::DeviceType::CUDA, dev)};
   }
 
@@ -157,13 +168,27 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
 
   void* raw_alloc_with_stream(size_t n, cudaStream_t stream) override {
     if (n == 0) return nullptr;
-    const c10::DeviceIndex dev = c10::cuda::current_device();
+    return raw_alloc_on(n, c10::cuda::current_device(), stream);
+  }
+
+  // raw_alloc_with_stream on a given device (the smoke test calls it directly).
+  void* raw_alloc_on(size_t n, c10::DeviceIndex dev, cudaStream_t stream) {
+    if (n == 0) return nullptr;
     void* p = malloc_or_throw(n, dev, stream);
-    {
-      std::lock_guard<std::mutex> lock(raw_mu_);
-      raw_[p] = Allocation{p, stream, dev};
+    try {
+      {
+        std::lock_guard<std::mutex> lock(raw_mu_);
+        raw_[p] = Allocation{p, stream, dev};
+      }
+      after_alloc(p, n, dev, stream);
+    } catch (...) {  // as in allocate_on
+      {
+        std::lock_guard<std::mutex> lock(raw_mu_);
+        raw_.erase(p);
+      }
+      give_back(p, dev, stream);
+      throw;
     }
-    after_alloc(p, n, dev, stream);
     return p;
   }
 
@@ -217,8 +242,11 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
                 ": set_per_process_memory_fraction takes a number in [0, 1]");
     const uint64_t limit = ta::limit_for_fraction(stats_of(device), fraction);
     check(expanse_set_limit(device, static_cast<size_t>(limit)), "expanse_set_limit");
+    // The limit as expanse holds it: a device not set up before answered page_size 0, so the
+    // limit asked for may not have been whole pages yet.
+    const uint64_t held = stats_of(device).limit_bytes;
     std::lock_guard<std::mutex> lock(books_mu_);
-    ta::remember_fraction(baseline(device), fraction, limit);
+    ta::remember_fraction(baseline(device), fraction, held == UINT64_MAX ? SIZE_MAX : held);
   }
 
 #if EXPANSE_TORCH_EMPTY_CACHE_TAKES_POOL
@@ -424,20 +452,21 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
 
 #if EXPANSE_TORCH_RECORD_HISTORY_ARGS == 6
   void recordHistory(bool enabled, cca::CreateContextFn context_recorder,
-                     size_t alloc_trace_max_entries, cca::RecordContext when, bool /*clearHistory*/,
+                     size_t alloc_trace_max_entries, cca::RecordContext when, bool clearHistory,
                      const std::vector<std::string>& /*skip_actions*/) override {
-    record_history(enabled, context_recorder, alloc_trace_max_entries, when);
+    record_history(enabled, context_recorder, alloc_trace_max_entries, when, clearHistory);
   }
 #elif EXPANSE_TORCH_RECORD_HISTORY_ARGS == 5
   void recordHistory(bool enabled, cca::CreateContextFn context_recorder,
                      size_t alloc_trace_max_entries, cca::RecordContext when,
-                     bool /*clearHistory*/) override {
-    record_history(enabled, context_recorder, alloc_trace_max_entries, when);
+                     bool clearHistory) override {
+    record_history(enabled, context_recorder, alloc_trace_max_entries, when, clearHistory);
   }
 #else
   void recordHistory(bool enabled, cca::CreateContextFn context_recorder,
                      size_t alloc_trace_max_entries, cca::RecordContext when) override {
-    record_history(enabled, context_recorder, alloc_trace_max_entries, when);
+    // Before clear_history existed, enabling again kept the trace too.
+    record_history(enabled, context_recorder, alloc_trace_max_entries, when, false);
   }
 #endif
 
@@ -521,6 +550,13 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
     TORCH_CHECK_WITH(OutOfMemoryError, false, ta::oom_message(n, dev, s, why));
   }
 
+  // Frees a block that allocate_on / raw_alloc_on got but cannot hand out (what failed after
+  // expanse allocated it), with the context recorded for it if any; trace trackers that saw its
+  // alloc see no free (they are not called again while an error is on its way out).
+  void give_back(void* p, c10::DeviceIndex dev, cudaStream_t stream) noexcept {
+    free_allocation(Allocation{p, stream, static_cast<int>(dev)});
+  }
+
   void notify_oom(c10::DeviceIndex dev, size_t requested, const expanse_stats& s) {
     std::vector<cca::OutOfMemoryObserver> observers;
     {
@@ -596,10 +632,18 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
     }
   }
 
+  // As PyTorch's allocator: enabling while recording keeps the trace unless clear is set.
+  // expanse_record_history(1, ...) starts a new trace, so it is called only to start recording,
+  // to clear, or for a new max_entries (expanse cannot change the bound of a trace it keeps: the
+  // trace then restarts). Disabling stops recording and keeps the trace, which PyTorch drops.
   void record_history(bool enabled, cca::CreateContextFn recorder, size_t max_entries,
-                      cca::RecordContext when) {
-    check(expanse_record_history(enabled ? 1 : 0, max_entries), "expanse_record_history");
+                      cca::RecordContext when, bool clear) {
     std::lock_guard<std::mutex> lock(history_mu_);
+    const bool keep = enabled && !clear && history_on_.load() && max_entries == history_max_;
+    if (!keep) {
+      check(expanse_record_history(enabled ? 1 : 0, max_entries), "expanse_record_history");
+    }
+    history_max_ = max_entries;
     const bool contexts = enabled && recorder != nullptr && when != cca::RecordContext::NEVER;
     context_recorder_ = contexts ? recorder : nullptr;
     if (!contexts) contexts_.clear();
@@ -709,6 +753,7 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
   std::mutex history_mu_;
   std::atomic<bool> history_on_{false};
   std::atomic<bool> history_contexts_{false};
+  size_t history_max_ = 0;  // the max_entries expanse's trace was started with
   cca::CreateContextFn context_recorder_ = nullptr;
   std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts_;
 
