@@ -241,8 +241,13 @@ BlockIt DeviceAllocator::place_once(size_t sz, Arena a, StreamKey stream, PageRe
     }
     // The block and the rest of its pages apart: a multi-page handle lies inside one block's
     // inner pages (reservation.hpp), and the rest stays the pool's free memory, mapped.
-    if (!supply_.ensure_pages(r, it->first, sz, req)) throw_oom(req);
-    if (span > sz && !supply_.ensure_pages(r, it->first + sz, span - sz, req)) throw_oom(req);
+    // A pool's memory takes one-page handles: nothing splits a live pool's handles (a graph may
+    // address the pages), so only these let it place any block in its free memory again.
+    const size_t max_handle = pool == kDefaultPool ? 0 : 1;
+    if (!supply_.ensure_pages(r, it->first, sz, req, max_handle)) throw_oom(req);
+    if (span > sz && !supply_.ensure_pages(r, it->first + sz, span - sz, req, max_handle)) {
+      throw_oom(req);
+    }
   } catch (...) {
     it->second.pool = from;
     placement_.index().insert_free(it, a);

@@ -54,10 +54,11 @@ class DeviceAllocator {
   void record_stream(void* ptr, CUstream stream);
 
   // The capture the application announced on stream s has ended (StreamOrder::capture_ended).
-  void capture_ended(CUstream s) {
-    std::lock_guard<std::mutex> lock(mu_);
-    streams_.capture_ended(s);
-  }
+  // What the capture freed in a pool becomes the pool's to reuse on any stream: a pool's graphs
+  // replay in capture order and never concurrently (the promise PyTorch's shared graph pools
+  // make too), and no replay has run yet. A capture's frees in the default pool still wait for
+  // a synchronize.
+  void capture_ended(CUstream s);
 
   // Waits for streams' work on free memory, then unmaps and releases every cached page.
   void release_cached();

@@ -59,6 +59,19 @@ PoolId DeviceAllocator::pool_of(const void* ptr) const {
   return it->second.pool == kDefaultPool ? 0 : pools_.at(it->second.pool).id;
 }
 
+void DeviceAllocator::capture_ended(CUstream s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CheckedScope checked(*this, "capture_ended");
+  BlockIndex& index = placement_.index();
+  for (StreamKey key : streams_.capture_ended(s)) {
+    for (Arena a : {Arena::small, Arena::large}) {
+      for (BlockIt it : index.owned_up_to(a, key, UINT64_MAX)) {
+        if (it->second.pool != kDefaultPool) index.make_safe(it, a);
+      }
+    }
+  }
+}
+
 bool DeviceAllocator::has_pool(PoolId id) const {
   std::lock_guard<std::mutex> lock(mu_);
   try {

@@ -89,8 +89,9 @@ void PageSupply::note_peaks(size_t in_hand) {
 
 // ---- a block's pages --------------------------------------------------------------------------
 
-bool PageSupply::ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes, PageRequest& req) {
-  Plan p = plan(r, addr, bytes);
+bool PageSupply::ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes, PageRequest& req,
+                              size_t max_handle_pages) {
+  Plan p = plan(r, addr, bytes, max_handle_pages != 0 ? max_handle_pages : max_pages_);
   if (p.slots.empty() && p.grant.empty() && p.extra.empty()) return true;
   for (const HandleSlot& s : p.slots) req.needed += s.pages();
 
@@ -123,14 +124,15 @@ bool PageSupply::ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes, Pa
 // checked) is split: unmapped, released, and replaced by handles that each lie inside it, so
 // handles only ever get finer where blocks' boundaries fall and a repeated workload settles into
 // finding everything mapped.
-PageSupply::Plan PageSupply::plan(Reservation& r, CUdeviceptr addr, size_t bytes) {
+PageSupply::Plan PageSupply::plan(Reservation& r, CUdeviceptr addr, size_t bytes,
+                                  size_t max_pages) {
   const size_t first = r.first_page(addr), last = r.last_page(addr, bytes);
   const PageRange inner = r.inner_pages(addr, bytes);
   Plan out;
   std::vector<size_t> split;  // heads of handles to split
   for (const HandleRun& h : r.runs_in(first, last + 1)) {
     if (!h.mapped) {
-      plan_handles(h.head, h.end(), inner.lo, inner.hi, max_pages_, out.slots);
+      plan_handles(h.head, h.end(), inner.lo, inner.hi, max_pages, out.slots);
     } else if (!inner.admits(h)) {
       split.push_back(h.head);
     } else if (!r.ready(std::max(h.head, first))) {

@@ -73,7 +73,10 @@ class PageSupply {
   // ---- supply ----
   // Maps and grants whatever [addr, addr+bytes) of r lacks (the block is carved, not yet live).
   // False when the pages cannot be had (req says what was tried; nothing is mapped for it).
-  bool ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes, PageRequest& req);
+  // max_handle_pages: the largest handle to map (0: AllocatorOptions::max_handle_size; a pool's
+  // memory takes one-page handles, since nothing ever splits a live pool's handles).
+  bool ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes, PageRequest& req,
+                    size_t max_handle_pages = 0);
   // Unmaps about `want` pages of whole handles lying under safe free blocks into the pool.
   size_t reclaim(size_t want);
   // Unmaps exactly these handles (each wholly under safe free memory) and releases them; their
@@ -102,7 +105,7 @@ class PageSupply {
   // wait. What is left in `open` could not be had.
   void gather(std::vector<HandleSlot>& open, Filled& filled, PageRequest& req);
 
-  Plan plan(Reservation& r, CUdeviceptr addr, size_t bytes);
+  Plan plan(Reservation& r, CUdeviceptr addr, size_t bytes, size_t max_pages);
   void split_handle(Reservation& r, size_t head, CUdeviceptr addr, size_t bytes, Plan& plan);
   void add_extra(const std::vector<HandleSlot>& extra, Filled& filled);
   void map_and_grant(Reservation& r, const Filled& filled, Grants grant);

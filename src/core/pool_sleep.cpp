@@ -189,19 +189,10 @@ void DeviceAllocator::wake_locked(PoolSlot s) {
       // Pages that did not go stay mapped under asleep blocks: counted, released later.
     }
   };
-  // The pages under a block: live blocks as any allocation maps them; free memory one page per
-  // handle, so that the pool can place any block in it again (a live pool's handles are never
-  // split: graphs may address the pages).
+  // One page per handle, as the pool's memory was mapped (place_once): a live pool's handles
+  // are never split, so only these let it place any block in its memory again.
   auto map_block = [&](BlockIt it, PageRequest& req) {
-    Reservation& r = placement_.res(it->second.res);
-    const CUdeviceptr start = it->first, end = it->first + it->second.size;
-    if (it->second.state == BlockState::asleep) return supply_.ensure_pages(r, start, end - start, req);
-    for (CUdeviceptr a = start; a < end;) {
-      const CUdeviceptr next = std::min<CUdeviceptr>(end, r.page_addr(r.page_of(a) + 1));
-      if (!supply_.ensure_pages(r, a, next - a, req)) return false;
-      a = next;
-    }
-    return true;
+    return supply_.ensure_pages(placement_.res(it->second.res), it->first, it->second.size, req, 1);
   };
   try {
     PageRequest req;

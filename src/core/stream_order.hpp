@@ -137,10 +137,16 @@ class StreamOrder {
   // capture_announcements.hpp). Until a call names s again, nothing else could tell: a handle
   // that may name a destroyed stream is never passed to the driver, and a capture that may be
   // under way keeps its context from being synchronized (its frees would wait forever).
-  void capture_ended(CUstream s) {
+  // Returns the keys of the captures that ended (their frees' owners).
+  std::vector<StreamKey> capture_ended(CUstream s) {
+    std::vector<StreamKey> keys;
     for (auto& [k, st] : streams_) {
-      if (st.kind == StreamIdentity::capturing && st.handle == s) st.capture_over = true;
+      if (st.kind == StreamIdentity::capturing && st.handle == s) {
+        st.capture_over = true;
+        keys.push_back(k);
+      }
     }
+    return keys;
   }
   // Synchronizes ctx (unless a known stream of it captures, or the application announced a
   // capture in it) and marks every stream of it done up to now. Returns whether it did.

@@ -59,5 +59,36 @@ TEST_F(CaptureEndTest, AReleasedPoolReturnsOnceTheCaptureIsKnownToHaveEnded) {
   EXPECT_EQ(alloc_->stats().cached_bytes, 0u);
 }
 
+// What a capture freed in its pool serves the pool's next capture (graphs sharing a pool, as
+// vLLM and SGLang capture every batch size into one, largest first) without a synchronize.
+TEST_F(CaptureEndTest, ACapturesFreesInItsPoolServeTheNextCaptureIntoIt) {
+  make(sim_config(64 * MiB));
+  CUstream s1 = new_stream(), s2 = new_stream();
+  const auto& t = drv_->table();
+  alloc_->create_pool(9);
+  auto capture = [&](CUstream s, size_t bytes) {
+    {
+      PrimaryCtx c(t);
+      EXPECT_EQ(t.stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    }
+    void* p = alloc_->allocate(bytes, s, 9);
+    alloc_->deallocate(p, s);
+    PrimaryCtx c(t);
+    CUgraph g = nullptr;
+    EXPECT_EQ(t.stream_end_capture(s, &g), CUDA_SUCCESS);
+    t.graph_destroy(g);
+    return p;
+  };
+  void* first = capture(s1, 16 * MiB);
+  alloc_->capture_ended(s1);
+  const size_t physical = alloc_->pool_stats(9).physical_bytes;
+  void* second = capture(s2, 8 * MiB);
+  EXPECT_EQ(second, first) << "the second capture did not reuse the first one's memory";
+  EXPECT_EQ(alloc_->pool_stats(9).physical_bytes, physical);
+  alloc_->capture_ended(s2);
+  alloc_->release_pool(9);
+  alloc_->release_cached();
+}
+
 }  // namespace
 }  // namespace expanse::test
