@@ -269,3 +269,89 @@ def in_use():
 def native_in_use():
     """True once use() has made expanse PyTorch's native allocator in this process."""
     return isinstance(_allocator, NativeAllocator)
+
+
+# ---- sleep and wake, shaped like vLLM's CuMemAllocator ------------------------------------------
+# Tagged pools: allocations made inside use_memory_pool(tag) go to the tag's pool (the calling
+# thread's, through expanse's thread routing), and sleep() / wake_up() act on the pools by tag. A
+# vLLM-style engine switches with a few lines:
+#
+#     with expanse.torch.use_memory_pool("weights"):
+#         model = load_model()
+#     with expanse.torch.use_memory_pool("kv_cache"):
+#         kv = allocate_kv_cache()
+#     expanse.torch.sleep(offload_tags=("weights",))   # weights to host memory, the rest dropped
+#     ...                                              # the GPU's memory serves others
+#     expanse.torch.wake_up()                          # same addresses, weights back
+_tag_pools = {}
+_tag_lock = threading.Lock()
+
+
+def _tag_pool(tag, device):
+    key = (tag, device)
+    with _tag_lock:
+        pool = _tag_pools.get(key)
+        if pool is None:
+            pool = _expanse.Pool(device)
+            _tag_pools[key] = pool
+        return pool
+
+
+class use_memory_pool:
+    """Routes the calling thread's CUDA allocations on `device` (default: the current one) to the
+    pool of `tag` for the scope, as vLLM's CuMemAllocator.use_memory_pool(tag) does."""
+
+    def __init__(self, tag="default", device=None):
+        if device is None:
+            import torch
+            device = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        self.tag = tag
+        self.pool = _tag_pool(tag, int(device))
+        self._scope = None
+
+    def __enter__(self):
+        self._scope = _expanse.use_pool(self.pool)
+        self._scope.__enter__()
+        return self.pool
+
+    def __exit__(self, *exc):
+        return self._scope.__exit__(*exc)
+
+
+def _empty_torch_cache():
+    try:
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # torch absent, or a stand-in: expanse's own cache is emptied below
+        pass
+
+
+def sleep(offload_tags=()):
+    """Puts every tagged pool to sleep: pools whose tag is in offload_tags keep their bytes in
+    pinned host memory, the others drop them; their pages go back to the driver and their
+    addresses stay. PyTorch's cache is emptied first, so that it holds nothing either. Raises
+    RuntimeError if a pool cannot sleep now (a capture is under way)."""
+    if isinstance(offload_tags, str):
+        offload_tags = (offload_tags,)
+    _empty_torch_cache()
+    with _tag_lock:
+        pools = list(_tag_pools.items())
+    for (tag, device), pool in pools:
+        if pool.asleep:
+            continue
+        if not pool.sleep(offload=tag in offload_tags):
+            raise RuntimeError(f"expanse.torch.sleep: the pool of tag {tag!r} on device {device} "
+                               "cannot sleep while a CUDA graph capture is under way")
+    _expanse.empty_cache()
+
+
+def wake_up(tags=None):
+    """Wakes the tagged pools (all when tags is None): the same addresses, offloaded bytes back."""
+    if isinstance(tags, str):
+        tags = (tags,)
+    with _tag_lock:
+        pools = list(_tag_pools.items())
+    for (tag, device), pool in pools:
+        if (tags is None or tag in tags) and pool.asleep:
+            pool.wake()

@@ -103,3 +103,28 @@ def test_sleep_gives_the_pages_back_and_wake_brings_the_bytes_back(ex, lib):
         assert ctypes.string_at(a + 3 * MiB - 16, 16) == b"\x5a" * 16
         lib.expanse_free(a, 3 * MiB, 0, None)
     expanse.release_host_backup()
+
+
+def test_torch_style_tagged_sleep_and_wake(ex, lib):
+    """expanse.torch.use_memory_pool / sleep / wake_up, as a vLLM-style engine uses them (no torch
+    needed: the thread's allocations are routed the same way for expanse_malloc)."""
+    import ctypes
+    import expanse.torch as et
+    with et.use_memory_pool("weights", device=0) as wp:
+        w = lib.expanse_malloc(2 * MiB, 0, None)
+    with et.use_memory_pool("kv_cache", device=0) as kp:
+        k = lib.expanse_malloc(4 * MiB, 0, None)
+    outside = lib.expanse_malloc(MiB, 0, None)
+    assert wp.stats()["live_blocks"] == 1 and kp.stats()["live_blocks"] == 1
+    ctypes.memset(w, 0x7E, 2 * MiB)
+    et.sleep(offload_tags=("weights",))
+    assert wp.asleep and kp.asleep
+    assert wp.stats()["physical_bytes"] == 0 and kp.stats()["physical_bytes"] == 0
+    et.wake_up(tags="weights")
+    assert not wp.asleep and kp.asleep
+    assert ctypes.string_at(w, 64) == b"\x7e" * 64
+    et.wake_up()
+    assert not kp.asleep
+    ctypes.memset(k, 0, 4 * MiB)
+    for p in (w, k, outside):
+        lib.expanse_free(p, 0, 0, None)
