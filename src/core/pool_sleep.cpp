@@ -189,10 +189,14 @@ void DeviceAllocator::wake_locked(PoolSlot s) {
       // Pages that did not go stay mapped under asleep blocks: counted, released later.
     }
   };
-  // One page per handle, as the pool's memory was mapped (place_once): a live pool's handles
-  // are never split, so only these let it place any block in its memory again.
+  // Free memory one page per handle, as a pool's memory is mapped (place_once): a live pool's
+  // handles are never split, so only these let it place any block there again. A live block
+  // gets the handles any block gets (fewer, larger: a weights pool wakes, and sleeps again, at a
+  // fraction of the driver calls); once freed, its memory serves blocks that cover them whole.
   auto map_block = [&](BlockIt it, PageRequest& req) {
-    return supply_.ensure_pages(placement_.res(it->second.res), it->first, it->second.size, req, 1);
+    const size_t max_handle = it->second.state == BlockState::asleep ? 0 : 1;
+    return supply_.ensure_pages(placement_.res(it->second.res), it->first, it->second.size, req,
+                                max_handle);
   };
   try {
     PageRequest req;
