@@ -74,6 +74,19 @@ BlockIt BlockIndex::best_fit(Arena a, size_t bytes, StreamKey stream, PoolSlot p
   return first_fit_where(a, bytes, stream, 1, [](BlockIt) { return true; }, p);
 }
 
+// What lies after the first `bytes` of b: free memory of the same reservation, pool and owner.
+static Block rest_of(const Block& b, size_t bytes) {
+  Block rest;
+  rest.size = b.size - bytes;
+  rest.res = b.res;
+  rest.pool = b.pool;
+  rest.safe = b.safe;
+  rest.stream = b.stream;
+  rest.freed_by = b.freed_by;
+  rest.seq = b.seq;
+  return rest;
+}
+
 BlockIt BlockIndex::carve(BlockIt it, size_t bytes, Arena a, size_t offset) {
   EXPANSE_ASSERT(it->second.state == BlockState::free && it->second.size >= offset + bytes);
   EXPANSE_ASSERT(bytes % kBlockAlignment == 0 && offset % kBlockAlignment == 0);
@@ -88,15 +101,7 @@ BlockIt BlockIndex::carve(BlockIt it, size_t bytes, Arena a, size_t offset) {
   }
   Block& b = it->second;
   if (b.size > bytes) {
-    Block rest;
-    rest.size = b.size - bytes;
-    rest.res = b.res;
-    rest.pool = b.pool;
-    rest.safe = b.safe;
-    rest.stream = b.stream;
-    rest.freed_by = b.freed_by;
-    rest.seq = b.seq;
-    auto r = blocks_.emplace_hint(std::next(it), it->first + bytes, std::move(rest));
+    auto r = blocks_.emplace_hint(std::next(it), it->first + bytes, rest_of(b, bytes));
     index(a, r);
     b.size = bytes;
   }
@@ -106,14 +111,7 @@ BlockIt BlockIndex::carve(BlockIt it, size_t bytes, Arena a, size_t offset) {
 void BlockIndex::split_tail(BlockIt it, size_t bytes, Arena a) {
   Block& b = it->second;
   EXPANSE_ASSERT(bytes % kBlockAlignment == 0 && bytes < b.size);
-  Block rest;
-  rest.size = b.size - bytes;
-  rest.res = b.res;
-  rest.pool = b.pool;
-  rest.safe = b.safe;
-  rest.stream = b.stream;
-  rest.freed_by = b.freed_by;
-  rest.seq = b.seq;
+  Block rest = rest_of(b, bytes);
   b.size = bytes;
   auto r = blocks_.emplace_hint(std::next(it), it->first + bytes, std::move(rest));
   insert_free(r, a);
