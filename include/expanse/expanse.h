@@ -188,6 +188,12 @@ typedef struct expanse_pool_stats {
   uint32_t reserved0;
   uint64_t host_backup_bytes; /* pinned host memory it holds: its content while asleep, and the
                                  staging kept for the next sleep (expanse_release_host_backup) */
+  uint64_t sleeps;            /* times put to sleep */
+  uint64_t released_bytes;    /* physical memory the latest sleep gave back to the driver */
+  uint64_t sleep_ns;          /* the latest sleep and wake, as this process timed them */
+  uint64_t wake_ns;
+  uint64_t sleep_modeled_ns;  /* the same, priced by the cost model (on the sim: what the driver */
+  uint64_t wake_modeled_ns;   /* calls and copies would take on the modeled GPU) */
 } expanse_pool_stats;
 EXPANSE_C_API int expanse_pool_get_stats(expanse_pool_id id, expanse_pool_stats* s);
 
@@ -199,13 +205,15 @@ EXPANSE_C_API int expanse_pool_get_stats(expanse_pool_id id, expanse_pool_stats*
  * of graphs that use the pool), then, with EXPANSE_SLEEP_OFFLOAD, copies every live block of the
  * pool to pinned host memory (kept for the next cycle), and unmaps and releases every page of the
  * pool's blocks, live and free: cuMemGetInfo's free memory grows by all of it. With
- * EXPANSE_SLEEP_DISCARD the content is dropped. While asleep, allocating into the pool or
+ * EXPANSE_SLEEP_DISCARD the content is dropped (EXPANSE_SLEEP_DISCARD | EXPANSE_SLEEP_ZERO_ON_WAKE:
+ * the blocks come back zeroed). While asleep, allocating into the pool or
  * recording a stream on its blocks is an error; freeing its blocks is allowed (they do not come
  * back). Refused (EXPANSE_EBUSY) while a capture is announced in the device's context or routed
  * into the pool. On a failure the pool is awake with its data.
  *
  * expanse_pool_wake maps pages under every block of the pool again at the same addresses, grants
- * access (peers included), copies offloaded content back, and returns when it is there (work on
+ * access (peers included), copies offloaded content back (each block's copy starts as soon as
+ * its pages are mapped; adjacent blocks go in one copy), and returns when it is there (work on
  * `stream` after the call sees it). Discarded blocks come back with undefined content. On a
  * failure the pool stays asleep with its backup, and a later wake may succeed. Then the wake hook
  * runs (expanse_set_wake_hook): the physical pages are new, so registrations of the old ones
@@ -214,7 +222,7 @@ EXPANSE_C_API int expanse_pool_get_stats(expanse_pool_id id, expanse_pool_stats*
  *
  * expanse_pool_is_asleep returns 1 or 0, or minus an error code for an unknown pool.
  * expanse_release_host_backup frees the pinned staging of every awake pool on device. */
-enum { EXPANSE_SLEEP_OFFLOAD = 1, EXPANSE_SLEEP_DISCARD = 2 };
+enum { EXPANSE_SLEEP_OFFLOAD = 1, EXPANSE_SLEEP_DISCARD = 2, EXPANSE_SLEEP_ZERO_ON_WAKE = 4 };
 EXPANSE_C_API int expanse_pool_sleep(expanse_pool_id id, int mode, struct CUstream_st* stream);
 EXPANSE_C_API int expanse_pool_wake(expanse_pool_id id, struct CUstream_st* stream);
 EXPANSE_C_API int expanse_pool_is_asleep(expanse_pool_id id);

@@ -73,8 +73,10 @@ class EXPANSE_API pool {
   // Sleep and wake (expanse_pool_sleep / expanse_pool_wake): the pool's pages go back to the
   // driver, its addresses stay. offload: its live blocks' bytes are kept in pinned host memory
   // and come back at wake; otherwise dropped. sleep() returns false, with nothing changed, while
-  // a capture is announced on the device or routed into the pool.
+  // a capture is announced on the device or routed into the pool. sleep_zeroed() drops the
+  // content and the blocks come back zeroed at wake.
   bool sleep(bool offload = true, stream_t stream = nullptr) const;
+  bool sleep_zeroed(stream_t stream = nullptr) const;
   void wake(stream_t stream = nullptr) const;
   bool asleep() const;
 

@@ -279,7 +279,9 @@ class Pool:
 
     def stats(self):
         """A dict of expanse_pool_stats: id, device, use_count, released, returned, live_blocks,
-        requested_bytes, live_bytes, cached_bytes, physical_bytes."""
+        requested_bytes, live_bytes, cached_bytes, physical_bytes, asleep, host_backup_bytes,
+        and of the latest sleep and wake: sleeps, released_bytes (given back to the driver),
+        sleep_ns / wake_ns (timed), sleep_modeled_ns / wake_modeled_ns (cost model)."""
         from ._lib import PoolStats
         s = PoolStats()
         s.struct_size = ctypes.sizeof(PoolStats)
@@ -291,13 +293,18 @@ class Pool:
             out[flag] = bool(out[flag])
         return out
 
-    def sleep(self, offload=True, stream=None):
+    def sleep(self, offload=True, stream=None, zero_on_wake=False):
         """Gives the pool's pages back to the driver, keeping its addresses (pointers and CUDA
         graphs over them stay valid). offload=True keeps its live blocks' bytes in pinned host
-        memory for wake(); offload=False drops them. Returns False, with nothing changed, while a
-        capture is announced on its device or routed into it."""
+        memory for wake(); offload=False drops them (zero_on_wake=True: they come back zeroed).
+        Returns False, with nothing changed, while a capture is announced on its device or routed
+        into it."""
         from ._lib import EBUSY
-        mode = 1 if offload else 2  # EXPANSE_SLEEP_OFFLOAD / EXPANSE_SLEEP_DISCARD
+        if offload and zero_on_wake:
+            raise ValueError(f"expanse.Pool.sleep of pool {self.id}: zero_on_wake=True needs "
+                             "offload=False (offloaded bytes come back as they were)")
+        # EXPANSE_SLEEP_OFFLOAD, EXPANSE_SLEEP_DISCARD, | EXPANSE_SLEEP_ZERO_ON_WAKE
+        mode = 1 if offload else (2 | 4 if zero_on_wake else 2)
         rc = library().expanse_pool_sleep(self.id, mode, _stream_handle(stream))
         if rc == EBUSY:
             return False

@@ -50,7 +50,10 @@ class PoolStats(ctypes.Structure):
                 ("live_blocks", ctypes.c_uint64), ("requested_bytes", ctypes.c_uint64),
                 ("live_bytes", ctypes.c_uint64), ("cached_bytes", ctypes.c_uint64),
                 ("physical_bytes", ctypes.c_uint64), ("asleep", ctypes.c_uint32),
-                ("reserved0", ctypes.c_uint32), ("host_backup_bytes", ctypes.c_uint64)]
+                ("reserved0", ctypes.c_uint32), ("host_backup_bytes", ctypes.c_uint64),
+                ("sleeps", ctypes.c_uint64), ("released_bytes", ctypes.c_uint64),
+                ("sleep_ns", ctypes.c_uint64), ("wake_ns", ctypes.c_uint64),
+                ("sleep_modeled_ns", ctypes.c_uint64), ("wake_modeled_ns", ctypes.c_uint64)]
 
 
 # int filter(stream, ctx) of expanse_pool_begin_filter.

@@ -101,6 +101,14 @@ bool pool::sleep(bool offload, stream_t stream) const {
                          reinterpret_cast<CUstream>(stream));
 }
 
+bool pool::sleep_zeroed(stream_t stream) const {
+  if (id_ == 0) {
+    throw usage_error("expanse::pool::sleep_zeroed: the pool was released or moved from");
+  }
+  return api::pool_sleep(id_, EXPANSE_SLEEP_DISCARD | EXPANSE_SLEEP_ZERO_ON_WAKE,
+                         reinterpret_cast<CUstream>(stream));
+}
+
 void pool::wake(stream_t stream) const {
   if (id_ == 0) throw usage_error("expanse::pool::wake: the pool was released or moved from");
   api::pool_wake(id_, reinterpret_cast<CUstream>(stream));

@@ -21,19 +21,27 @@ void* g_hook_ctx = nullptr;
 
 bool pool_sleep(core::PoolId id, int mode, CUstream stream) {
   const char* what = "expanse_pool_sleep";
-  if (mode != EXPANSE_SLEEP_OFFLOAD && mode != EXPANSE_SLEEP_DISCARD) {
+  using Mode = core::DeviceAllocator::SleepMode;
+  Mode m = Mode::offload;
+  if (mode == EXPANSE_SLEEP_OFFLOAD) {
+    m = Mode::offload;
+  } else if (mode == EXPANSE_SLEEP_DISCARD) {
+    m = Mode::discard;
+  } else if (mode == (EXPANSE_SLEEP_DISCARD | EXPANSE_SLEEP_ZERO_ON_WAKE)) {
+    m = Mode::discard_zeroed;
+  } else {
     throw usage_error(std::string(what) + ": pool " + std::to_string(id) + ": mode " +
                       std::to_string(mode) +
-                      " is neither EXPANSE_SLEEP_OFFLOAD (1) nor EXPANSE_SLEEP_DISCARD (2); "
-                      "nothing was changed");
+                      " is none of EXPANSE_SLEEP_OFFLOAD (1), EXPANSE_SLEEP_DISCARD (2) and "
+                      "EXPANSE_SLEEP_DISCARD | EXPANSE_SLEEP_ZERO_ON_WAKE (6); nothing was "
+                      "changed");
   }
   Runtime& rt = Runtime::get();
   int device = 0;
   core::DeviceAllocator& a = live_pool(rt, id, what, &device);
   check_stream_device(rt, id, device, stream, what);
   if (rt.routes().captures_into(id) != 0) return false;  // its graph is being recorded
-  return a.sleep_pool(id, mode == EXPANSE_SLEEP_OFFLOAD ? core::DeviceAllocator::SleepMode::offload
-                                                         : core::DeviceAllocator::SleepMode::discard);
+  return a.sleep_pool(id, m);
 }
 
 void pool_wake(core::PoolId id, CUstream stream) {

@@ -92,11 +92,13 @@ class DeviceAllocator {
   bool has_pool(PoolId id) const;
 
   // ---- sleep and wake (pool_sleep.cpp) ----
-  enum class SleepMode { offload, discard };
+  // discard_zeroed: discard, and the blocks come back zeroed at wake.
+  enum class SleepMode { offload, discard, discard_zeroed };
   // Gives every page of pool `id` (in use, awake) back to the driver, keeping its addresses and
   // blocks: after a synchronize of the device's context (the pool's and every stream's work
   // done; refused while a capture is announced), offload copies each live block to pinned host
-  // memory first, discard drops the content. Its live blocks are then "asleep": allocating into
+  // memory first (adjacent blocks in one copy), discard drops the content (discard_zeroed: the
+  // blocks come back zeroed). Its live blocks are then "asleep": allocating into
   // the pool or recording a stream on them is an error, a free is allowed. On a throw the pool is
   // awake with its data. False, with nothing changed, when the context cannot be synchronized
   // now (a capture is announced there, or the synchronize failed).

@@ -179,6 +179,12 @@ PoolStats DeviceAllocator::pool_stats_locked(PoolSlot s) const {
   out.live_bytes = p.allocated_bytes;
   out.asleep = p.asleep;
   out.host_backup_bytes = p.backup_bytes;
+  out.sleeps = p.cycles.sleeps;
+  out.released_bytes = p.cycles.released_bytes;
+  out.sleep_modeled_ns = p.cycles.sleep_modeled_ns;
+  out.wake_modeled_ns = p.cycles.wake_modeled_ns;
+  out.sleep_wall_ns = p.cycles.sleep_wall_ns;
+  out.wake_wall_ns = p.cycles.wake_wall_ns;
   uint32_t last_res = UINT32_MAX;
   size_t next_page = 0;  // first page of last_res not yet counted
   for (const auto& [addr, b] : placement_.index().blocks()) {

@@ -9,12 +9,14 @@
 // memory), mark the blocks live, copy the bytes back. A failure on the way undoes what was done.
 #include "core/capture_announcements.hpp"
 #include "core/check.hpp"
+#include "core/copy_runs.hpp"
 #include "core/device_allocator.hpp"
 #include "core/format.hpp"
 #include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 
 namespace expanse::core {
@@ -23,6 +25,12 @@ namespace {
 
 std::string pool_name(PoolId id, int device) {
   return "pool " + std::to_string(id) + " on device " + std::to_string(device);
+}
+
+uint64_t wall_ns_since(std::chrono::steady_clock::time_point t0) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now() - t0)
+                                   .count());
 }
 
 }  // namespace
@@ -72,6 +80,8 @@ bool DeviceAllocator::sleep_pool(PoolId id, SleepMode mode) {
                       " is asleep already; nothing was changed");
   }
   BlockIndex& index = placement_.index();
+  const double modeled0 = drv_.modeled_ns();
+  const auto wall0 = std::chrono::steady_clock::now();
   try {
     // Whatever may still use the pool's memory (its streams, its graphs' replays) is done only
     // when the context is: a synchronize, never under an announced capture.
@@ -90,10 +100,11 @@ bool DeviceAllocator::sleep_pool(PoolId id, SleepMode mode) {
       }
       if (b.state == BlockState::live) {
         live.push_back(it);
-        total += b.requested;
+        total += b.size;
       }
     }
-    // 1. Offload: every live block's bytes to pinned staging (reused across cycles).
+    // 1. Offload: every live block's bytes (as carved, so adjacent blocks make one run) to pinned
+    // staging that is kept across cycles.
     std::vector<std::pair<CUdeviceptr, size_t>> saved;
     if (mode == SleepMode::offload && total != 0) {
       if (p.backup_bytes < total) {
@@ -104,13 +115,18 @@ bool DeviceAllocator::sleep_pool(PoolId id, SleepMode mode) {
         p.backup_bytes = total;
       }
       if (copy_stream_ == nullptr) copy_stream_ = drv_.create_copy_stream();
+      char* staging = static_cast<char*>(p.backup);
+      auto issue = [&](CUdeviceptr addr, size_t off, size_t bytes) {
+        drv_.copy_to_host(staging + off, addr, bytes, copy_stream_);
+      };
+      CopyRuns<decltype(issue)> runs(issue);
       size_t off = 0;
       for (BlockIt it : live) {
-        drv_.copy_to_host(static_cast<char*>(p.backup) + off, it->first, it->second.requested,
-                          copy_stream_);
+        runs.add(it->first, off, it->second.size);
         saved.emplace_back(it->first, off);
-        off += it->second.requested;
+        off += it->second.size;
       }
+      runs.flush();
       drv_.stream_synchronize(copy_stream_);
     } else {
       for (BlockIt it : live) saved.emplace_back(it->first, 0);
@@ -122,9 +138,13 @@ bool DeviceAllocator::sleep_pool(PoolId id, SleepMode mode) {
     }
     p.asleep = true;
     p.offloaded = mode == SleepMode::offload;
+    p.zero_on_wake = mode == SleepMode::discard_zeroed;
     p.saved = std::move(saved);
+    const std::vector<ReclaimableHandle> going = sleeping_handles(s);
+    size_t released = 0;
+    for (const ReclaimableHandle& h : going) released += h.pages * page_;
     try {
-      supply_.give_back(sleeping_handles(s));
+      supply_.give_back(going);
     } catch (const driver::driver_error& e) {
       // Some pages did not go: the pool wakes as it was (its bytes are in the staging when
       // offloaded; discarded content was given up by the caller already).
@@ -139,6 +159,10 @@ bool DeviceAllocator::sleep_pool(PoolId id, SleepMode mode) {
       }
       throw;
     }
+    p.cycles.sleeps += 1;
+    p.cycles.released_bytes = released;
+    p.cycles.sleep_modeled_ns = drv_.modeled_ns() - modeled0;
+    p.cycles.sleep_wall_ns = wall_ns_since(wall0);
   } catch (const driver::driver_error& e) {
     throw driver_failure("expanse: pool_sleep of " + pool_name(id, device()) + ": " + e.what() +
                              "; the pool is awake",
@@ -157,8 +181,13 @@ void DeviceAllocator::wake_pool(PoolId id) {
     throw usage_error("expanse: pool_wake: " + pool_name(id, device()) +
                       " is awake; nothing was changed");
   }
+  const double modeled0 = drv_.modeled_ns();
+  const auto wall0 = std::chrono::steady_clock::now();
   try {
     wake_locked(s);
+    PoolState& p = pools_.at(s);
+    p.cycles.wake_modeled_ns = drv_.modeled_ns() - modeled0;
+    p.cycles.wake_wall_ns = wall_ns_since(wall0);
   } catch (const driver::driver_error& e) {
     throw driver_failure("expanse: pool_wake of " + pool_name(id, device()) + ": " + e.what() +
                              "; the pool is still asleep, with its backup",
@@ -175,8 +204,22 @@ void DeviceAllocator::wake_locked(PoolSlot s) {
     mine.push_back(it);
     if (it->second.state == BlockState::asleep) waking.push_back(it);
   }
-  // Undoes a partial wake: the blocks asleep again, the pages mapped for them given back.
+  // Where each asleep block's bytes are in the staging (blocks freed while asleep have none).
+  std::map<CUdeviceptr, size_t> staged;
+  if (p.offloaded) staged.insert(p.saved.begin(), p.saved.end());
+  const bool fill = p.offloaded || p.zero_on_wake;
+  if (fill && copy_stream_ == nullptr) copy_stream_ = drv_.create_copy_stream();
+  bool copies_issued = false;
+  // Undoes a partial wake: copies under way finish, the blocks are asleep again, the pages
+  // mapped for them are given back.
   auto undo = [&] {
+    if (copies_issued) {
+      try {
+        drv_.stream_synchronize(copy_stream_);
+      } catch (...) {
+        // A failed stream: its copies did not run; the pages may go.
+      }
+    }
     for (BlockIt it : waking) {
       if (it->second.state == BlockState::live) {
         supply_.untouch(placement_.res(it->second.res), it->first, it->second.size);
@@ -198,6 +241,18 @@ void DeviceAllocator::wake_locked(PoolSlot s) {
     return supply_.ensure_pages(placement_.res(it->second.res), it->first, it->second.size, req,
                                 max_handle);
   };
+  // A block's bytes go back (or its zeros) as soon as its pages are mapped, so the copy engine
+  // works while the next blocks are mapped.
+  const char* staging = static_cast<const char*>(p.backup);
+  auto issue = [&](CUdeviceptr addr, size_t off, size_t bytes) {
+    copies_issued = true;
+    if (p.offloaded) {
+      drv_.copy_to_device(addr, staging + off, bytes, copy_stream_);
+    } else {
+      drv_.zero(addr, bytes, copy_stream_);
+    }
+  };
+  CopyRuns<decltype(issue)> runs(issue);
   try {
     PageRequest req;
     for (BlockIt it : mine) {
@@ -211,24 +266,20 @@ void DeviceAllocator::wake_locked(PoolSlot s) {
                                 pools_holding_memory(),
                             it->second.size, device());
       }
+      if (!fill || it->second.state != BlockState::asleep) continue;
+      if (p.offloaded) {
+        auto st = staged.find(it->first);
+        if (st != staged.end()) runs.add(it->first, st->second, it->second.size);
+      } else {
+        // Zeroing needs no staging: one offset line keeps adjacent blocks in one run.
+        runs.add(it->first, it->first, it->second.size);
+      }
     }
+    runs.flush();
+    if (copies_issued) drv_.stream_synchronize(copy_stream_);
     for (BlockIt it : waking) {
       supply_.touch(placement_.res(it->second.res), it->first, it->second.size);
       it->second.state = BlockState::live;
-    }
-    if (p.offloaded) {
-      if (copy_stream_ == nullptr) copy_stream_ = drv_.create_copy_stream();
-      for (const auto& [addr, off] : p.saved) {
-        auto it = index.blocks().find(addr);
-        // Freed while asleep: nothing to bring back.
-        if (it == index.blocks().end() || it->second.pool != s ||
-            it->second.state != BlockState::live) {
-          continue;
-        }
-        drv_.copy_to_device(addr, static_cast<const char*>(p.backup) + off,
-                            it->second.requested, copy_stream_);
-      }
-      drv_.stream_synchronize(copy_stream_);
     }
   } catch (const driver::driver_error&) {
     undo();
@@ -236,6 +287,7 @@ void DeviceAllocator::wake_locked(PoolSlot s) {
   }
   p.asleep = false;
   p.offloaded = false;
+  p.zero_on_wake = false;
   p.saved.clear();
 }
 

@@ -28,6 +28,16 @@ namespace expanse::core {
 
 using PoolId = uint64_t;
 
+// What the sleeps and wakes of a pool cost and gave back (the latest of each).
+struct SleepCycles {
+  uint64_t sleeps = 0;
+  uint64_t released_bytes = 0;  // physical memory the latest sleep gave back to the driver
+  double sleep_modeled_ns = 0;  // the latest sleep's driver calls, priced by the cost model
+  double wake_modeled_ns = 0;
+  uint64_t sleep_wall_ns = 0;   // the latest sleep as this process timed it
+  uint64_t wake_wall_ns = 0;
+};
+
 struct PoolState {
   PoolId id = 0;
   int use_count = 0;
@@ -37,10 +47,12 @@ struct PoolState {
   size_t allocated_bytes = 0;  // live, as carved
   // Sleep (pool_sleep.cpp): its pages given back, its addresses and blocks kept.
   bool asleep = false;
-  bool offloaded = false;  // asleep with its live blocks' bytes in `backup`
+  bool offloaded = false;     // asleep with its live blocks' bytes in `backup`
+  bool zero_on_wake = false;  // asleep with its content dropped, to be zeroed at wake
   void* backup = nullptr;  // pinned host staging, kept across cycles
   size_t backup_bytes = 0;
   std::vector<std::pair<CUdeviceptr, size_t>> saved;  // asleep live block -> offset in backup
+  SleepCycles cycles;
   bool in_use() const noexcept { return id != 0; }
 };
 

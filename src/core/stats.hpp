@@ -49,6 +49,13 @@ struct PoolStats {
   uint64_t physical_bytes = 0;   // mapped pages under its blocks (an edge page counted once per pool)
   bool asleep = false;           // its pages given back (pool_sleep.cpp)
   uint64_t host_backup_bytes = 0;  // pinned host staging it holds (content while asleep)
+  // Sleep and wake (the latest of each): see SleepCycles in pool_table.hpp.
+  uint64_t sleeps = 0;
+  uint64_t released_bytes = 0;
+  double sleep_modeled_ns = 0;
+  double wake_modeled_ns = 0;
+  uint64_t sleep_wall_ns = 0;
+  uint64_t wake_wall_ns = 0;
 };
 
 }  // namespace expanse::core

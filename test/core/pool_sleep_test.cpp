@@ -106,6 +106,80 @@ TEST_F(PoolSleepTest, DiscardDropsTheBytesButKeepsTheAddressesUsable) {
   alloc_->release_pool(3);
 }
 
+TEST_F(PoolSleepTest, DiscardZeroedBringsTheBlocksBackZeroed) {
+  alloc_->create_pool(7);
+  const auto blocks = fill_pool(7);
+  const uint64_t memsets0 = sim::call_count(driver::EntryPoint::memset_d8_async);
+  ASSERT_TRUE(alloc_->sleep_pool(7, Mode::discard_zeroed));
+  EXPECT_EQ(alloc_->pool_stats(7).host_backup_bytes, 0u) << "nothing to keep";
+  alloc_->wake_pool(7);
+  EXPECT_GT(sim::call_count(driver::EntryPoint::memset_d8_async), memsets0);
+  for (const Held& h : blocks) {
+    const auto* b = static_cast<const unsigned char*>(h.p);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < h.n; ++i) nonzero += b[i] != 0;
+    EXPECT_EQ(nonzero, 0u) << "block " << h.p << " of " << h.n << " bytes";
+  }
+  // The next sleep without the option: a plain discard zeroes nothing.
+  ASSERT_TRUE(alloc_->sleep_pool(7, Mode::discard));
+  const uint64_t memsets1 = sim::call_count(driver::EntryPoint::memset_d8_async);
+  alloc_->wake_pool(7);
+  EXPECT_EQ(sim::call_count(driver::EntryPoint::memset_d8_async), memsets1);
+  free_all(blocks);
+  alloc_->release_pool(7);
+}
+
+TEST_F(PoolSleepTest, AdjacentBlocksGoInOneCopyEachWay) {
+  alloc_->create_pool(8);
+  // 64 small blocks back to back (a model's biases), one freed in the middle: two runs.
+  std::vector<Held> blocks;
+  for (uint64_t i = 0; i < 64; ++i) {
+    void* p = alloc_->allocate(4096, nullptr, 8);
+    fill_pattern(p, 4096, 500 + i);
+    blocks.push_back({p, 4096, 500 + i});
+  }
+  for (size_t i = 1; i < blocks.size(); ++i) {
+    ASSERT_EQ(static_cast<char*>(blocks[i].p), static_cast<char*>(blocks[i - 1].p) + 4096)
+        << "the pool places them back to back";
+  }
+  alloc_->deallocate(blocks[32].p, nullptr);
+  blocks.erase(blocks.begin() + 32);
+  const uint64_t out0 = sim::call_count(driver::EntryPoint::memcpy_dtoh_async);
+  const uint64_t in0 = sim::call_count(driver::EntryPoint::memcpy_htod_async);
+  ASSERT_TRUE(alloc_->sleep_pool(8, Mode::offload));
+  EXPECT_EQ(sim::call_count(driver::EntryPoint::memcpy_dtoh_async) - out0, 2u);
+  // A block freed while asleep splits a run at wake too.
+  alloc_->deallocate(blocks[10].p, nullptr);
+  blocks.erase(blocks.begin() + 10);
+  alloc_->wake_pool(8);
+  EXPECT_EQ(sim::call_count(driver::EntryPoint::memcpy_htod_async) - in0, 3u);
+  expect_intact(blocks);
+  free_all(blocks);
+  alloc_->release_pool(8);
+}
+
+TEST_F(PoolSleepTest, StatsSayWhatWentBackAndWhatItCost) {
+  alloc_->create_pool(9);
+  const auto blocks = fill_pool(9);
+  const size_t physical = alloc_->pool_stats(9).physical_bytes;
+  EXPECT_EQ(alloc_->pool_stats(9).sleeps, 0u);
+  ASSERT_TRUE(alloc_->sleep_pool(9, Mode::offload));
+  core::PoolStats s = alloc_->pool_stats(9);
+  EXPECT_EQ(s.sleeps, 1u);
+  EXPECT_EQ(s.released_bytes, physical);
+  EXPECT_GT(s.sleep_modeled_ns, 0.0);
+  EXPECT_EQ(s.wake_modeled_ns, 0.0) << "not woken yet";
+  alloc_->wake_pool(9);
+  s = alloc_->pool_stats(9);
+  EXPECT_GT(s.wake_modeled_ns, 0.0);
+  EXPECT_GT(s.wake_wall_ns, 0u);
+  ASSERT_TRUE(alloc_->sleep_pool(9, Mode::discard));
+  EXPECT_EQ(alloc_->pool_stats(9).sleeps, 2u);
+  alloc_->wake_pool(9);
+  free_all(blocks);
+  alloc_->release_pool(9);
+}
+
 TEST_F(PoolSleepTest, AHundredCyclesGrowNothing) {
   alloc_->create_pool(4);
   const auto blocks = fill_pool(4);

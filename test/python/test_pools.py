@@ -105,6 +105,24 @@ def test_sleep_gives_the_pages_back_and_wake_brings_the_bytes_back(ex, lib):
     expanse.release_host_backup()
 
 
+def test_discard_with_zero_on_wake_and_the_sleep_figures(ex, lib):
+    import ctypes
+    with expanse.Pool(0) as p:
+        a = p.malloc(3 * MiB)
+        ctypes.memset(a, 0x5A, 3 * MiB)
+        held = p.stats()["physical_bytes"]
+        with pytest.raises(ValueError, match="zero_on_wake"):
+            p.sleep(offload=True, zero_on_wake=True)
+        assert p.sleep(offload=False, zero_on_wake=True) is True
+        s = p.stats()
+        assert s["sleeps"] == 1 and s["released_bytes"] == held
+        assert s["sleep_modeled_ns"] > 0 and s["host_backup_bytes"] == 0
+        p.wake()
+        assert p.stats()["wake_modeled_ns"] > 0
+        assert ctypes.string_at(a, 3 * MiB) == bytes(3 * MiB)
+        lib.expanse_free(a, 3 * MiB, 0, None)
+
+
 def test_torch_style_tagged_sleep_and_wake(ex, lib):
     """expanse.torch.use_memory_pool / sleep / wake_up, as a vLLM-style engine uses them (no torch
     needed: the thread's allocations are routed the same way for expanse_malloc)."""
