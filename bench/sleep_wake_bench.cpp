@@ -8,6 +8,8 @@
 //
 //   build/bin/expanse_bench_sleep_wake            (1 and 2 GiB measured; 8 and 40 GiB extrapolated)
 //   build/bin/expanse_bench_sleep_wake 1 2        (sizes in GiB to measure)
+//   EXPANSE_BENCH_CONF=driver:cuda build/bin/expanse_bench_sleep_wake 1 8 40
+//       (a real GPU: the timed columns are the figures; nothing is extrapolated)
 #include "core/device_allocator.hpp"
 #include "driver/driver.hpp"
 #include "driver_api/cost_model.hpp"
@@ -61,14 +63,29 @@ struct Result {
   size_t bytes;
   double sleep_ns, wake_ns;         // expanse, modeled
   double base_sleep_ns, base_wake_ns;  // per-allocation strategy, modeled
-  double wall_s;                    // the sim's own time for one cycle (not a GPU figure)
+  double sleep_s, wake_s;           // timed: a GPU's figures on the real driver; on the sim, the
+                                    // sim's own time (not a GPU figure)
 };
 
-Result measure(size_t total) {
+// The real driver when EXPANSE_BENCH_CONF names one (driver:cuda), else a sim device with room
+// for the pool and the rest of the run.
+std::unique_ptr<expanse::driver::LoadedDriver> open_driver(size_t total) {
+  const char* conf = std::getenv("EXPANSE_BENCH_CONF");
+  if (conf != nullptr && *conf != '\0') {
+    return expanse::driver::select_driver(conf, /*allow_sim_fallback=*/false);
+  }
   expanse::driver::SimConfig cfg;
   cfg.capacity = total + total / 2 + GiB;
   cfg.backing = true;
-  auto drv = expanse::driver::load_sim(cfg, "sleep-wake-bench");
+  return expanse::driver::load_sim(cfg, "sleep-wake-bench");
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Result measure(size_t total) {
+  auto drv = open_driver(total);
   expanse::core::DeviceAllocator alloc(*drv, 0, expanse::core::AllocatorOptions{});
   alloc.create_pool(1);
   const std::vector<size_t> blocks = weight_blocks(total);
@@ -86,14 +103,16 @@ Result measure(size_t total) {
               double(total) / GiB, first_ns * 1e-9);
   Result r{};
   r.bytes = total;
-  const auto t0 = std::chrono::steady_clock::now();
+  auto t0 = std::chrono::steady_clock::now();
   double before = alloc.stats().modeled_driver_ns;
   alloc.sleep_pool(1, expanse::core::DeviceAllocator::SleepMode::offload);
   r.sleep_ns = alloc.stats().modeled_driver_ns - before;
+  r.sleep_s = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
   before = alloc.stats().modeled_driver_ns;
   alloc.wake_pool(1);
   r.wake_ns = alloc.stats().modeled_driver_ns - before;
-  r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.wake_s = seconds_since(t0);
   per_allocation_ns(blocks, &r.base_sleep_ns, &r.base_wake_ns);
   for (void* p : ptrs) alloc.deallocate(p, nullptr);
   alloc.release_pool(1);
@@ -103,11 +122,12 @@ Result measure(size_t total) {
 double gib_per_s(size_t bytes, double ns) { return ns > 0 ? (double(bytes) / GiB) / (ns * 1e-9) : 0; }
 
 void print(const Result& r, const char* how) {
-  std::printf("%8.0f  %-12s %9.3f %9.3f %9.1f %9.1f   %9.3f %9.3f %9.1f %9.1f   %7.2f%s\n",
+  std::printf("%8.0f  %-12s %9.3f %9.3f %9.1f %9.1f   %9.3f %9.3f %9.1f %9.1f   %9.1f %9.1f%s\n",
               double(r.bytes) / GiB, how, r.sleep_ns * 1e-9, r.wake_ns * 1e-9,
               gib_per_s(r.bytes, r.sleep_ns), gib_per_s(r.bytes, r.wake_ns),
               r.base_sleep_ns * 1e-9, r.base_wake_ns * 1e-9, gib_per_s(r.bytes, r.base_sleep_ns),
-              gib_per_s(r.bytes, r.base_wake_ns), r.wall_s, r.wall_s > 0 ? "" : " (not run)");
+              gib_per_s(r.bytes, r.base_wake_ns), gib_per_s(r.bytes, r.sleep_s * 1e9),
+              gib_per_s(r.bytes, r.wake_s * 1e9), r.sleep_s > 0 ? "" : "  (not run)");
 }
 
 }  // namespace
@@ -115,11 +135,14 @@ void print(const Result& r, const char* how) {
 int main(int argc, char** argv) {
   std::vector<size_t> sizes;
   for (int i = 1; i < argc; ++i) sizes.push_back(std::strtoull(argv[i], nullptr, 10) * GiB);
+  const char* conf = std::getenv("EXPANSE_BENCH_CONF");
+  const bool real = conf != nullptr && *conf != '\0';
   if (sizes.empty()) sizes = {1 * GiB, 2 * GiB};
-  std::printf("sleep (offload) and wake of a weights pool; modeled on the default cost table\n");
-  std::printf("%8s  %-12s %9s %9s %9s %9s   %9s %9s %9s %9s   %7s\n", "GiB", "", "sleep s",
+  std::printf("sleep (offload) and wake of a weights pool; modeled on the default cost table; "
+              "timed on %s\n", real ? conf : "the sim (this machine's time, not a GPU figure)");
+  std::printf("%8s  %-12s %9s %9s %9s %9s   %9s %9s %9s %9s   %9s %9s\n", "GiB", "", "sleep s",
               "wake s", "sleep G/s", "wake G/s", "base slp", "base wake", "base s G/s",
-              "base w G/s", "sim s");
+              "base w G/s", "timed slp", "timed wk");
   std::vector<Result> measured;
   for (size_t s : sizes) {
     measured.push_back(measure(s));
@@ -127,6 +150,7 @@ int main(int argc, char** argv) {
   }
   // Larger sizes: scaled per byte from the largest measured size (copies and handle counts grow
   // linearly with the bytes of a model's weights); the baseline is computed, not scaled.
+  if (real) return 0;  // a GPU's figures are measured, never extrapolated
   const Result& big = measured.back();
   for (size_t s : {8 * GiB, 40 * GiB}) {
     if (s <= big.bytes) continue;
@@ -139,7 +163,7 @@ int main(int argc, char** argv) {
     print(r, "extrapolated");
   }
   std::printf("base: one handle and one synchronous copy per allocation (torch_memory_saver, "
-              "vLLM CuMemAllocator), same cost table. sim s: this machine's time for the sim, "
-              "not a GPU figure.\n");
+              "vLLM CuMemAllocator), same cost table. timed slp / timed wk: GiB/s as timed here "
+              "(on the sim: the sim's speed, not a GPU figure).\n");
   return 0;
 }

@@ -4,7 +4,7 @@
 #   nvidia-smi, `expanse info`, the conformance suite (its libcuda.so.1 variant), `expanse
 #   selftest` (checks + cost calibration), `expanse stress` (32 GiB on an 80 GiB GPU), the nvcc
 #   tests (Thrust's CUDA backend; invariant 3 under running kernels), the hot path on the real
-#   driver next to the sim on the same machine, and PyTorch with expanse as its allocator
+#   driver next to the sim on the same machine, sleep and wake of 1, 8 and 40 GiB pools, and PyTorch with expanse as its allocator
 #   (torch-checks: the pluggable pair; torch-native: the native allocator).
 #
 #   test/gpu/run_on_gpu.sh BUILD_DIR OUT_DIR [STEP ...]     (no STEP: all of them)
@@ -61,4 +61,5 @@ step hot-path-cuda 300 env EXPANSE_BENCH_CONF=driver:cuda "$B/bin/expanse_bench_
   --benchmark_filter='expanse/(4096|1048576|16777216)/' --benchmark_min_time=0.2
 step hot-path-sim 300 "$B/bin/expanse_bench_hot_path" \
   --benchmark_filter='expanse/(4096|1048576|16777216)/' --benchmark_min_time=0.2
+step sleep-wake-cuda 300 env EXPANSE_BENCH_CONF=driver:cuda "$B/bin/expanse_bench_sleep_wake" 1 8 40
 exit $failed
