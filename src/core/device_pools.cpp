@@ -74,12 +74,7 @@ void DeviceAllocator::capture_ended(CUstream s) {
 
 bool DeviceAllocator::has_pool(PoolId id) const {
   std::lock_guard<std::mutex> lock(mu_);
-  try {
-    pools_.find(id, "has_pool", device(), false);
-    return true;
-  } catch (const usage_error&) {
-    return false;
-  }
+  return pools_.contains(id);
 }
 
 bool DeviceAllocator::return_released_pools() {

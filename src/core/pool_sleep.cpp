@@ -23,10 +23,6 @@ namespace expanse::core {
 
 namespace {
 
-std::string pool_name(PoolId id, int device) {
-  return "pool " + std::to_string(id) + " on device " + std::to_string(device);
-}
-
 uint64_t wall_ns_since(std::chrono::steady_clock::time_point t0) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::steady_clock::now() - t0)

@@ -6,13 +6,10 @@
 #include <limits>
 
 namespace expanse::core {
-namespace {
 
 std::string pool_name(PoolId id, int device) {
   return "pool " + std::to_string(id) + " on device " + std::to_string(device);
 }
-
-}  // namespace
 
 PoolSlot PoolTable::create(PoolId id, int device) {
   if (id == 0) throw usage_error("expanse: pool id 0 is never a pool");

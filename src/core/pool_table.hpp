@@ -29,6 +29,9 @@ namespace expanse::core {
 using PoolId = uint64_t;
 
 // What the sleeps and wakes of a pool cost and gave back (the latest of each).
+// "pool ID on device D", as messages name a pool.
+std::string pool_name(PoolId id, int device);
+
 struct SleepCycles {
   uint64_t sleeps = 0;
   uint64_t released_bytes = 0;  // physical memory the latest sleep gave back to the driver
@@ -64,6 +67,8 @@ class PoolTable {
   // The slot of pool `id`. Throws expanse::usage_error naming `what`, the id and the device for
   // an id never created here, and (need_live) for a pool whose use count reached 0.
   PoolSlot find(PoolId id, const char* what, int device, bool need_live) const;
+  // Whether pool `id` is in the table (created here, not yet forgotten).
+  bool contains(PoolId id) const noexcept { return by_id_.count(id) != 0; }
   // The slot of pool `id` if it exists and its use count is above 0, else kDefaultPool.
   PoolSlot live_slot(PoolId id) const noexcept {
     auto it = by_id_.find(id);
