@@ -3,6 +3,8 @@
 // leaves the pool whole (awake after a failed sleep, asleep with its backup after a failed wake).
 #include "core_fixture.hpp"
 
+#include <algorithm>
+
 #include "core/capture_announcements.hpp"
 #include "expanse/errors.hpp"
 
@@ -127,6 +129,35 @@ TEST_F(PoolSleepTest, DiscardZeroedBringsTheBlocksBackZeroed) {
   EXPECT_EQ(sim::call_count(driver::EntryPoint::memset_d8_async), memsets1);
   free_all(blocks);
   alloc_->release_pool(7);
+}
+
+TEST_F(PoolSleepTest, AFailedZeroingLeavesThePoolAsleepAndALaterWakeZeroes) {
+  alloc_->create_pool(10);
+  const auto blocks = fill_pool(10);
+  ASSERT_TRUE(alloc_->sleep_pool(10, Mode::discard_zeroed));
+  for (uint64_t nth = 1; nth <= 3; ++nth) {
+    sim::inject_failure(driver::EntryPoint::memset_d8_async, nth, CUDA_ERROR_LAUNCH_FAILED);
+    bool failed = false;
+    try {
+      alloc_->wake_pool(10);
+    } catch (const driver_failure&) {
+      failed = true;
+    }
+    sim::clear_injections();
+    EXPECT_EQ(books_vs_driver(), "") << "nth " << nth;
+    if (!failed) {
+      ASSERT_TRUE(alloc_->sleep_pool(10, Mode::discard_zeroed));
+      continue;
+    }
+    EXPECT_TRUE(alloc_->pool_is_asleep(10)) << "nth " << nth;
+  }
+  alloc_->wake_pool(10);
+  for (const Held& h : blocks) {
+    const auto* b = static_cast<const unsigned char*>(h.p);
+    EXPECT_EQ(std::count(b, b + h.n, 0), static_cast<std::ptrdiff_t>(h.n)) << "block " << h.p;
+  }
+  free_all(blocks);
+  alloc_->release_pool(10);
 }
 
 TEST_F(PoolSleepTest, AdjacentBlocksGoInOneCopyEachWay) {
