@@ -94,6 +94,16 @@
   X(mem_retain_allocation_handle, "cuMemRetainAllocationHandle",                                   \
     cuMemRetainAllocationHandle, 11000, required,                                                  \
     (CUmemGenericAllocationHandle* handle, void* addr), (handle, addr))                            \
+  X(mem_export_to_shareable_handle, "cuMemExportToShareableHandle",                               \
+    cuMemExportToShareableHandle, 10020, required,                                                 \
+    (void* shareable, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType type,         \
+     unsigned long long flags), (shareable, handle, type, flags))                                  \
+  X(mem_import_from_shareable_handle, "cuMemImportFromShareableHandle",                            \
+    cuMemImportFromShareableHandle, 10020, required,                                               \
+    (CUmemGenericAllocationHandle* handle, void* os_handle, CUmemAllocationHandleType type),       \
+    (handle, os_handle, type))                                                                     \
+  X(mem_get_address_range, "cuMemGetAddressRange", cuMemGetAddressRange_v2, 3020, required,       \
+    (CUdeviceptr* base, size_t* size, CUdeviceptr ptr), (base, size, ptr))                         \
   X(stream_create, "cuStreamCreate", cuStreamCreate, 2000, required,                               \
     (CUstream* stream, unsigned int flags), (stream, flags))                                       \
   X(stream_destroy, "cuStreamDestroy", cuStreamDestroy_v2, 4000, required,                         \
