@@ -357,6 +357,66 @@ TEST_P(Ipc, BadInputIsAClearErrorAndLeaksNothing) {
   EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
 }
 
+// A registrable block's handle is unmapped at its free, so the free waits for the device's work
+// (invariant 3); while a capture is announced that wait cannot happen: the free is refused and
+// the block stays live and intact, and frees once the capture has ended.
+TEST_P(Ipc, RegistrableFreeDuringAnnouncedCaptureIsRefused) {
+  start("sim_capacity:1GiB");
+  const expanse_pool_id pool = registrable_pool();
+  void* p = expanse_pool_malloc(pool, MiB, nullptr);
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  fill(p, MiB, pattern_a);
+  CUcontext ctx = nullptr;
+  CUdevice d = 0;
+  ASSERT_EQ(t().device_get(&d, 0), CUDA_SUCCESS);
+  ASSERT_EQ(t().device_primary_ctx_retain(&ctx, d), CUDA_SUCCESS);
+  ASSERT_EQ(t().ctx_push_current(ctx), CUDA_SUCCESS);
+  ASSERT_EQ(expanse_capture_begin(nullptr), EXPANSE_OK);
+  EXPECT_EQ(expanse_free_checked(p, MiB, 0, nullptr), EXPANSE_EINVAL);
+  EXPECT_NE(std::string(expanse_last_error()).find("capture"), std::string::npos)
+      << expanse_last_error();
+  EXPECT_EQ(first_mismatch(p, MiB, pattern_a), size_t{MiB});
+  expanse_pool_id of = 0;
+  EXPECT_EQ(expanse_pool_of(p, &of), EXPANSE_OK) << "the refused free changed the block";
+  ASSERT_EQ(expanse_capture_end(nullptr), EXPANSE_OK);
+  EXPECT_EQ(expanse_free_checked(p, MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  CUcontext popped = nullptr;
+  t().ctx_pop_current(&popped);
+  t().device_primary_ctx_release(d);
+  EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
+}
+
+// Invariant 3 for registrable blocks: work queued on the block (a memset on a held stream) is
+// done before the free unmaps the handle, so it never runs on unmapped memory (the sim counts such
+// work as an illegal-address fault).
+TEST_P(Ipc, RegistrableFreeWaitsForPendingWork) {
+  if (dlopened()) GTEST_SKIP() << "holds streams through the in-process sim's controls";
+  start("sim_capacity:1GiB");
+  const expanse_pool_id pool = registrable_pool();
+  CUcontext ctx = nullptr;
+  CUdevice d = 0;
+  ASSERT_EQ(t().device_get(&d, 0), CUDA_SUCCESS);
+  ASSERT_EQ(t().device_primary_ctx_retain(&ctx, d), CUDA_SUCCESS);
+  ASSERT_EQ(t().ctx_push_current(ctx), CUDA_SUCCESS);
+  CUstream s = nullptr;
+  ASSERT_EQ(t().stream_create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  void* p = expanse_pool_malloc(pool, 2 * MiB, reinterpret_cast<CUstream_st*>(s));
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  const uint64_t faults = expanse::sim::async_faults();
+  expanse::sim::hold_stream(s);
+  ASSERT_EQ(t().memset_d8_async(reinterpret_cast<CUdeviceptr>(p), 0x11, 2 * MiB, s),
+            CUDA_SUCCESS);
+  EXPECT_EQ(expanse_free_checked(p, 0, 0, reinterpret_cast<CUstream_st*>(s)), EXPANSE_OK)
+      << expanse_last_error();
+  expanse::sim::release_all();
+  EXPECT_EQ(expanse::sim::async_faults(), faults) << "the memset ran after the unmap";
+  ASSERT_EQ(t().stream_destroy(s), CUDA_SUCCESS);
+  CUcontext popped = nullptr;
+  t().ctx_pop_current(&popped);
+  t().device_primary_ctx_release(d);
+  EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
+}
+
 // 10,000 imports of 2 MiB blocks reserve about the bytes imported (1.05x at most), not a
 // device's worth each; closing them gives it all back.
 TEST_P(Ipc, TenThousandImportsReserveOnlyTheirExtent) {
