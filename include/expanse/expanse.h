@@ -132,6 +132,16 @@ typedef unsigned long long expanse_pool_id; /* 0: never a pool */
 
 /* Creates a pool on device with use count 1; *id receives its id (ids are never reused). */
 EXPANSE_C_API int expanse_pool_create(int device, expanse_pool_id* id);
+/* Creates a registrable pool: each of its blocks is one physical handle of its own (its size
+ * rounded up to the page, created exportable as POSIX file descriptors and GPUDirect-RDMA-capable
+ * where the device supports them) in an address range of its own. cuMemGetAddressRange and
+ * cuMemRetainAllocationHandle on any address in such a block answer that block's handle, so
+ * ncclCommRegister, ncclCommWindowRegister (offset 0 from the base) and nvidia_peermem see one
+ * allocation per buffer, and expanse_ipc_export can share it. Its blocks never share pages with
+ * other blocks and are unmapped and released when freed (after the device's work is done: a
+ * context synchronize; refused while a capture is announced or the stream captures). Such a pool
+ * cannot sleep. EXPANSE_CONF registrable:on makes every default-pool block registrable. */
+EXPANSE_C_API int expanse_pool_create_registrable(int device, expanse_pool_id* id);
 /* Use count + 1 (say, each graph captured into the pool holds one). */
 EXPANSE_C_API int expanse_pool_retain(expanse_pool_id id);
 /* Use count - 1; at 0 the pool is released (see above). End its routes first: an allocation
@@ -308,6 +318,49 @@ typedef struct expanse_trace_entry {
 /* The trace expanse_record_history keeps for device, oldest first. */
 EXPANSE_C_API int expanse_get_trace(int device, expanse_trace_entry* entries, size_t* num_entries);
 
+/* ---- Sharing across processes ----------------------------------------------------------------
+ * A live block of a registrable pool (or of the default pool under EXPANSE_CONF registrable:on)
+ * can be mapped by other processes. The exporter describes it in an expanse_ipc_handle (its size,
+ * its offset into its first physical handle, one POSIX fd per physical handle) and sends it over
+ * a Unix-domain socket (the fds travel by SCM_RIGHTS: no ptrace rights, no pidfd_getfd); the
+ * importer maps it in an address range of the block's extent only (its size rounded up to the
+ * page: 10,000 imports of 2 MiB reserve 20 GiB of VA) and gets a pointer to the same bytes.
+ *
+ * The exporter may free an exported block at any time: its handle is unmapped and released
+ * there and never reused for another block, and importers' mappings keep the memory alive until
+ * they close it. Nothing is synchronized between processes: order the work through your own
+ * means (events, a message on the socket).
+ *
+ * expanse_ipc_handle is a fixed-size, opaque record (128 bytes; its layout is expanse's own
+ * and may change with the version it carries). The fds it holds belong to the process holding
+ * it: expanse_ipc_handle_release closes them (the exporter after sending, the importer after
+ * importing, or when it will import no more); releasing twice is harmless. Copying the struct
+ * copies the fd numbers, not the fds.
+ *
+ *   expanse_ipc_export(ptr, &h)      ptr: the start of a live registrable block on any device
+ *   expanse_ipc_send(sock, &h)       one message on a connected Unix-domain socket
+ *   expanse_ipc_recv(sock, &h)       the matching receive: h holds the received fds
+ *   expanse_ipc_import(&h, dev, &p)  p: the block's address in this process (device dev's memory)
+ *   expanse_ipc_close(p)             after the work using p is done: unmaps, releases, frees VA
+ *   expanse_ipc_handle_release(&h)   closes the fds h holds
+ *
+ * Errors (EXPANSE_EINVAL, naming what is wrong; nothing is changed or leaked): a pointer that is
+ * not the start of a live registrable block (a block of a plain pool cannot be exported: its
+ * pages may be shared with other blocks), a handle that was released or never filled, an fd that
+ * is closed or not one expanse exported, memory of another device than the one imported on, a
+ * socket error (EXPANSE_EINVAL with errno's text), a close of an address not imported. */
+#define EXPANSE_IPC_HANDLE_SIZE 128
+typedef struct expanse_ipc_handle {
+  uint64_t opaque[EXPANSE_IPC_HANDLE_SIZE / 8];
+} expanse_ipc_handle;
+EXPANSE_C_API int expanse_ipc_export(void* ptr, expanse_ipc_handle* out);
+EXPANSE_C_API int expanse_ipc_send(int unix_socket, const expanse_ipc_handle* h);
+EXPANSE_C_API int expanse_ipc_recv(int unix_socket, expanse_ipc_handle* out);
+EXPANSE_C_API int expanse_ipc_import(const expanse_ipc_handle* h, int device, void** ptr);
+EXPANSE_C_API int expanse_ipc_close(void* ptr);
+EXPANSE_C_API int expanse_ipc_handle_release(expanse_ipc_handle* h);
+/* The block's size as exported (bytes asked for), or 0 for a handle not filled or released. */
+EXPANSE_C_API size_t expanse_ipc_handle_size(const expanse_ipc_handle* h);
 /* Grants device `peer` read-write access to all of `device`'s memory, present and future (VMM
  * memory needs its own access grant per device: cudaDeviceEnablePeerAccess does not cover it).
  * With EXPANSE_CONF peer_access:auto (the default) every peer the driver allows already has it.

@@ -21,8 +21,10 @@ __all__ = [
     "ExpanseError", "init", "shutdown", "driver_description", "device_count", "library",
     "library_path", "memory_stats", "memory_summary", "empty_cache", "set_limit",
     "reset_peak_stats", "record_history", "dump_snapshot", "capture_begin", "capture_end",
-    "announced_capture", "Pool", "use_pool", "graph_pool", "release_host_backup",
+    "announced_capture", "Pool", "use_pool", "graph_pool", "release_host_backup", "ipc",
 ]
+
+from . import ipc  # noqa: E402  (expanse.ipc: sharing blocks with other processes)
 
 DEFAULT_MAX_ENTRIES = 100000  # PyTorch's default for _record_memory_history
 
@@ -267,13 +269,19 @@ class Pool:
 
     The object holds one use of the pool (use count 1 at creation); release() (or leaving a
     `with Pool() as p:` block) gives it up. Its memory returns to others once no use is left and
-    its work is proven done (empty_cache(), or an allocation that needs it)."""
+    its work is proven done (empty_cache(), or an allocation that needs it).
 
-    def __init__(self, device=0):
+    registrable=True: every block is one physical handle of its own, exportable to other
+    processes (expanse.ipc) and registrable with NCCL and NICs (expanse_pool_create_registrable).
+    """
+
+    def __init__(self, device=0, registrable=False):
         self.device = _device(device)
         pid = ctypes.c_ulonglong(0)
-        check(library().expanse_pool_create(self.device, ctypes.byref(pid)),
-              f"expanse.Pool(device={self.device})")
+        create = (library().expanse_pool_create_registrable if registrable
+                  else library().expanse_pool_create)
+        check(create(self.device, ctypes.byref(pid)),
+              f"expanse.Pool(device={self.device}, registrable={registrable})")
         self.id = pid.value
         self._released = False
 

@@ -85,6 +85,11 @@ _path = None
 _stats = None  # the Stats class of _lib
 
 
+class IpcHandle(ctypes.Structure):
+    """expanse_ipc_handle: 128 opaque bytes (expanse.h, "Sharing across processes")."""
+    _fields_ = [("opaque", ctypes.c_uint64 * 16)]
+
+
 def _declare(lib):
     global _stats
     c = ctypes
@@ -113,6 +118,15 @@ def _declare(lib):
         "expanse_record_history": (c.c_int, [c.c_int, c.c_size_t]),
         "expanse_dump_snapshot": (c.c_int, [c.c_char_p]),
         "expanse_pool_create": (c.c_int, [c.c_int, c.POINTER(c.c_ulonglong)]),
+        "expanse_pool_create_registrable": (c.c_int, [c.c_int, c.POINTER(c.c_ulonglong)]),
+        "expanse_ipc_export": (c.c_int, [c.c_void_p, c.POINTER(IpcHandle)]),
+        "expanse_ipc_send": (c.c_int, [c.c_int, c.POINTER(IpcHandle)]),
+        "expanse_ipc_recv": (c.c_int, [c.c_int, c.POINTER(IpcHandle)]),
+        "expanse_ipc_import": (c.c_int, [c.POINTER(IpcHandle), c.c_int,
+                                         c.POINTER(c.c_void_p)]),
+        "expanse_ipc_close": (c.c_int, [c.c_void_p]),
+        "expanse_ipc_handle_release": (c.c_int, [c.POINTER(IpcHandle)]),
+        "expanse_ipc_handle_size": (c.c_size_t, [c.POINTER(IpcHandle)]),
         "expanse_pool_retain": (c.c_int, [c.c_ulonglong]),
         "expanse_pool_release": (c.c_int, [c.c_ulonglong]),
         "expanse_pool_begin_capture": (c.c_int, [c.c_ulonglong, stream]),

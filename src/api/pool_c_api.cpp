@@ -24,6 +24,15 @@ EXPANSE_C_API int expanse_pool_create(int device, expanse_pool_id* id) {
   return guarded([&] { *id = expanse::api::pool_create(device); });
 }
 
+EXPANSE_C_API int expanse_pool_create_registrable(int device, expanse_pool_id* id) {
+  if (id == nullptr) {
+    expanse::api::last_error() = "expanse_pool_create_registrable: id must not be NULL";
+    return EXPANSE_EINVAL;
+  }
+  *id = 0;
+  return guarded([&] { *id = expanse::api::pool_create(device, true); });
+}
+
 EXPANSE_C_API int expanse_pool_retain(expanse_pool_id id) {
   return guarded([&] { expanse::api::pool_retain(id); });
 }

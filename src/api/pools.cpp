@@ -129,11 +129,11 @@ int PoolRegistry::device_of(core::PoolId id, const char* what) const {
   return it->second;
 }
 
-core::PoolId pool_create(int device) {
+core::PoolId pool_create(int device, bool registrable) {
   Runtime& rt = Runtime::get();
   core::DeviceAllocator& a = rt.device(device);
   const core::PoolId id = g_next_id.fetch_add(1, std::memory_order_relaxed);
-  a.create_pool(id);
+  a.create_pool(id, registrable);
   rt.pools().add(id, device);
   return id;
 }

@@ -35,7 +35,8 @@ class PoolRegistry {
 };
 
 // The pool functions (expanse_pool_*), with exceptions. `what` names the caller in errors.
-core::PoolId pool_create(int device);
+// registrable: every block its own exportable handle (expanse_pool_create_registrable).
+core::PoolId pool_create(int device, bool registrable = false);
 void pool_retain(core::PoolId id);
 void pool_release(core::PoolId id);
 // Each begin returns the route's token (PoolRoutes::end_route). begin_capture also announces a

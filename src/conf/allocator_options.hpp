@@ -29,6 +29,9 @@ struct AllocatorOptions {
   bool peer_access_auto = true;
   // cuMemCreate asks for GPUDirect RDMA capability where the device supports it (rdma:auto|off).
   bool rdma = true;
+  // Every allocation of the default pool is a registrable block (EXPANSE_CONF registrable:on):
+  // its own exportable handle, for expanse_ipc_export and NCCL registration of any buffer.
+  bool registrable = false;
   // Largest handle (one cuMemCreate) backing a block's inner pages, rounded down to a whole number
   // of pages; anything up to the page size gives one handle per page.
   size_t max_handle_size = size_t{1} << 30;

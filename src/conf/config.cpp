@@ -59,6 +59,8 @@ Config parse_config(const std::string& text) {
                             "' is not one of auto, none");
         }
         c.allocator.peer_access_auto = value == "auto";
+      } else if (key == "registrable") {
+        c.allocator.registrable = parse_bool_for(key, value);
       } else if (key == "rdma") {
         if (value != "auto" && value != "off") {
           throw usage_error("EXPANSE_CONF: key 'rdma': '" + value + "' is not one of auto, off");

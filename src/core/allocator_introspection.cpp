@@ -13,6 +13,10 @@ namespace expanse::core {
 
 bool DeviceAllocator::owns(const void* ptr, size_t* size) const {
   std::lock_guard<std::mutex> lock(mu_);
+  if (const RegistrableBlock* rb = registrable_.find(reinterpret_cast<CUdeviceptr>(ptr))) {
+    if (size != nullptr) *size = rb->requested;
+    return true;
+  }
   const auto& blocks = placement_.index().blocks();
   auto it = blocks.find(reinterpret_cast<CUdeviceptr>(ptr));
   if (it == blocks.end() ||
@@ -102,12 +106,12 @@ std::string DeviceAllocator::describe_stream_order(const void* ptr) const {
 DeviceStats DeviceAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   DeviceStats s = stats_;
-  s.touched_bytes = supply_.touched_pages() * page_;
-  s.mapped_bytes = supply_.mapped_pages() * page_;
+  s.touched_bytes = supply_.touched_pages() * page_ + registrable_.bytes();
+  s.mapped_bytes = supply_.mapped_pages() * page_ + registrable_.bytes();
   s.cached_bytes = (supply_.mapped_pages() - supply_.touched_pages()) * page_;
   s.pooled_bytes = supply_.pooled_pages() * page_;
   s.physical_bytes = supply_.held_pages() * page_;
-  s.va_reserved_bytes = placement_.va_reserved();
+  s.va_reserved_bytes = placement_.va_reserved() + registrable_.bytes() + imports_.bytes();
   s.driver_calls = drv_.calls();
   s.modeled_driver_ns = drv_.modeled_ns();
   s.stream_queries = drv_.stream_queries();
@@ -119,9 +123,10 @@ void DeviceAllocator::reset_peaks() {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.peak_requested_bytes = stats_.requested_bytes;
   stats_.peak_allocated_bytes = stats_.allocated_bytes;
-  stats_.peak_mapped_bytes = supply_.mapped_pages() * page_;
+  stats_.peak_mapped_bytes = supply_.mapped_pages() * page_ + registrable_.bytes();
   stats_.peak_physical_bytes = supply_.held_pages() * page_;
-  stats_.peak_va_reserved_bytes = placement_.va_reserved();
+  stats_.peak_va_reserved_bytes =
+      placement_.va_reserved() + registrable_.bytes() + imports_.bytes();
 }
 
 std::string DeviceAllocator::check_invariants() const {

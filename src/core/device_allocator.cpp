@@ -40,7 +40,8 @@ DeviceAllocator::DeviceAllocator(const driver::LoadedDriver& drv, int device,
     : drv_(drv, device, opts.rdma), opts_(options_for(drv_, device, opts)),
       page_(opts_.page_size), placement_(drv_, opts_, page_, stats_),
       streams_(drv_, placement_, opts_),
-      supply_(drv_, placement_, streams_, stats_, opts_, page_) {
+      supply_(drv_, placement_, streams_, stats_, opts_, page_), registrable_(drv_, page_),
+      imports_(drv_) {
   if (opts_.peer_access_auto) {
     int n = 0;
     drv.check(drv.table().device_get_count(&n), driver::EntryPoint::device_get_count);
@@ -59,6 +60,8 @@ DeviceAllocator::~DeviceAllocator() {
   } catch (...) {
   }
   unmap_all_quietly();
+  registrable_.free_all_quietly();
+  imports_.close_all_quietly();
   supply_.release_pool_quietly();
   streams_.destroy_events();
   pools_.for_each([&](PoolSlot, const PoolState& p) { drv_.free_host(p.backup); });
@@ -95,6 +98,8 @@ void DeviceAllocator::enable_peer_access(int peer) {
   drv_.add_peer(peer);
   try {
     grant_peer(peer);
+    registrable_.grant_all();
+    imports_.grant_all();
   } catch (const driver::driver_error& e) {
     throw driver_failure("expanse: granting device " + std::to_string(peer) +
                              " access to device " + std::to_string(device()) + ": " + e.what(),
@@ -153,6 +158,10 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
     throw usage_error("expanse: allocate of " + std::to_string(bytes) + " bytes in pool " +
                       std::to_string(pool) + " on device " + std::to_string(device()) +
                       ": the pool is asleep (wake it first); nothing was changed");
+  }
+  if ((slot != kDefaultPool && pools_.at(slot).registrable) ||
+      (slot == kDefaultPool && opts_.registrable)) {
+    return allocate_registrable(bytes, pool, stream);
   }
   StreamOrder::Call call(streams_);
   StreamOrder::StreamState& ss = streams_.state(stream, id);
@@ -324,6 +333,7 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   std::lock_guard<std::mutex> lock(mu_);
   CheckedScope checked(*this, "free");
   auto addr = reinterpret_cast<CUdeviceptr>(ptr);
+  if (registrable_.find(addr) != nullptr) return free_registrable(addr, stream, expected_size);
   auto it = placement_.index().blocks().find(addr);
   const bool asleep = it != placement_.index().blocks().end() &&
                       it->second.state == BlockState::asleep;
@@ -385,6 +395,8 @@ void DeviceAllocator::record_stream(void* ptr, CUstream stream) {
   const StreamIdentity id = streams_.identify(stream, "record_stream", ptr);
   std::lock_guard<std::mutex> lock(mu_);
   auto addr = reinterpret_cast<CUdeviceptr>(ptr);
+  // A registrable block's free waits for the whole context: every stream is covered.
+  if (registrable_.find(addr) != nullptr) return;
   auto it = placement_.index().blocks().find(addr);
   if (it == placement_.index().blocks().end() || it->second.state != BlockState::live) {
     throw usage_error("expanse: record_stream of " + hex(addr) + " on device " +

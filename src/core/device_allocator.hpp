@@ -19,7 +19,9 @@
 #include "core/options.hpp"
 #include "core/page_request.hpp"
 #include "core/page_supply.hpp"
+#include "core/imported_blocks.hpp"
 #include "core/placement.hpp"
+#include "core/registrable_blocks.hpp"
 #include "core/pool_table.hpp"
 #include "core/stats.hpp"
 #include "core/stream_order.hpp"
@@ -73,8 +75,10 @@ class DeviceAllocator {
   std::vector<int> peers() const;
 
   // ---- pools (pool_table.hpp, device_pools.cpp): private reuse domains ----
-  // Creates pool `id` (use count 1). expanse::usage_error: id 0, or used before.
-  void create_pool(PoolId id);
+  // Creates pool `id` (use count 1). expanse::usage_error: id 0, or used before. A registrable
+  // pool's blocks are registrable blocks (registrable_blocks.hpp): each its own exportable,
+  // RDMA-capable handle, for NCCL registration and expanse_ipc_export.
+  void create_pool(PoolId id, bool registrable = false);
   // Use count + 1; expanse::usage_error for an unknown or released pool.
   void retain_pool(PoolId id);
   // Use count - 1. At 0 the pool is released: no allocation goes to it any more, and once its
@@ -113,6 +117,25 @@ class DeviceAllocator {
   // memory synchronizes); the bytes freed.
   size_t release_host_backup();
 
+  // ---- sharing across processes (device_sharing_books.cpp) ----
+  struct Export {
+    int fd = -1;           // a new POSIX fd for the block's handle (the caller closes it)
+    size_t extent = 0;     // the handle's bytes (the block's size rounded up to the page)
+    size_t requested = 0;  // the block's size as asked for
+  };
+  // Exports the live registrable block starting at ptr. expanse::usage_error for any other
+  // pointer (naming it and what to do), driver_failure when the driver refuses.
+  Export export_block(const void* ptr);
+  // Maps the exported handles (fds, with their sizes) in a reservation of their extent only;
+  // the address. usage_error for an fd the driver refuses or memory of another device.
+  void* import_block(const std::vector<int>& fds, const std::vector<size_t>& sizes);
+  // Unmaps, releases and frees the VA of an import, after the device's work is done (a context
+  // synchronize; refused with usage_error while a capture is announced). usage_error for a
+  // pointer that is not an import's base here.
+  void close_import(void* ptr);
+  bool is_import(const void* ptr) const;
+  bool is_registrable(const void* ptr) const;
+
   // The pool of the live block starting at ptr (0: the default pool); expanse::usage_error when
   // ptr is not a live block's start here.
   PoolId pool_of(const void* ptr) const;
@@ -148,6 +171,14 @@ class DeviceAllocator {
   class CheckedScope;
 
   BlockIt place(size_t sz, Arena a, StreamKey stream, PageRequest& req, PoolSlot pool);
+  // A registrable block (registrable_blocks.hpp) of bytes in pool id `pool` (0: default).
+  void* allocate_registrable(size_t bytes, uint64_t pool, CUstream stream);
+  // Frees the registrable block at addr once the device's work is done (a context synchronize,
+  // refused while a capture is announced or the stream captures).
+  void free_registrable(CUdeviceptr addr, CUstream stream, size_t expected_size);
+  // Waits for all work in the device's primary context; usage_error naming `what` when that
+  // cannot be done now (a capture is announced, or `stream` captures).
+  void sync_for_unmap(const std::string& what, CUstream stream);
   BlockIt place_once(size_t sz, Arena a, StreamKey stream, PageRequest& req, PoolSlot pool);
   // Released pools whose work a context synchronize now proves done give their free memory to
   // the default pool. False when none did (none waits, or a capture is announced).
@@ -192,6 +223,8 @@ class DeviceAllocator {
   StreamOrder streams_;
   PageSupply supply_;
   PoolTable pools_;
+  RegistrableBlocks registrable_;
+  ImportedBlocks imports_;
   CUstream copy_stream_ = nullptr;  // sleep and wake copies; made at the first
   std::vector<void*> orphan_backups_;  // host staging of forgotten pools, freed when safe
 };

@@ -97,6 +97,14 @@ class DeviceDriver {
   // Grants READWRITE on [va, va+size) to this device and every peer enabled so far.
   void set_access(CUdeviceptr va, size_t size, size_t mappings);
 
+  // Sharing (device_sharing.cpp): the driver's codes, never a throw. export_fd: a new POSIX fd
+  // for handle h (cuMemExportToShareableHandle; the caller closes it). import_fd: a new handle
+  // over the memory an exported fd names (cuMemImportFromShareableHandle; fd stays the
+  // caller's). handle_device: the device ordinal whose memory h is.
+  CUresult export_fd(CUmemGenericAllocationHandle h, int* fd);
+  CUresult import_fd(int fd, CUmemGenericAllocationHandle* h);
+  CUresult handle_device(CUmemGenericAllocationHandle h, int* device);
+
   // Host staging and copies, for putting a pool to sleep and waking it (device_copies.cpp). Each
   // runs in the device's primary context; failures throw driver::driver_error.
   void* host_alloc(size_t bytes);  // pinned host memory

@@ -9,11 +9,12 @@
 
 namespace expanse::core {
 
-void DeviceAllocator::create_pool(PoolId id) {
+void DeviceAllocator::create_pool(PoolId id, bool registrable) {
   std::lock_guard<std::mutex> lock(mu_);
   // Every slot held: released pools proven done now are forgotten, freeing theirs.
   if (pools_.full()) return_released_pools();
   const PoolSlot s = pools_.create(id, device());
+  pools_.at(s).registrable = registrable;
   placement_.index().add_pool(s);
 }
 
@@ -48,6 +49,8 @@ void DeviceAllocator::release_pool(PoolId id) {
 
 PoolId DeviceAllocator::pool_of(const void* ptr) const {
   std::lock_guard<std::mutex> lock(mu_);
+  if (const RegistrableBlock* rb = registrable_.find(reinterpret_cast<CUdeviceptr>(ptr)))
+    return rb->pool;
   const auto& blocks = placement_.index().blocks();
   auto it = blocks.find(reinterpret_cast<CUdeviceptr>(ptr));
   if (it == blocks.end() ||
@@ -180,6 +183,13 @@ PoolStats DeviceAllocator::pool_stats_locked(PoolSlot s) const {
   out.wake_modeled_ns = p.cycles.wake_modeled_ns;
   out.sleep_wall_ns = p.cycles.sleep_wall_ns;
   out.wake_wall_ns = p.cycles.wake_wall_ns;
+  if (p.registrable) {
+    const RegistrableBlocks::PoolFigures f = registrable_.of_pool(p.id);
+    out.live_blocks += f.blocks;
+    out.requested_bytes += f.requested;
+    out.live_bytes += f.bytes;
+    out.physical_bytes += f.bytes;
+  }
   uint32_t last_res = UINT32_MAX;
   size_t next_page = 0;  // first page of last_res not yet counted
   for (const auto& [addr, b] : placement_.index().blocks()) {

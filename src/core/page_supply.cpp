@@ -82,7 +82,8 @@ bool PageSupply::exchange_pays(size_t n) const {
 }
 
 void PageSupply::note_peaks(size_t in_hand) {
-  stats_.peak_mapped_bytes = std::max<uint64_t>(stats_.peak_mapped_bytes, mapped_pages_ * page_);
+  stats_.peak_mapped_bytes =
+      std::max<uint64_t>(stats_.peak_mapped_bytes, (mapped_pages_ + outside_pages_) * page_);
   stats_.peak_physical_bytes =
       std::max<uint64_t>(stats_.peak_physical_bytes, (held_pages() + in_hand) * page_);
 }

@@ -44,7 +44,13 @@ class PageSupply {
   size_t touched_pages() const noexcept { return touched_pages_; }
   size_t mapped_pages() const noexcept { return mapped_pages_; }
   size_t pooled_pages() const noexcept { return pool_.pages(); }
-  size_t held_pages() const noexcept { return mapped_pages_ + pool_.pages(); }
+  // Held: mapped + pooled + outside (registrable blocks, outside the page books).
+  size_t held_pages() const noexcept { return mapped_pages_ + pool_.pages() + outside_pages_; }
+  size_t outside_pages() const noexcept { return outside_pages_; }
+  // Pages of registrable blocks (registrable_blocks.hpp) came (+) or went (-): they count
+  // against the capacity and the limit like any block's.
+  void add_outside_pages(size_t n) noexcept { outside_pages_ += n; }
+  void remove_outside_pages(size_t n) noexcept { outside_pages_ -= n; }
   size_t capacity_pages() const noexcept { return capacity_pages_; }
   // SIZE_MAX: no limit.
   size_t limit_pages() const noexcept { return limit_pages_; }
@@ -52,7 +58,8 @@ class PageSupply {
   // Pages that may still become touched by live blocks: min(capacity, limit) - touched.
   size_t pages_left() const noexcept {
     const size_t cap = std::min(capacity_pages_, limit_pages_);
-    return cap > touched_pages_ ? cap - touched_pages_ : 0;
+    const size_t used = touched_pages_ + outside_pages_;
+    return cap > used ? cap - used : 0;
   }
   // A block over [addr, addr+bytes) of r became live, or stopped being.
   void touch(Reservation& r, CUdeviceptr addr, size_t bytes) {
@@ -135,6 +142,7 @@ class PageSupply {
   HandlePool pool_;
   size_t mapped_pages_ = 0;
   size_t touched_pages_ = 0;
+  size_t outside_pages_ = 0;
   size_t high_water_ = 0;  // most pages touched by live blocks plus a request's, so far
   AllocatorEvents* events_ = nullptr;
 };

@@ -75,6 +75,16 @@ bool DeviceAllocator::sleep_pool(PoolId id, SleepMode mode) {
     throw usage_error("expanse: pool_sleep: " + pool_name(id, device()) +
                       " is asleep already; nothing was changed");
   }
+  if (p.registrable) {
+    // Its handles may be exported to other processes or registered with NICs: giving their
+    // pages back would leave importers and registrations on memory the pool no longer has.
+    const RegistrableBlocks::PoolFigures f = registrable_.of_pool(id);
+    throw usage_error("expanse: pool_sleep: " + pool_name(id, device()) +
+                      " is registrable (" + std::to_string(f.blocks) + " live block" +
+                      (f.blocks == 1 ? "" : "s") + (f.exported ? ", some exported" : "") +
+                      "): its memory may be mapped by other processes or registered with NICs, "
+                      "so it cannot sleep; nothing was changed");
+  }
   BlockIndex& index = placement_.index();
   const double modeled0 = drv_.modeled_ns();
   const auto wall0 = std::chrono::steady_clock::now();

@@ -45,6 +45,8 @@ struct PoolState {
   PoolId id = 0;
   int use_count = 0;
   bool returned = false;  // released and proven done: its free memory is the default pool's
+  // Its blocks are registrable blocks (registrable_blocks.hpp), outside the page books.
+  bool registrable = false;
   size_t live_blocks = 0;
   size_t requested_bytes = 0;  // live, as asked for
   size_t allocated_bytes = 0;  // live, as carved

@@ -150,7 +150,17 @@
   X(memcpy_htod_async, "cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2, 3020, required,                  \
     (CUdeviceptr dst, const void* src, size_t bytes, CUstream stream), (dst, src, bytes, stream))  \
   X(memset_d8_async, "cuMemsetD8Async", cuMemsetD8Async, 3020, required,                           \
-    (CUdeviceptr dst, unsigned char value, size_t n, CUstream stream), (dst, value, n, stream))
+    (CUdeviceptr dst, unsigned char value, size_t n, CUstream stream), (dst, value, n, stream))  \
+  X(mem_export_to_shareable_handle, "cuMemExportToShareableHandle",                               \
+    cuMemExportToShareableHandle, 10020, required,                                                 \
+    (void* shareable, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType type,         \
+     unsigned long long flags), (shareable, handle, type, flags))                                  \
+  X(mem_import_from_shareable_handle, "cuMemImportFromShareableHandle",                            \
+    cuMemImportFromShareableHandle, 10020, required,                                               \
+    (CUmemGenericAllocationHandle* handle, void* os_handle, CUmemAllocationHandleType type),       \
+    (handle, os_handle, type))                                                                     \
+  X(mem_get_address_range, "cuMemGetAddressRange", cuMemGetAddressRange_v2, 3020, required,       \
+    (CUdeviceptr* base, size_t* size, CUdeviceptr ptr), (base, size, ptr))
 
 namespace expanse::driver {
 

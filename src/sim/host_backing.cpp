@@ -7,7 +7,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <string>
+#include <vector>
 
 namespace expanse::sim::detail {
 namespace {
@@ -102,6 +105,64 @@ bool va_protect(uintptr_t va, size_t size, int access_flags) noexcept {
   if (access_flags == 1) prot = PROT_READ;
   if (access_flags == 3) prot = PROT_READ | PROT_WRITE;
   return mprotect(as_ptr(va), size, prot) == 0;
+}
+
+namespace {
+constexpr char kHandlePrefix[] = "expanse-sim-handle-d";
+}  // namespace
+
+int handle_memfd_create(int device, size_t size) noexcept {
+  const std::string name = kHandlePrefix + std::to_string(device);
+  const int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (fd < 0) return -1;
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool copy_extent(int src_fd, uint64_t offset, int dst_fd, size_t size) noexcept {
+  const auto end = static_cast<off_t>(offset + size);
+  auto at = static_cast<off_t>(offset);
+  std::vector<char> buf(size_t{1} << 20);
+  while (at < end) {
+    off_t data = lseek(src_fd, at, SEEK_DATA);
+    if (data < 0) return errno == ENXIO;  // no data after `at`: the rest is a hole
+    if (data >= end) return true;
+    off_t hole = lseek(src_fd, data, SEEK_HOLE);
+    if (hole < 0 || hole > end) hole = end;
+    for (off_t p = data; p < hole;) {
+      const size_t n = std::min<size_t>(buf.size(), static_cast<size_t>(hole - p));
+      const ssize_t got = pread(src_fd, buf.data(), n, p);
+      if (got <= 0) return false;
+      const off_t to = p - static_cast<off_t>(offset);
+      if (pwrite(dst_fd, buf.data(), static_cast<size_t>(got), to) != got) return false;
+      p += got;
+    }
+    at = hole;
+  }
+  return true;
+}
+
+bool handle_memfd_identity(int fd, int* device, size_t* size) noexcept {
+  if (fd < 0) return false;
+  char link[64];
+  char target[256];
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  const ssize_t n = readlink(link, target, sizeof target - 1);
+  if (n <= 0) return false;
+  target[n] = '\0';
+  const std::string t(target);
+  const std::string want = std::string("/memfd:") + kHandlePrefix;
+  if (t.compare(0, want.size(), want) != 0) return false;
+  int d = -1;
+  if (std::sscanf(t.c_str() + want.size(), "%d", &d) != 1 || d < 0) return false;
+  struct stat st;
+  if (fstat(fd, &st) != 0) return false;
+  *device = d;
+  *size = static_cast<size_t>(st.st_size);
+  return true;
 }
 
 PhysicalStore::~PhysicalStore() {

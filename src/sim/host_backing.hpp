@@ -39,6 +39,21 @@ bool va_unmap_to_reserved(uintptr_t va, size_t size) noexcept;
 // mprotect with 0 (none), 1 (read) or 3 (read+write). False on failure.
 bool va_protect(uintptr_t va, size_t size, int access_flags) noexcept;
 
+// Exportable allocations (cuMemExportToShareableHandle): an allocation gets a memfd of its own
+// when it is first exported, so the fd handed out is a real file another process can map (after
+// fork, or received over a Unix socket). The memfd's name carries the device
+// ("expanse-sim-handle-d<device>"), so an importer in another process learns which device's
+// memory it holds.
+//
+// A new sparse memfd of `size` bytes for device's memory; -1 on failure.
+int handle_memfd_create(int device, size_t size) noexcept;
+// Copies [offset, offset+size) of src_fd to the start of dst_fd, only where src has data (holes
+// stay holes). False on failure.
+bool copy_extent(int src_fd, uint64_t offset, int dst_fd, size_t size) noexcept;
+// Whether fd is a memfd made by handle_memfd_create (in this process or another): its device
+// and size. False for anything else (a closed fd, another file).
+bool handle_memfd_identity(int fd, int* device, size_t* size) noexcept;
+
 // One device's physical memory: a sparse memfd carved into extents.
 class PhysicalStore {
  public:

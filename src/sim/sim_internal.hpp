@@ -60,13 +60,24 @@ struct AccessBits {
 };
 
 struct Allocation {
+  Allocation() = default;
+  ~Allocation();  // closes own_fd
+  Allocation(const Allocation&) = delete;
+  Allocation& operator=(const Allocation&) = delete;
+
   CUmemGenericAllocationHandle handle = 0;
   int device = 0;
   size_t size = 0;
   CUmemAllocationProp prop{};
-  uint64_t user_refs = 0;  // cuMemCreate + cuMemRetainAllocationHandle - cuMemRelease
+  uint64_t user_refs = 0;  // cuMemCreate + cuMemRetainAllocationHandle + import - cuMemRelease
   uint64_t map_refs = 0;   // live mappings
-  uint64_t offset = 0;     // extent in the device's memfd (backing only)
+  uint64_t offset = 0;     // extent in the device's memfd (backing only; own_fd < 0)
+  // A memfd of its own, made at its first export (or the importer's copy of the exported fd):
+  // its bytes live there from then on, at offset 0, whatever the backing.
+  int own_fd = -1;
+  // Imported (cuMemImportFromShareableHandle): the memory is counted by the process that created
+  // it, not in this device's physical_used.
+  bool imported = false;
 };
 
 struct Mapping {
@@ -345,6 +356,16 @@ void drop_captures(State& s, int device) noexcept;
 void capture_join(Stream& st, const Event& e);
 void capture_node(Stream& st);
 void capture_record(Event& e, const Stream& st);
+
+// ---- physical allocations and mappings (sim_vmm.cpp) ----
+// A handle value that names an allocation with user references left; nullptr otherwise.
+Allocation* live_handle(State& s, CUmemGenericAllocationHandle h);
+// Frees the physical memory once nothing refers to it any more.
+void maybe_free(State& s, Allocation* a);
+// The mapping containing va, or s.mappings.end().
+std::map<uintptr_t, Mapping>::iterator mapping_at(State& s, uintptr_t va);
+// A handle value never handed out before in this process.
+CUmemGenericAllocationHandle next_handle() noexcept;
 
 // The protection of [va, va+len) follows the bookkeeping again (after a change or a failure).
 bool sync_host_protection(State& s, uintptr_t va, size_t len);

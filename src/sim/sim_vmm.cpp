@@ -12,42 +12,14 @@
 #include <vector>
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 namespace expanse::sim {
+using detail::live_handle;
+using detail::mapping_at;
+using detail::maybe_free;
+using detail::next_handle;
 namespace {
-
-std::atomic<uint64_t> g_handle_serial{0};
-
-// Handle values are never reused within a process, so a stale handle never aliases a new one.
-CUmemGenericAllocationHandle next_handle() noexcept {
-  const uint64_t n = g_handle_serial.fetch_add(1) + 1;
-  return (uint64_t{0x51} << 40) | (n << 4);
-}
-
-// ---- VMM helpers --------------------------------------------------------------------------------
-
-Allocation* live_handle(State& s, CUmemGenericAllocationHandle h) {
-  auto it = s.allocations.find(h);
-  if (it == s.allocations.end() || it->second->user_refs == 0) return nullptr;
-  return it->second.get();
-}
-
-// Frees the physical memory once nothing refers to it any more.
-void maybe_free(State& s, Allocation* a) {
-  if (a->user_refs != 0 || a->map_refs != 0) return;
-  Device& d = device(s, a->device);
-  d.physical_used -= a->size;
-  if (s.cfg.backing) d.store.free(a->offset, a->size);
-  s.allocations.erase(a->handle);
-}
-
-// The mapping containing va, or end().
-std::map<uintptr_t, Mapping>::iterator mapping_at(State& s, uintptr_t va) {
-  auto it = s.mappings.upper_bound(va);
-  if (it == s.mappings.begin()) return s.mappings.end();
-  --it;
-  return va < it->first + it->second.size ? it : s.mappings.end();
-}
 
 // [lo, hi) inside one reservation (or, if allow_span, inside adjacent reservations).
 bool inside_reservations(const State& s, uintptr_t lo, uintptr_t hi, bool allow_span) {
@@ -310,6 +282,46 @@ CUresult async_op(State& s, CallSize& units, AsyncOp op, uintptr_t dev_ptr, uint
 }
 
 }  // namespace
+
+// ---- physical allocations, shared with sim_share.cpp ----
+namespace detail {
+namespace {
+std::atomic<uint64_t> g_handle_serial{0};
+}  // namespace
+
+// Handle values are never reused within a process, so a stale handle never aliases a new one.
+CUmemGenericAllocationHandle next_handle() noexcept {
+  const uint64_t n = g_handle_serial.fetch_add(1) + 1;
+  return (uint64_t{0x51} << 40) | (n << 4);
+}
+
+Allocation::~Allocation() {
+  if (own_fd >= 0) close(own_fd);
+}
+
+Allocation* live_handle(State& s, CUmemGenericAllocationHandle h) {
+  auto it = s.allocations.find(h);
+  if (it == s.allocations.end() || it->second->user_refs == 0) return nullptr;
+  return it->second.get();
+}
+
+void maybe_free(State& s, Allocation* a) {
+  if (a->user_refs != 0 || a->map_refs != 0) return;
+  if (!a->imported) {
+    Device& d = device(s, a->device);
+    d.physical_used -= a->size;
+    if (s.cfg.backing && a->own_fd < 0) d.store.free(a->offset, a->size);
+  }
+  s.allocations.erase(a->handle);  // closes own_fd
+}
+
+std::map<uintptr_t, Mapping>::iterator mapping_at(State& s, uintptr_t va) {
+  auto it = s.mappings.upper_bound(va);
+  if (it == s.mappings.begin()) return s.mappings.end();
+  --it;
+  return va < it->first + it->second.size ? it : s.mappings.end();
+}
+}  // namespace detail
 
 // ---- pinned host memory -------------------------------------------------------------------------
 // cuMemHostAlloc / cuMemFreeHost. cuda.h documents SUCCESS, DEINITIALIZED, NOT_INITIALIZED,
@@ -619,8 +631,10 @@ CUresult sim_mem_map(CUdeviceptr ptr, size_t size, size_t offset,
       return CUDA_ERROR_INVALID_VALUE;
     }
     if (overlaps_mapping(s, lo, hi)) return CUDA_ERROR_INVALID_VALUE;
+    const bool own = a->own_fd >= 0;
     if (s.cfg.backing &&
-        !detail::va_map_file(lo, size, device(s, a->device).store.fd(), a->offset)) {
+        !detail::va_map_file(lo, size, own ? a->own_fd : device(s, a->device).store.fd(),
+                             own ? 0 : a->offset)) {
       return CUDA_ERROR_OUT_OF_MEMORY;  // the host ran out of mappings (vm.max_map_count)
     }
     Mapping& m = s.mappings[lo];

@@ -1,0 +1,210 @@
+// DeviceAllocator's registrable blocks and imports (registrable_blocks.hpp, imported_blocks.hpp):
+// allocation, free, export, import and close, with the books (stats, pages against the limit).
+#include "core/device_allocator.hpp"
+#include "core/format.hpp"
+#include "conf/env_config.hpp"
+#include "driver_api/error_names.hpp"
+#include "expanse/errors.hpp"
+
+#include <algorithm>
+
+namespace expanse::core {
+namespace {
+
+std::string code_name(CUresult r) {
+  const char* n = driver::error_name(static_cast<int>(r));
+  return n != nullptr ? n : "CUresult " + std::to_string(static_cast<int>(r));
+}
+
+}  // namespace
+
+void* DeviceAllocator::allocate_registrable(size_t bytes, uint64_t pool, CUstream stream) {
+  const size_t extent = round_up(bytes, page_);
+  const size_t pages = extent / page_;
+  auto oom = [&](const std::string& why) {
+    ++stats_.num_ooms;
+    if (events_ != nullptr) events_->on_oom(device(), bytes, stream, supply_.pages_left() * page_);
+    throw out_of_memory("expanse: out of memory on device " + std::to_string(device()) +
+                            ": asked for a registrable block of " + conf::format_size(bytes) +
+                            " (" + std::to_string(bytes) + " bytes, one handle of " +
+                            conf::format_size(extent) + "); " + why,
+                        bytes, device());
+  };
+  if (pages > supply_.pages_left()) {
+    oom("the pages do not exist (" + std::to_string(supply_.pages_left()) + " pages of " +
+        conf::format_size(page_) + " left)");
+  }
+  try {
+    // Cached pages give way to it, as they do to any block (invariant 1).
+    const size_t cap = std::min(supply_.limit_pages(), supply_.capacity_pages());
+    if (supply_.held_pages() + pages > cap) {
+      streams_.poll(true);
+      supply_.trim_to(cap > pages ? cap - pages : 0);
+    }
+    CUdeviceptr va = registrable_.allocate(bytes, pool);
+    if (va == 0) {  // the device is out of memory: give every cached page back, once
+      streams_.poll(true);
+      supply_.trim_to(supply_.touched_pages());
+      va = registrable_.allocate(bytes, pool);
+    }
+    if (va == 0) oom("cuMemCreate answered CUDA_ERROR_OUT_OF_MEMORY with every cached page given back");
+    supply_.add_outside_pages(pages);
+    stats_.requested_bytes += bytes;
+    stats_.allocated_bytes += extent;
+    ++stats_.live_blocks;
+    ++stats_.num_allocs;
+    stats_.num_created_pages += pages;
+    stats_.peak_requested_bytes = std::max(stats_.peak_requested_bytes, stats_.requested_bytes);
+    stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+    stats_.peak_va_reserved_bytes =
+        std::max<uint64_t>(stats_.peak_va_reserved_bytes,
+                           placement_.va_reserved() + registrable_.bytes() + imports_.bytes());
+    supply_.note_peaks(0);
+    return reinterpret_cast<void*>(va);
+  } catch (const driver::driver_error& e) {
+    throw driver_failure("expanse: allocating a registrable block of " + std::to_string(bytes) +
+                             " bytes on device " + std::to_string(device()) + ": " + e.what(),
+                         static_cast<int>(e.code()));
+  }
+}
+
+void DeviceAllocator::sync_for_unmap(const std::string& what, CUstream stream) {
+  bool not_capturing = false;
+  {
+    // NULL and CU_STREAM_PER_THREAD name the current context's streams: the device's own here.
+    DeviceDriver::ScopedContext scope(drv_);
+    not_capturing = scope.ok() && drv_.surely_not_capturing(stream);
+  }
+  if (!not_capturing) {
+    throw usage_error("expanse: " + what + " on device " + std::to_string(device()) +
+                      ": stream " + stream_name(stream) +
+                      " is capturing (or cannot be asked): the memory is unmapped at once, "
+                      "after the device's work; do it after the capture ends; nothing was "
+                      "changed");
+  }
+  if (!streams_.sync_context(drv_.primary())) {
+    throw usage_error("expanse: " + what + " on device " + std::to_string(device()) +
+                      ": the device's work cannot be waited for now (a capture is announced "
+                      "in its context, or the synchronize failed); try again after the capture "
+                      "ends; nothing was changed");
+  }
+}
+
+void DeviceAllocator::free_registrable(CUdeviceptr addr, CUstream stream, size_t expected_size) {
+  const RegistrableBlock& b = *registrable_.find(addr);
+  if (expected_size != 0 && expected_size != b.requested) {
+    throw usage_error("expanse: free of " + hex(addr) + " on device " + std::to_string(device()) +
+                      " with size " + std::to_string(expected_size) +
+                      ", but it was allocated with size " + std::to_string(b.requested) +
+                      "; nothing was changed");
+  }
+  // Its handle is unmapped and released at once (never reused for another block), so the work
+  // that may use it must be done first (invariant 3).
+  sync_for_unmap("free of the registrable block " + hex(addr), stream);
+  const size_t extent = b.extent;
+  const size_t requested = b.requested;
+  auto books = [&] {
+    supply_.remove_outside_pages(extent / page_);
+    stats_.requested_bytes -= requested;
+    stats_.allocated_bytes -= extent;
+    --stats_.live_blocks;
+    ++stats_.num_frees;
+    stats_.num_released_pages += extent / page_;
+  };
+  try {
+    registrable_.free(addr);
+  } catch (const driver::driver_error& e) {
+    books();
+    throw driver_failure("expanse: free of the registrable block " + hex(addr) + " on device " +
+                             std::to_string(device()) + ": " + e.what(),
+                         static_cast<int>(e.code()));
+  }
+  books();
+}
+
+DeviceAllocator::Export DeviceAllocator::export_block(const void* ptr) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto addr = reinterpret_cast<CUdeviceptr>(ptr);
+  const std::string at = "expanse: ipc export of " + hex(addr) + " on device " +
+                         std::to_string(device()) + ": ";
+  RegistrableBlock* b = registrable_.find(addr);
+  if (b == nullptr) {
+    CUdeviceptr base = 0;
+    if (registrable_.containing(addr, &base) != nullptr) {
+      throw usage_error(at + "interior pointer, " + std::to_string(addr - base) +
+                        " bytes into the registrable block at " + hex(base) +
+                        ": export the block's start; nothing was changed");
+    }
+    const auto& blocks = placement_.index().blocks();
+    auto it = blocks.find(addr);
+    if (it != blocks.end() && it->second.state == BlockState::live) {
+      throw usage_error(at + "a block whose pages other blocks may share, so it cannot be "
+                             "exported: allocate memory to share in a registrable pool "
+                             "(expanse_pool_create_registrable) or with EXPANSE_CONF "
+                             "registrable:on; nothing was changed");
+    }
+    throw usage_error(at + describe_pointer_locked(ptr) + "; nothing was changed");
+  }
+  if (!drv_.posix_fd_handles()) {
+    throw usage_error(at + "the device cannot export POSIX file descriptors "
+                           "(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED is "
+                           "0), so its handles were created without them; nothing was changed");
+  }
+  Export out;
+  const CUresult r = drv_.export_fd(b->handle, &out.fd);
+  if (r != CUDA_SUCCESS) {
+    throw driver_failure(at + "cuMemExportToShareableHandle failed with " + code_name(r),
+                         static_cast<int>(r));
+  }
+  b->exported = true;
+  out.extent = b->extent;
+  out.requested = b->requested;
+  return out;
+}
+
+void* DeviceAllocator::import_block(const std::vector<int>& fds, const std::vector<size_t>& sizes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  try {
+    const CUdeviceptr va = imports_.import(fds, sizes);
+    stats_.peak_va_reserved_bytes =
+        std::max<uint64_t>(stats_.peak_va_reserved_bytes,
+                           placement_.va_reserved() + registrable_.bytes() + imports_.bytes());
+    return reinterpret_cast<void*>(va);
+  } catch (const driver::driver_error& e) {
+    throw driver_failure("expanse: ipc import on device " + std::to_string(device()) + ": " +
+                             e.what(),
+                         static_cast<int>(e.code()));
+  }
+}
+
+void DeviceAllocator::close_import(void* ptr) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto addr = reinterpret_cast<CUdeviceptr>(ptr);
+  if (!imports_.has(addr)) {
+    throw usage_error("expanse: ipc close of " + hex(addr) + " on device " +
+                      std::to_string(device()) +
+                      ": not an address expanse_ipc_import returned (or closed already); "
+                      "nothing was changed");
+  }
+  sync_for_unmap("ipc close of " + hex(addr), nullptr);
+  try {
+    imports_.close(addr);
+  } catch (const driver::driver_error& e) {
+    throw driver_failure("expanse: ipc close of " + hex(addr) + " on device " +
+                             std::to_string(device()) + ": " + e.what(),
+                         static_cast<int>(e.code()));
+  }
+}
+
+bool DeviceAllocator::is_import(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return imports_.has(reinterpret_cast<CUdeviceptr>(ptr));
+}
+
+bool DeviceAllocator::is_registrable(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  CUdeviceptr base = 0;
+  return registrable_.containing(reinterpret_cast<CUdeviceptr>(ptr), &base) != nullptr;
+}
+
+}  // namespace expanse::core

@@ -1,0 +1,50 @@
+// Blocks imported from other processes (docs/design.md, "Sharing across processes").
+//
+// An import reserves VA for the block's extent only (a whole number of granules), imports each
+// exported handle (cuMemImportFromShareableHandle), maps them side by side, grants this device
+// (and its peers) access, and returns the block's address in this process. Close unmaps,
+// releases and frees that VA. Nothing is reserved for growth: a process importing 10,000 blocks
+// of 2 MiB reserves 20 GiB, not 10,000 devices' worth.
+#pragma once
+
+#include "core/device_driver.hpp"
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <map>
+#include <vector>
+
+namespace expanse::core {
+
+struct ImportedBlock {
+  size_t extent = 0;  // VA reserved and mapped
+  std::vector<std::pair<CUmemGenericAllocationHandle, size_t>> handles;  // with their sizes
+};
+
+class ImportedBlocks {
+ public:
+  explicit ImportedBlocks(DeviceDriver& drv) : drv_(drv) {}
+  ImportedBlocks(const ImportedBlocks&) = delete;
+  ImportedBlocks& operator=(const ImportedBlocks&) = delete;
+
+  // Imports fds (one per handle, of handle_sizes bytes each, in address order) and maps them;
+  // returns the base of the mapping. Throws expanse::usage_error for an fd the driver refuses or
+  // memory of another device, driver::driver_error for other failures; nothing is left behind.
+  CUdeviceptr import(const std::vector<int>& fds, const std::vector<size_t>& handle_sizes);
+  // Whether va is the base of an import here.
+  bool has(CUdeviceptr va) const { return blocks_.count(va) != 0; }
+  // Unmaps, releases, frees the VA (va must be an import's base). The books forget it either way.
+  void close(CUdeviceptr va);
+  void grant_all();
+  void close_all_quietly() noexcept;
+  size_t count() const noexcept { return blocks_.size(); }
+  size_t bytes() const noexcept { return bytes_; }
+
+ private:
+  DeviceDriver& drv_;
+  std::map<CUdeviceptr, ImportedBlock> blocks_;
+  size_t bytes_ = 0;
+};
+
+}  // namespace expanse::core

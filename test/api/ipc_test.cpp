@@ -1,0 +1,469 @@
+// Sharing across processes (expanse_ipc_*) and registrable pools through the C ABI: a block
+// exported, sent over a socketpair to a forked child, imported, checked and written there; the
+// exporter freeing an exported block; 10,000 imports and the VA they reserve; what NCCL asks of
+// a registrable block (cuMemGetAddressRange, cuMemRetainAllocationHandle); and bad input. Each
+// case runs on the in-process sim (driver:sim) and on libexpanse_simcuda.so loaded as the CUDA
+// driver (driver:cuda,driver_library:...).
+//
+// Forking in a gtest process: the child does only what its lambda says with the state it
+// inherited (one thread: gtest runs these tests on the main thread, and nothing here starts
+// another), then _exit()s with a code the parent checks; it never returns into gtest.
+#include "api/runtime.hpp"
+#include "expanse/expanse.h"
+#include "sim/sim.hpp"
+
+#include <gtest/gtest.h>
+
+#include <dlfcn.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr size_t MiB = size_t{1} << 20;
+
+unsigned char pattern_a(size_t i) { return static_cast<unsigned char>(i * 131 + 7); }
+unsigned char pattern_b(size_t i) { return static_cast<unsigned char>(i * 29 + 201); }
+
+void fill(void* p, size_t n, unsigned char (*pat)(size_t)) {
+  auto* b = static_cast<unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) b[i] = pat(i);
+}
+
+// The first index where p differs from the pattern, or n.
+size_t first_mismatch(const void* p, size_t n, unsigned char (*pat)(size_t)) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) {
+    if (b[i] != pat(i)) return i;
+  }
+  return n;
+}
+
+// Runs child() in a forked child, which _exit()s with its result (the parent goes on).
+pid_t spawn(const std::function<int()>& child) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    int code = 100;
+    try {
+      code = child();
+    } catch (...) {
+      code = 101;
+    }
+    _exit(code);
+  }
+  return pid;
+}
+
+// The child's exit status (128 + signal when it was killed).
+int wait_child(pid_t pid) {
+  if (pid < 0) return -1;
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return -2;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+class Ipc : public ::testing::TestWithParam<std::string> {
+ protected:
+  bool dlopened() const { return GetParam() == "simcuda"; }
+
+  void start(const std::string& conf) {
+    if (dlopened()) {
+      if (lib_ == nullptr) lib_ = dlopen(EXPANSE_SIMCUDA_PATH, RTLD_NOW | RTLD_LOCAL);
+      ASSERT_NE(lib_, nullptr) << dlerror();
+      auto configure =
+          reinterpret_cast<int (*)(const char*)>(dlsym(lib_, "expanse_sim_configure"));
+      ASSERT_NE(configure, nullptr);
+      ASSERT_EQ(configure(conf.c_str()), 0);
+      const std::string full =
+          "driver:cuda,driver_library:" + std::string(EXPANSE_SIMCUDA_PATH) + "," + conf;
+      ASSERT_EQ(expanse_init(full.c_str()), EXPANSE_OK) << expanse_last_error();
+    } else {
+      ASSERT_EQ(expanse_init(("driver:sim," + conf).c_str()), EXPANSE_OK) << expanse_last_error();
+    }
+    started_ = true;
+  }
+
+  void TearDown() override {
+    if (started_) {
+      EXPECT_EQ(expanse_shutdown(), EXPANSE_OK) << expanse_last_error();
+    }
+    if (lib_ != nullptr) {
+      auto outstanding = reinterpret_cast<int (*)(unsigned long long*, unsigned long long*,
+                                                  unsigned long long*, unsigned long long*)>(
+          dlsym(lib_, "expanse_sim_outstanding"));
+      unsigned long long r = 0, a = 0, m = 0, b = 0;
+      if (outstanding != nullptr) outstanding(&r, &a, &m, &b);
+      EXPECT_EQ(r + a + m + b, 0u) << "the sim library holds resources after shutdown";
+      dlclose(lib_);
+    } else if (started_) {
+      EXPECT_TRUE(expanse::sim::outstanding().empty()) << expanse::sim::describe_outstanding();
+    }
+  }
+
+  const expanse::driver::DriverTable& t() { return expanse::api::Runtime::get().driver().table(); }
+
+  expanse_pool_id registrable_pool(int device = 0) {
+    expanse_pool_id id = 0;
+    EXPECT_EQ(expanse_pool_create_registrable(device, &id), EXPANSE_OK) << expanse_last_error();
+    return id;
+  }
+
+  bool started_ = false;
+  void* lib_ = nullptr;
+};
+
+// The parent allocates, writes a pattern, exports and sends; the child imports, checks every
+// byte, writes another pattern and closes; the parent sees it.
+TEST_P(Ipc, ForkedChildImportsChecksWritesAndCloses) {
+  start("sim_capacity:1GiB");
+  const expanse_pool_id pool = registrable_pool();
+  const size_t n = 3 * MiB + 100;  // not a whole number of pages
+  void* p = expanse_pool_malloc(pool, n, nullptr);
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  fill(p, n, pattern_a);
+  expanse_ipc_handle h;
+  ASSERT_EQ(expanse_ipc_export(p, &h), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(expanse_ipc_handle_size(&h), n);
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  const pid_t child = spawn([&] {
+    close(sv[0]);
+    expanse_ipc_handle got;
+    if (expanse_ipc_recv(sv[1], &got) != EXPANSE_OK) return 2;
+    void* q = nullptr;
+    if (expanse_ipc_import(&got, 0, &q) != EXPANSE_OK || q == nullptr) return 3;
+    if (q == p) return 4;  // a fresh address range in this process, not the parent's
+    if (first_mismatch(q, n, pattern_a) != n) return 5;
+    fill(q, n, pattern_b);
+    if (expanse_ipc_close(q) != EXPANSE_OK) {
+      std::fprintf(stderr, "child: %s\n", expanse_last_error());
+      return 6;
+    }
+    if (expanse_ipc_handle_release(&got) != EXPANSE_OK) return 7;
+    const char done = 'k';
+    return write(sv[1], &done, 1) == 1 ? 0 : 8;
+  });
+  close(sv[1]);
+  ASSERT_GT(child, 0);
+  EXPECT_EQ(expanse_ipc_send(sv[0], &h), EXPANSE_OK) << expanse_last_error();
+  char done = 0;
+  EXPECT_EQ(read(sv[0], &done, 1), 1);
+  const int status = wait_child(child);
+  ASSERT_EQ(status, 0) << "the child failed at step " << status;
+  close(sv[0]);
+  ASSERT_EQ(expanse_ipc_handle_release(&h), EXPANSE_OK);
+  EXPECT_EQ(first_mismatch(p, n, pattern_b), n) << "the parent does not see the child's bytes";
+  expanse_free(p, 0, 0, nullptr);
+  EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
+}
+
+// The exporter frees an exported block and allocates again: the importer still reads its own
+// pattern (the freed block's handle was released, never reused), and the new block's handle is
+// not the exported one.
+TEST_P(Ipc, FreedExportedBlockIsNeverReused) {
+  start("sim_capacity:1GiB");
+  const expanse_pool_id pool = registrable_pool();
+  const size_t n = 2 * MiB;
+  void* p = expanse_pool_malloc(pool, n, nullptr);
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  fill(p, n, pattern_a);
+  expanse_ipc_handle h;
+  ASSERT_EQ(expanse_ipc_export(p, &h), EXPANSE_OK) << expanse_last_error();
+  // The importer: another process on a GPU; here the same one (a fresh range all the same).
+  void* q = nullptr;
+  ASSERT_EQ(expanse_ipc_import(&h, 0, &q), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_ipc_handle_release(&h), EXPANSE_OK);
+  ASSERT_NE(q, p);
+  CUmemGenericAllocationHandle exported = 0;
+  {
+    CUcontext ctx = nullptr;
+    CUdevice d = 0;
+    ASSERT_EQ(t().device_get(&d, 0), CUDA_SUCCESS);
+    ASSERT_EQ(t().device_primary_ctx_retain(&ctx, d), CUDA_SUCCESS);
+    ASSERT_EQ(t().ctx_push_current(ctx), CUDA_SUCCESS);
+    ASSERT_EQ(t().mem_retain_allocation_handle(&exported, p), CUDA_SUCCESS);
+    ASSERT_EQ(t().mem_release(exported), CUDA_SUCCESS);
+    expanse_free(p, 0, 0, nullptr);
+    std::vector<void*> fresh;
+    for (int i = 0; i < 4; ++i) {
+      void* r = expanse_pool_malloc(pool, n, nullptr);
+      ASSERT_NE(r, nullptr) << expanse_last_error();
+      fill(r, n, pattern_b);
+      CUmemGenericAllocationHandle mine = 0;
+      ASSERT_EQ(t().mem_retain_allocation_handle(&mine, r), CUDA_SUCCESS);
+      EXPECT_NE(mine, exported) << "a new block got the exported block's handle";
+      ASSERT_EQ(t().mem_release(mine), CUDA_SUCCESS);
+      fresh.push_back(r);
+    }
+    void* plain = expanse_malloc(n, 0, nullptr);  // the default pool too
+    ASSERT_NE(plain, nullptr);
+    fill(plain, n, pattern_b);
+    EXPECT_EQ(first_mismatch(q, n, pattern_a), n) << "the importer's bytes were overwritten";
+    for (void* r : fresh) expanse_free(r, 0, 0, nullptr);
+    expanse_free(plain, 0, 0, nullptr);
+    EXPECT_EQ(expanse_release_cached(0), EXPANSE_OK);
+    EXPECT_EQ(first_mismatch(q, n, pattern_a), n);
+    CUcontext popped = nullptr;
+    t().ctx_pop_current(&popped);
+    t().device_primary_ctx_release(d);
+  }
+  EXPECT_EQ(expanse_ipc_close(q), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
+}
+
+// What NCCL asks of a buffer (ncclCommRegister, ncclCommWindowRegister): cuMemGetAddressRange on
+// any address in a registrable block answers the block (one handle: base = the block, size = its
+// extent), and cuMemRetainAllocationHandle the same handle everywhere in it.
+TEST_P(Ipc, RegistrableBlockIsOneAllocationForNccl) {
+  start("sim_capacity:1GiB");
+  const expanse_pool_id pool = registrable_pool();
+  void* a = expanse_pool_malloc(pool, 5 * MiB + 3, nullptr);
+  void* b = expanse_pool_malloc(pool, 1000, nullptr);
+  ASSERT_TRUE(a != nullptr && b != nullptr) << expanse_last_error();
+  CUcontext ctx = nullptr;
+  CUdevice d = 0;
+  ASSERT_EQ(t().device_get(&d, 0), CUDA_SUCCESS);
+  ASSERT_EQ(t().device_primary_ctx_retain(&ctx, d), CUDA_SUCCESS);
+  ASSERT_EQ(t().ctx_push_current(ctx), CUDA_SUCCESS);
+  const auto base_a = reinterpret_cast<CUdeviceptr>(a);
+  for (size_t off : {size_t{0}, size_t{4096}, 3 * MiB + 17, 5 * MiB + 2}) {
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    ASSERT_EQ(t().mem_get_address_range(&base, &size, base_a + off), CUDA_SUCCESS);
+    EXPECT_EQ(base, base_a) << "offset " << off;
+    EXPECT_EQ(size, 6 * MiB) << "offset " << off;  // 5 MiB + 3 rounded up to 2 MiB pages
+  }
+  CUmemGenericAllocationHandle h0 = 0, h1 = 0, hb = 0;
+  ASSERT_EQ(t().mem_retain_allocation_handle(&h0, a), CUDA_SUCCESS);
+  ASSERT_EQ(t().mem_retain_allocation_handle(&h1, static_cast<char*>(a) + 5 * MiB), CUDA_SUCCESS);
+  ASSERT_EQ(t().mem_retain_allocation_handle(&hb, b), CUDA_SUCCESS);
+  EXPECT_EQ(h0, h1);
+  EXPECT_NE(h0, hb);
+  CUmemAllocationProp prop{};
+  ASSERT_EQ(t().mem_get_allocation_properties_from_handle(&prop, h0), CUDA_SUCCESS);
+  EXPECT_NE(prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  EXPECT_EQ(prop.allocFlags.gpuDirectRDMACapable, 1);
+  for (auto h : {h0, h1, hb}) EXPECT_EQ(t().mem_release(h), CUDA_SUCCESS);
+  CUcontext popped = nullptr;
+  t().ctx_pop_current(&popped);
+  t().device_primary_ctx_release(d);
+  expanse_pool_id of = 0;
+  EXPECT_EQ(expanse_pool_of(a, &of), EXPANSE_OK);
+  EXPECT_EQ(of, pool);
+  expanse_pool_stats ps{};
+  ps.struct_size = sizeof ps;
+  ASSERT_EQ(expanse_pool_get_stats(pool, &ps), EXPANSE_OK);
+  EXPECT_EQ(ps.live_blocks, 2u);
+  EXPECT_EQ(ps.requested_bytes, 5 * MiB + 3 + 1000);
+  EXPECT_EQ(ps.physical_bytes, 8 * MiB);
+  expanse_stats st{};
+  st.struct_size = sizeof st;
+  ASSERT_EQ(expanse_get_stats(0, &st), EXPANSE_OK);
+  EXPECT_EQ(st.live_blocks, 2u);
+  EXPECT_EQ(st.physical_bytes, 8 * MiB);
+  // A registrable pool cannot sleep: its memory may be mapped elsewhere or registered.
+  EXPECT_EQ(expanse_pool_sleep(pool, EXPANSE_SLEEP_OFFLOAD, nullptr), EXPANSE_EINVAL);
+  EXPECT_NE(std::string(expanse_last_error()).find("registrable"), std::string::npos)
+      << expanse_last_error();
+  expanse_free(a, 0, 0, nullptr);
+  expanse_free(b, 1000, 0, nullptr);
+  ASSERT_EQ(expanse_get_stats(0, &st), EXPANSE_OK);
+  EXPECT_EQ(st.live_blocks, 0u);
+  EXPECT_EQ(st.physical_bytes, 0u);
+  EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
+}
+
+// EXPANSE_CONF registrable:on: every default-pool block is registrable, so any of them exports.
+TEST_P(Ipc, RegistrableConfExportsDefaultPoolBlocks) {
+  start("sim_capacity:1GiB,registrable:on");
+  void* p = expanse_malloc(MiB, 0, nullptr);
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  fill(p, MiB, pattern_a);
+  expanse_ipc_handle h;
+  ASSERT_EQ(expanse_ipc_export(p, &h), EXPANSE_OK) << expanse_last_error();
+  void* q = nullptr;
+  ASSERT_EQ(expanse_ipc_import(&h, 0, &q), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(first_mismatch(q, MiB, pattern_a), size_t{MiB});
+  EXPECT_EQ(expanse_ipc_close(q), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(expanse_ipc_handle_release(&h), EXPANSE_OK);
+  expanse_free(p, MiB, 0, nullptr);
+}
+
+// Bad input is a clear error that changes nothing and leaks nothing (TearDown: the sim holds
+// nothing after shutdown).
+TEST_P(Ipc, BadInputIsAClearErrorAndLeaksNothing) {
+  start("sim_devices:2,sim_capacity:1GiB");
+  auto error_has = [](const char* what) {
+    return std::string(expanse_last_error()).find(what) != std::string::npos;
+  };
+  expanse_ipc_handle h;
+  std::memset(&h, 0, sizeof h);
+  // A block of the default pool (its pages may be shared), a foreign pointer, an interior one.
+  void* plain = expanse_malloc(MiB, 0, nullptr);
+  ASSERT_NE(plain, nullptr);
+  EXPECT_EQ(expanse_ipc_export(plain, &h), EXPANSE_EINVAL);
+  EXPECT_TRUE(error_has("registrable")) << expanse_last_error();
+  int local = 0;
+  EXPECT_EQ(expanse_ipc_export(&local, &h), EXPANSE_EINVAL);
+  EXPECT_TRUE(error_has("not a live block")) << expanse_last_error();
+  const expanse_pool_id pool = registrable_pool();
+  void* p = expanse_pool_malloc(pool, 2 * MiB, nullptr);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(expanse_ipc_export(static_cast<char*>(p) + 4096, &h), EXPANSE_EINVAL);
+  EXPECT_TRUE(error_has("interior pointer")) << expanse_last_error();
+  EXPECT_EQ(expanse_ipc_export(p, nullptr), EXPANSE_EINVAL);
+  // A handle never filled, a released one, one whose fd was closed.
+  void* q = nullptr;
+  EXPECT_EQ(expanse_ipc_import(&h, 0, &q), EXPANSE_EINVAL);
+  EXPECT_TRUE(error_has("not an expanse_ipc_handle")) << expanse_last_error();
+  ASSERT_EQ(expanse_ipc_export(p, &h), EXPANSE_OK) << expanse_last_error();
+  expanse_ipc_handle copy = h;
+  ASSERT_EQ(expanse_ipc_handle_release(&h), EXPANSE_OK);
+  EXPECT_EQ(expanse_ipc_handle_release(&h), EXPANSE_OK);  // twice: harmless
+  EXPECT_EQ(expanse_ipc_import(&h, 0, &q), EXPANSE_EINVAL);
+  EXPECT_TRUE(error_has("released")) << expanse_last_error();
+  EXPECT_EQ(expanse_ipc_import(&copy, 0, &q), EXPANSE_EINVAL);  // its fd was closed with h's
+  EXPECT_TRUE(error_has("not open")) << expanse_last_error();
+  EXPECT_EQ(q, nullptr);
+  EXPECT_EQ(expanse_ipc_handle_size(&h), 0u);
+  // Memory of device 0 imported on device 1.
+  ASSERT_EQ(expanse_ipc_export(p, &h), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(expanse_ipc_import(&h, 1, &q), EXPANSE_EINVAL);
+  EXPECT_TRUE(error_has("device 0")) << expanse_last_error();
+  EXPECT_EQ(q, nullptr);
+  // A close of what was not imported; a receive from a peer that closed; a send to nobody.
+  EXPECT_EQ(expanse_ipc_close(p), EXPANSE_EINVAL);
+  EXPECT_TRUE(error_has("not an address expanse_ipc_import returned")) << expanse_last_error();
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  close(sv[1]);
+  expanse_ipc_handle got;
+  EXPECT_EQ(expanse_ipc_recv(sv[0], &got), EXPANSE_EINVAL);
+  EXPECT_TRUE(error_has("closed")) << expanse_last_error();
+  EXPECT_EQ(expanse_ipc_send(sv[0], &h), EXPANSE_EINVAL);
+  close(sv[0]);
+  EXPECT_EQ(expanse_ipc_handle_release(&h), EXPANSE_OK);
+  // The block itself was never harmed.
+  expanse_free(p, 2 * MiB, 0, nullptr);
+  expanse_free(plain, MiB, 0, nullptr);
+  EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
+}
+
+// A registrable block's handle is unmapped at its free, so the free waits for the device's work
+// (invariant 3); while a capture is announced that wait cannot happen: the free is refused and
+// the block stays live and intact, and frees once the capture has ended.
+TEST_P(Ipc, RegistrableFreeDuringAnnouncedCaptureIsRefused) {
+  start("sim_capacity:1GiB");
+  const expanse_pool_id pool = registrable_pool();
+  void* p = expanse_pool_malloc(pool, MiB, nullptr);
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  fill(p, MiB, pattern_a);
+  CUcontext ctx = nullptr;
+  CUdevice d = 0;
+  ASSERT_EQ(t().device_get(&d, 0), CUDA_SUCCESS);
+  ASSERT_EQ(t().device_primary_ctx_retain(&ctx, d), CUDA_SUCCESS);
+  ASSERT_EQ(t().ctx_push_current(ctx), CUDA_SUCCESS);
+  ASSERT_EQ(expanse_capture_begin(nullptr), EXPANSE_OK);
+  EXPECT_EQ(expanse_free_checked(p, MiB, 0, nullptr), EXPANSE_EINVAL);
+  EXPECT_NE(std::string(expanse_last_error()).find("capture"), std::string::npos)
+      << expanse_last_error();
+  EXPECT_EQ(first_mismatch(p, MiB, pattern_a), size_t{MiB});
+  expanse_pool_id of = 0;
+  EXPECT_EQ(expanse_pool_of(p, &of), EXPANSE_OK) << "the refused free changed the block";
+  ASSERT_EQ(expanse_capture_end(nullptr), EXPANSE_OK);
+  EXPECT_EQ(expanse_free_checked(p, MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  CUcontext popped = nullptr;
+  t().ctx_pop_current(&popped);
+  t().device_primary_ctx_release(d);
+  EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
+}
+
+// Invariant 3 for registrable blocks: work queued on the block (a memset on a held stream) is
+// done before the free unmaps the handle, so it never runs on unmapped memory (the sim counts such
+// work as an illegal-address fault).
+TEST_P(Ipc, RegistrableFreeWaitsForPendingWork) {
+  if (dlopened()) GTEST_SKIP() << "holds streams through the in-process sim's controls";
+  start("sim_capacity:1GiB");
+  const expanse_pool_id pool = registrable_pool();
+  CUcontext ctx = nullptr;
+  CUdevice d = 0;
+  ASSERT_EQ(t().device_get(&d, 0), CUDA_SUCCESS);
+  ASSERT_EQ(t().device_primary_ctx_retain(&ctx, d), CUDA_SUCCESS);
+  ASSERT_EQ(t().ctx_push_current(ctx), CUDA_SUCCESS);
+  CUstream s = nullptr;
+  ASSERT_EQ(t().stream_create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  void* p = expanse_pool_malloc(pool, 2 * MiB, reinterpret_cast<CUstream_st*>(s));
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  const uint64_t faults = expanse::sim::async_faults();
+  expanse::sim::hold_stream(s);
+  ASSERT_EQ(t().memset_d8_async(reinterpret_cast<CUdeviceptr>(p), 0x11, 2 * MiB, s),
+            CUDA_SUCCESS);
+  EXPECT_EQ(expanse_free_checked(p, 0, 0, reinterpret_cast<CUstream_st*>(s)), EXPANSE_OK)
+      << expanse_last_error();
+  expanse::sim::release_all();
+  EXPECT_EQ(expanse::sim::async_faults(), faults) << "the memset ran after the unmap";
+  ASSERT_EQ(t().stream_destroy(s), CUDA_SUCCESS);
+  CUcontext popped = nullptr;
+  t().ctx_pop_current(&popped);
+  t().device_primary_ctx_release(d);
+  EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
+}
+
+// 10,000 imports of 2 MiB blocks reserve about the bytes imported (1.05x at most), not a
+// device's worth each; closing them gives it all back.
+TEST_P(Ipc, TenThousandImportsReserveOnlyTheirExtent) {
+  if (dlopened()) GTEST_SKIP() << "the in-process sim's books count the VA";
+  constexpr int kImports = 10000;
+  rlimit lim{};
+  getrlimit(RLIMIT_NOFILE, &lim);
+  if (lim.rlim_cur < kImports + 256 && lim.rlim_max >= kImports + 256) {
+    lim.rlim_cur = kImports + 256;
+    setrlimit(RLIMIT_NOFILE, &lim);
+  }
+  if (lim.rlim_cur < kImports + 256) {
+    GTEST_SKIP() << "the sim keeps one fd per import: needs " << kImports + 256
+                 << " open files, the limit is " << lim.rlim_cur;
+  }
+  start("sim_capacity:1GiB");
+  const expanse_pool_id pool = registrable_pool();
+  void* p = expanse_pool_malloc(pool, 2 * MiB, nullptr);
+  ASSERT_NE(p, nullptr);
+  fill(p, 2 * MiB, pattern_a);
+  expanse_ipc_handle h;
+  ASSERT_EQ(expanse_ipc_export(p, &h), EXPANSE_OK) << expanse_last_error();
+  const size_t before = expanse::sim::outstanding().reserved_bytes;
+  std::vector<void*> imported;
+  for (int i = 0; i < kImports; ++i) {
+    void* q = nullptr;
+    ASSERT_EQ(expanse_ipc_import(&h, 0, &q), EXPANSE_OK) << i << ": " << expanse_last_error();
+    imported.push_back(q);
+  }
+  const size_t reserved = expanse::sim::outstanding().reserved_bytes - before;
+  const double bytes = double(kImports) * double(2 * MiB);
+  std::printf("%d imports of 2 MiB: %zu bytes of VA reserved for %.0f bytes imported (%.4fx)\n",
+              kImports, reserved, bytes, double(reserved) / bytes);
+  EXPECT_LE(double(reserved), 1.05 * bytes);
+  expanse_stats st{};
+  st.struct_size = sizeof st;
+  ASSERT_EQ(expanse_get_stats(0, &st), EXPANSE_OK);
+  EXPECT_LE(double(st.va_reserved_bytes), 1.05 * bytes + double(4 * MiB) + double(before));
+  EXPECT_EQ(first_mismatch(imported.back(), 2 * MiB, pattern_a), 2 * MiB);
+  for (void* q : imported) ASSERT_EQ(expanse_ipc_close(q), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(expanse::sim::outstanding().reserved_bytes, before);
+  EXPECT_EQ(expanse_ipc_handle_release(&h), EXPANSE_OK);
+  expanse_free(p, 0, 0, nullptr);
+  EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
+}
+
+INSTANTIATE_TEST_SUITE_P(Drivers, Ipc, ::testing::Values("sim", "simcuda"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
+}  // namespace
