@@ -61,7 +61,9 @@ void PageSupply::gather(std::vector<HandleSlot>& open, Filled& filled, PageReque
 }
 
 void PageSupply::Gathering::run() {
-  from_pool(false);
+  // Reserved pages are held to be used: cut the slots to the pooled handles' sizes before any
+  // cuMemCreate (one-page reserved handles fill any slot).
+  from_pool(s_.reserved_pages_ > 0);
   // High water: physical memory grows past the most pages live blocks have touched (with this
   // request) plus a little slack only when nothing can be reclaimed, so while memory is plentiful
   // the footprint still follows the live set; a repeat of the workload stays under the mark.
@@ -71,7 +73,9 @@ void PageSupply::Gathering::run() {
                            : s_.touched_pages_ / 256 + opts.high_water_slack / s_.page_;
   s_.high_water_ = std::max(s_.high_water_, s_.touched_pages_ + open_pages());
   const bool over = slack != SIZE_MAX && s_.held_pages() + open_pages() > s_.high_water_ + slack;
-  if (opts.reclaim_before_create || over) {
+  // While the reservation covers the request, its pages under free memory serve it: no cuMemCreate.
+  const bool reserved = s_.touched_pages_ + in_hand_ + open_pages() <= s_.reserved_pages_;
+  if (opts.reclaim_before_create || over || reserved) {
     reclaim_more();
     create_more();
   } else {
@@ -162,7 +166,9 @@ void PageSupply::Gathering::reclaim_more() {
   // can cost less by the cost model (2 MiB: ~24 us against ~62 us): exchange those.
   const size_t largest = largest_open();
   HandlePool& pool = s_.pool_;
-  while (!pool.empty() && pool.smallest() < largest && s_.exchange_pays(pool.smallest())) {
+  // Never reserved pages: their one-page handles are what serve any block without a cuMemCreate.
+  while (!pool.empty() && pool.smallest() < largest && s_.exchange_pays(pool.smallest()) &&
+         s_.held_pages() + in_hand_ >= s_.reserved_pages_ + pool.smallest()) {
     const size_t n = pool.smallest();
     s_.release_pooled(n);
     credit_ += n;

@@ -273,6 +273,7 @@ size_t PageSupply::give_back(std::vector<ReclaimableHandle> handles) {
   unmap_into_pool(handles);
   size_t pages = 0;
   for (const ReclaimableHandle& h : handles) {
+    if (held_pages() < reserved_pages_ + h.pages) continue;  // the reservation keeps it pooled
     release_pooled(h.pages);
     pages += h.pages;
   }
@@ -280,6 +281,7 @@ size_t PageSupply::give_back(std::vector<ReclaimableHandle> handles) {
 }
 
 void PageSupply::trim_to(size_t max_held) {
+  max_held = std::max(max_held, reserved_pages_);
   while (held_pages() > max_held && release_largest_pooled() != 0) {
   }
   if (held_pages() > max_held) {
