@@ -165,14 +165,24 @@ void PageSupply::split_handle(Reservation& r, size_t head, CUdeviceptr addr, siz
 }
 
 // Extra slots are filled from the pool, or created within the device and the limit; the rest
-// stay unmapped.
+// stay unmapped. With a reservation, smaller pooled handles fill them piece by piece and nothing
+// is created: the reservation's pages serve them, and unmapped pages cost nothing.
 void PageSupply::add_extra(const std::vector<HandleSlot>& extra, Filled& filled) {
   size_t in_hand = 0;
   for (const auto& f : filled) in_hand += f.first.pages();
-  for (const HandleSlot& s : extra) {
+  std::vector<HandleSlot> open(extra.rbegin(), extra.rend());
+  while (!open.empty()) {
+    HandleSlot s = open.back();
+    open.pop_back();
     CUmemGenericAllocationHandle h = 0;
     if (pool_.has(s.count)) {
       h = pool_.take(s.count);
+    } else if (reserved_pages_ > 0) {
+      const size_t n = pool_.largest_below(s.count);
+      if (n == 0) continue;
+      open.push_back({s.page + n, s.count - n});
+      s.count = n;
+      h = pool_.take(n);
     } else if (held_pages() + in_hand + s.pages() > std::min(limit_pages_, capacity_pages_) ||
                drv_.create(s.pages() * page_, &h) != CUDA_SUCCESS) {
       continue;

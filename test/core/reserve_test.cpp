@@ -110,6 +110,22 @@ TEST_F(ReserveTest, AWorkloadThatFitsMakesNoCuMemCreate) {
   alloc_->deallocate(big, nullptr);
 }
 
+// Reserved memory freed on one stream and not yet proven done serves another stream's request
+// after a wait, not by creating memory beyond the reservation.
+TEST_F(ReserveTest, ACoveredRequestWaitsForFreedReservedMemoryRatherThanCreating) {
+  make(sim_config(kDevice));
+  alloc_->reserve(4 * GiB);
+  CUstream a = new_stream(), b = new_stream();
+  void* p = alloc_->allocate(3 * GiB, a);
+  alloc_->deallocate(p, a);
+  const uint64_t creates = sim::call_count(EntryPoint::mem_create);
+  void* q = alloc_->allocate(3 * GiB, b);
+  EXPECT_EQ(sim::call_count(EntryPoint::mem_create), creates);
+  EXPECT_EQ(alloc_->stats().physical_bytes, 4 * GiB);
+  EXPECT_EQ(sim_free(), kDevice - 4 * GiB);
+  alloc_->deallocate(q, b);
+}
+
 TEST_F(ReserveTest, AnotherAllocatorOnTheDeviceCannotTakeIt) {
   make(sim_config(kDevice), conf_opts("reserve:0.9", kDevice));
   alloc_->deallocate(alloc_->allocate(512, nullptr), nullptr);
