@@ -179,11 +179,10 @@ void PageSupply::Gathering::reclaim_more(bool create) {
   // can cost less by the cost model (2 MiB: ~24 us against ~62 us): exchange those.
   const size_t largest = largest_open();
   HandlePool& pool = s_.pool_;
-  // Not while the reservation covers the request (it is served without cuMemCreate), and never
-  // reserved pages: their one-page handles are what serve any block without one.
-  while (!covered_ && !pool.empty() && pool.smallest() < largest &&
-         s_.exchange_pays(pool.smallest()) &&
-         s_.held_pages() + in_hand_ >= s_.reserved_pages_ + pool.smallest()) {
+  // Not with a reservation: its one-page handles are what serve any block without a
+  // cuMemCreate, and exchanged they would become handles only blocks as large can use.
+  while (s_.reserved_pages_ == 0 && !pool.empty() && pool.smallest() < largest &&
+         s_.exchange_pays(pool.smallest())) {
     const size_t n = pool.smallest();
     s_.release_pooled(n);
     credit_ += n;
