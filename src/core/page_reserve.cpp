@@ -42,6 +42,7 @@ PageSupply::ReserveOutcome PageSupply::reserve(size_t pages, size_t handle_pages
   out.asked = pages;
   out.held_before = held_pages();
   if (handle_pages == 0) handle_pages = 1;
+  reserve_handle_pages_ = handle_pages;
 
   if (pages <= held_pages()) {
     // Shrinking (or growing over memory already held): what the reservation stops covering and
@@ -94,6 +95,32 @@ PageSupply::ReserveOutcome PageSupply::reserve(size_t pages, size_t handle_pages
   reserve_asked_pages_ = pages;
   out.got = reserved_pages_;
   return out;
+}
+
+// The lacking pages come back as handles of decreasing powers of two (at most the reservation's
+// handle size): a pooled handle released to fill a smaller slot leaves pieces that the next
+// smaller slots take whole, instead of another large handle to release again.
+void PageSupply::top_up() noexcept {
+  size_t size = reserve_handle_pages_;
+  while (held_pages() < reserved_pages_) {
+    const size_t lack = reserved_pages_ - held_pages();
+    size_t pow2 = 1;
+    while (pow2 * 2 <= lack) pow2 *= 2;
+    size = std::min(size, pow2);
+    CUmemGenericAllocationHandle h = 0;
+    try {
+      if (drv_.create(size * page_, &h) != CUDA_SUCCESS) {
+        if (size == 1) return;  // taken meanwhile: held stays below the reservation
+        size /= 2;
+        continue;
+      }
+    } catch (...) {
+      return;
+    }
+    pool_.put(size, h);
+    stats_.num_created_pages += size;
+    note_peaks(0);
+  }
 }
 
 }  // namespace expanse::core

@@ -91,6 +91,13 @@ void PageSupply::note_peaks(size_t in_hand) {
 
 bool PageSupply::ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes, PageRequest& req,
                               size_t max_handle_pages) {
+  // A split or an exchange may have released reserved pages to reshape them: created again.
+  struct TopUp {
+    PageSupply& s;
+    ~TopUp() {
+      if (s.held_pages() < s.reserved_pages_) s.top_up();
+    }
+  } top_up_after{*this};
   Plan p = plan(r, addr, bytes, max_handle_pages != 0 ? max_handle_pages : max_pages_);
   if (p.slots.empty() && p.grant.empty() && p.extra.empty()) return true;
   for (const HandleSlot& s : p.slots) req.needed += s.pages();

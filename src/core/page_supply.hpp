@@ -93,6 +93,9 @@ class PageSupply {
   // the reservation no longer covers and no live block uses (pooled handles, then safe cached
   // memory). A driver failure other than out-of-memory releases what was created and throws.
   ReserveOutcome reserve(size_t pages, size_t handle_pages, bool partial);
+  // Creates what the reservation lacks into the pool, after something released reserved pages to
+  // reshape them (a split, an exchange). Best effort: stops at the first refusal.
+  void top_up() noexcept;
 
   // ---- supply ----
   // Maps and grants whatever [addr, addr+bytes) of r lacks (the block is carved, not yet live).
@@ -163,6 +166,7 @@ class PageSupply {
   size_t high_water_ = 0;  // most pages touched by live blocks plus a request's, so far
   size_t reserved_pages_ = 0;
   size_t reserve_asked_pages_ = 0;
+  size_t reserve_handle_pages_ = 1;
   AllocatorEvents* events_ = nullptr;
 };
 

@@ -273,11 +273,6 @@ def test_big_addresses_and_long_lists_round_trip(ex, lib, tmp_path):
     assert len([e for e in trace if e["action"] == "free_completed"]) == 1500
 
 
-def _sim_free(lib):
-    s = expanse.memory_stats()
-    return s["expanse.capacity_bytes"] - s["expanse.physical_bytes"]
-
-
 def test_reserve_holds_memory_that_empty_cache_keeps(ex, lib):
     assert expanse.reserve(0.5) == GiB // 2
     s = expanse.memory_stats()
