@@ -234,3 +234,15 @@ def test_use_reserve_adds_the_conf_key(fake_torch, monkeypatch):
         et._reserve_conf(SIM, 2.0)
     with pytest.raises(TypeError):
         et._reserve_conf(SIM, True)
+
+
+def test_use_reserve_holds_memory_from_the_first_allocation(fake_torch):
+    _, et = fake_torch
+    et.use(SIM, native=False, reserve="256MiB")
+    lib = expanse.library()
+    p = lib.expanse_malloc(1 << 20, 0, None)
+    assert p
+    s = expanse.memory_stats()
+    assert s["expanse.reserved_bytes"] == 256 << 20
+    assert s["expanse.physical_bytes"] == 256 << 20
+    lib.expanse_free(p, 1 << 20, 0, None)
