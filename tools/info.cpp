@@ -4,6 +4,7 @@
 #include "driver/driver.hpp"
 #include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
+#include "workloads/reserve_probe.hpp"
 
 #include <algorithm>
 #include <sstream>
@@ -129,6 +130,17 @@ Json gather_info(const std::string& conf_text) {
     j["granularity_bytes"] = gmin;
     j["recommended_granularity_bytes"] = grec;
     j["allocator"] = effective_options(conf, total, gmin != 0 ? gmin : size_t{2} << 20);
+    // EXPANSE_CONF reserve, made for real here and given back: what a job would hold now.
+    const replay::ReserveProbe rp = replay::probe_reservation(*drv, i, conf, total);
+    if (!rp.spec.empty()) {
+      Json rj;
+      rj["spec"] = rp.spec;
+      rj["asked_bytes"] = rp.asked_bytes;
+      rj["held_bytes"] = rp.held_bytes;
+      rj["partial"] = rp.error.empty() && rp.held_bytes < rp.asked_bytes;
+      if (!rp.error.empty()) rj["error"] = rp.error;
+      j["reserve"] = rj;
+    }
     devices.push_back(j);
   }
   out["devices"] = devices;
@@ -177,6 +189,19 @@ std::string format_info(const Json& info) {
       << (a["reclaim_before_create"].get<bool>() ? "reclaim before create"
                                                  : "create before reclaim")
       << "\n";
+    if (dev.contains("reserve")) {
+      const Json& r = dev["reserve"];
+      o << "      reserve:   " << r["spec"].get<std::string>() << ": ";
+      if (r.contains("error")) {
+        o << "cannot be had now: " << r["error"].get<std::string>() << "\n";
+      } else {
+        o << size_text(r["held_bytes"]) << " held now";
+        if (r["partial"].get<bool>()) {
+          o << " of " << size_text(r["asked_bytes"]) << " asked (partial: reserve_partial:true)";
+        }
+        o << " (tried and given back)\n";
+      }
+    }
   }
   return o.str();
 }

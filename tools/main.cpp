@@ -65,6 +65,7 @@ struct StressArgs {
   int streams = 4;
   bool json = false;
   std::string cost_table;
+  std::string reserve;
 };
 
 int cmd_stress(const StressArgs& a) {
@@ -77,6 +78,7 @@ int cmd_stress(const StressArgs& a) {
   o.seed = a.seed;
   o.streams = a.streams;
   o.conf = conf::from_environment();
+  o.reserve = a.reserve;
   ProgressBar bar(stderr_is_terminal());
   o.progress = [&bar](double f, const std::string& phase) { bar.update(f, "stress: " + phase); };
   StressResult r = run_stress(o);
@@ -228,6 +230,10 @@ int run(int argc, char** argv) {
       ->type_name("N")
       ->check(CLI::Range(1, 64));
   stress->add_flag("--json", sa.json, "Print one JSON object");
+  stress->add_option("--reserve", sa.reserve,
+                     "Hold memory from the first allocation (EXPANSE_CONF reserve): a size, a "
+                     "fraction of the capacity, or free")
+      ->type_name("SPEC");
   stress->add_option("--cost-table", sa.cost_table,
                      "Price driver calls with a measured cost table (expanse selftest --report)")
       ->type_name("FILE");

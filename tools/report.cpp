@@ -225,6 +225,9 @@ Json stress_json(const StressResult& r) {
   j["alloc_seconds"] = r.alloc_seconds;
   j["pages_reclaimed"] = r.pages_reclaimed;
   j["pages_created"] = r.pages_created;
+  j["reserved_bytes"] = r.reserved_bytes;
+  j["reserve_asked_bytes"] = r.reserve_asked_bytes;
+  j["request_mem_creates"] = r.calls.driver_calls[static_cast<size_t>(driver::EntryPoint::mem_create)];
   j["driver_calls"] = driver_calls_json(r.calls);
   j["driver_calls_total"] = r.calls.total_driver_calls();
   j["modeled_driver_seconds"] = r.calls.modeled_driver_ns * 1e-9;
@@ -258,6 +261,15 @@ std::string stress_text(const StressResult& r) {
     << (r.allocated ? "allocated" : "FAILED") << " in " << fixed(r.alloc_seconds * 1e3, 1)
     << " ms (" << r.pages_reclaimed << " pages reclaimed from under free memory, "
     << r.pages_created << " created)\n";
+  if (r.reserve_asked_bytes != 0) {
+    o << "reserve      " << conf::format_size(r.reserved_bytes) << " held";
+    if (r.reserve_asked_bytes > r.reserved_bytes) {
+      o << " (asked " << conf::format_size(r.reserve_asked_bytes) << ": partial)";
+    }
+    o << "; the request made "
+      << r.calls.driver_calls[static_cast<size_t>(driver::EntryPoint::mem_create)]
+      << " cuMemCreate\n";
+  }
   o << "driver       " << calls_text(r.calls) << ", modeled "
     << fixed(r.calls.modeled_driver_ns * 1e-9, 3) << " s for the request ("
     << r.stats.total_driver_calls() << " calls, " << fixed(r.stats.modeled_driver_ns * 1e-9, 3)

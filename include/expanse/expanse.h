@@ -71,8 +71,23 @@ EXPANSE_C_API int expanse_release_cached(int device);
  * begin changes nothing. expanse.torch.use() announces torch.cuda.graph captures itself. */
 EXPANSE_C_API int expanse_capture_begin(struct CUstream_st* stream);
 EXPANSE_C_API int expanse_capture_end(struct CUstream_st* stream);
-/* Caps the physical memory expanse holds on device (bytes; SIZE_MAX removes the cap). */
+/* Caps the physical memory expanse holds on device (bytes; SIZE_MAX removes the cap). A cap below
+ * the reservation is EXPANSE_EINVAL. */
 EXPANSE_C_API int expanse_set_limit(int device, size_t bytes);
+/* Holds `bytes` of physical memory on device from now on, used or not (rounded down to pages;
+ * EXPANSE_RESERVE_FREE: all the driver says is free, less EXPANSE_CONF reserve_margin, within the
+ * limit): allocations it covers make no cuMemCreate, and no other process can take it;
+ * expanse_release_cached, reclaim and pool sleep keep it. Grows (creating it now) or shrinks
+ * (giving back what it no longer covers and no live block uses) the reservation; *reserved (may be
+ * NULL) gets the bytes reserved. EXPANSE_ENOMEM when the driver cannot give it whole (the message
+ * says what was asked, free and taken; nothing more is held) unless EXPANSE_CONF reserve_partial
+ * is true, which keeps what it gave (stats: reserved_bytes < reserve_asked_bytes).
+ * EXPANSE_EINVAL above the limit or the device's capacity. */
+#define EXPANSE_RESERVE_FREE SIZE_MAX
+EXPANSE_C_API int expanse_reserve(int device, size_t bytes, size_t* reserved);
+/* Gives the reservation back: what no live block uses goes to the driver now (cached memory
+ * beyond the reservation stays cached until expanse_release_cached). */
+EXPANSE_C_API int expanse_unreserve(int device);
 
 /* Per-device statistics. Set struct_size = sizeof(expanse_stats) before the call: fields past the
  * caller's struct_size are not written, so the struct can grow without breaking old callers. The

@@ -41,6 +41,10 @@ class EXPANSE_API device_allocator {
   void record_stream(void* ptr, stream_t stream) const;
   void release_cached() const;
   void set_limit(size_t bytes) const;
+  // expanse_reserve / expanse_unreserve (expanse.h); reserve returns the bytes reserved and
+  // throws expanse::out_of_memory or expanse::usage_error.
+  size_t reserve(size_t bytes) const;
+  void unreserve() const;
   Stats stats() const;
   void reset_peak_stats() const;
 

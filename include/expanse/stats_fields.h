@@ -53,6 +53,9 @@
   ARRAY( uint64_t, driver_calls, EXPANSE_MAX_ENTRY_POINTS,                                        \
                                              "calls per entry point (expanse_entry_point_name)")  \
   FILLED(uint64_t, num_free_size_mismatches, "expanse_torch_free calls whose size disagreed")     \
-  FILLED(uint64_t, num_unknown_frees,        "expanse_torch_free calls of a pointer not live")
+  FILLED(uint64_t, num_unknown_frees,        "expanse_torch_free calls of a pointer not live")    \
+  KEPT(  uint64_t, reserved_bytes,           "physical memory held for the reservation")          \
+  KEPT(  uint64_t, reserved_unused_bytes,    "reserved, touched by no live block")                \
+  KEPT(  uint64_t, reserve_asked_bytes,      "the reservation asked; > reserved_bytes: partial")
 
 #endif /* EXPANSE_STATS_FIELDS_H */

@@ -22,6 +22,7 @@ __all__ = [
     "library_path", "memory_stats", "memory_summary", "empty_cache", "set_limit",
     "reset_peak_stats", "record_history", "dump_snapshot", "capture_begin", "capture_end",
     "announced_capture", "Pool", "use_pool", "graph_pool", "release_host_backup", "ipc",
+    "reserve", "unreserve",
 ]
 
 from . import ipc  # noqa: E402  (expanse.ipc: sharing blocks with other processes)
@@ -147,6 +148,10 @@ def memory_summary(device=None, abbreviated=False):
         limit = "none" if s.limit_bytes == 2**64 - 1 else _fmt(s.limit_bytes)
         lines += [
             f"{'Cached (mapped, free)':28}{_fmt(s.cached_bytes):>16}",
+            f"{'Reserved, unused':28}{_fmt(s.reserved_unused_bytes):>16}  of "
+            f"{_fmt(s.reserved_bytes)} reserved"
+            + (f" (asked {_fmt(s.reserve_asked_bytes)}: partial)"
+               if s.reserve_asked_bytes > s.reserved_bytes else ""),
             f"{'Pooled (unmapped)':28}{_fmt(s.pooled_bytes):>16}",
             f"Live blocks {s.live_blocks}, allocs {s.num_allocs}, frees {s.num_frees}, "
             f"OOMs {s.num_ooms}",
@@ -196,6 +201,42 @@ def set_limit(bytes_or_fraction, device=None):
         raise TypeError("expanse.set_limit: expected bytes (int), a fraction (float) or None, "
                         f"got {type(bytes_or_fraction).__name__}")
     check(library().expanse_set_limit(d, min(limit, 2**64 - 1)), f"expanse.set_limit on device {d}")
+
+
+def reserve(amount, device=None):
+    """Holds physical memory on device from now on, used or not: no other process can take it,
+    allocations it covers make no cuMemCreate, and empty_cache() keeps it. amount: bytes (int), a
+    fraction of the device's capacity (float in (0, 1]), "free" (all the driver says is free, less
+    EXPANSE_CONF reserve_margin, 512 MiB by default), or None / 0 to give it back. Grows or shrinks
+    the reservation; returns the bytes reserved. Raises ExpanseError when the driver cannot give it
+    whole (the message says what was asked, free and taken; nothing more is held) unless
+    EXPANSE_CONF reserve_partial:true, which keeps what it gave."""
+    d = _device(device)
+    lib = library()
+    if amount is None or (isinstance(amount, int) and amount == 0 and not isinstance(amount, bool)):
+        check(lib.expanse_unreserve(d), f"expanse.unreserve on device {d}")
+        return 0
+    if amount == "free":
+        want = 2**64 - 1
+    elif isinstance(amount, float):
+        if not 0.0 < amount <= 1.0:
+            raise ValueError(f"expanse.reserve: fraction {amount} is not in (0, 1]")
+        want = int(_raw_stats(d).capacity_bytes * amount)
+    elif isinstance(amount, int) and not isinstance(amount, bool):
+        if amount < 0:
+            raise ValueError(f"expanse.reserve: negative size {amount}")
+        want = min(amount, 2**64 - 2)
+    else:
+        raise TypeError("expanse.reserve: expected bytes (int), a fraction (float), \"free\" or "
+                        f"None, got {amount!r}")
+    got = ctypes.c_size_t(0)
+    check(lib.expanse_reserve(d, want, ctypes.byref(got)), f"expanse.reserve on device {d}")
+    return got.value
+
+
+def unreserve(device=None):
+    """Gives the reservation of device back (reserve(None))."""
+    return reserve(None, device)
 
 
 def reset_peak_stats(device=None):

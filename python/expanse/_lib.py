@@ -107,6 +107,8 @@ def _declare(lib):
         "expanse_capture_begin": (c.c_int, [stream]),
         "expanse_capture_end": (c.c_int, [stream]),
         "expanse_set_limit": (c.c_int, [c.c_int, c.c_size_t]),
+        "expanse_reserve": (c.c_int, [c.c_int, c.c_size_t, c.POINTER(c.c_size_t)]),
+        "expanse_unreserve": (c.c_int, [c.c_int]),
         "expanse_get_stats": (c.c_int, [c.c_int, c.POINTER(_stats)]),
         "expanse_reset_peak_stats": (c.c_int, [c.c_int]),
         "expanse_entry_point_name": (c.c_char_p, [c.c_int]),

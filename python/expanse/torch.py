@@ -68,7 +68,26 @@ class NativeAllocator:
         return f"<expanse native PyTorch allocator {self.extension}>"
 
 
-def use(conf=None, native=None):
+def _reserve_conf(conf, reserve):
+    """conf (None: EXPANSE_CONF) with the key reserve:<reserve> added."""
+    if isinstance(reserve, bool):
+        raise TypeError("expanse.torch.use(reserve=...): expected bytes, a fraction or \"free\"")
+    if isinstance(reserve, float):
+        if not 0.0 < reserve <= 1.0:
+            raise ValueError(f"expanse.torch.use: reserve fraction {reserve} is not in (0, 1]")
+        spec = repr(reserve)
+    elif isinstance(reserve, int):
+        spec = str(reserve)
+    elif isinstance(reserve, str):
+        spec = reserve
+    else:
+        raise TypeError("expanse.torch.use(reserve=...): expected bytes, a fraction or \"free\", "
+                        f"got {reserve!r}")
+    base = conf if conf is not None else os.environ.get("EXPANSE_CONF", "")
+    return ",".join(x for x in (base, "reserve:" + spec) if x)
+
+
+def use(conf=None, native=None, reserve=None):
     """Makes expanse PyTorch's CUDA allocator. conf: an EXPANSE_CONF-style string applied first
     (None: EXPANSE_CONF). native: None (default) = the native allocator, or the pluggable pair
     with a warning where it cannot be built; True = the native allocator or an error saying why
@@ -76,8 +95,13 @@ def use(conf=None, native=None):
     RuntimeError otherwise. Calling it again once in use does nothing (and fails if conf would
     change the configuration). Returns the allocator object (NativeAllocator, or PyTorch's
     CUDAPluggableAllocator). Thread-safe: callers racing each other install once and all get that
-    allocator."""
+    allocator. reserve: hold that much physical memory on every device from its first use
+    (EXPANSE_CONF reserve: bytes, a fraction such as 0.9, "free" or a size such as "40GiB");
+    expanse.reserve() changes it later."""
     import torch  # noqa: F401  (ImportError names the missing dependency)
+
+    if reserve is not None:
+        conf = _reserve_conf(conf, reserve)
 
     with _use_lock:
         return _use_locked(torch, conf, native)

@@ -113,6 +113,22 @@ EXPANSE_C_API int expanse_set_limit(int device, size_t bytes) {
   return guarded([&] { Runtime::get().device(device).set_limit(bytes); });
 }
 
+EXPANSE_C_API int expanse_reserve(int device, size_t bytes, size_t* reserved) {
+  return guarded([&] {
+    const size_t got = Runtime::get().device(device).reserve(bytes);
+    if (reserved != nullptr) *reserved = got;
+  });
+}
+
+EXPANSE_C_API int expanse_unreserve(int device) {
+  return guarded([&] {
+    Runtime& rt = Runtime::get();
+    // A device expanse never set up reserves nothing; setting it up would retain its context.
+    if (device >= 0 && device < rt.device_count() && rt.existing(device) == nullptr) return;
+    rt.device(device).reserve(0);
+  });
+}
+
 EXPANSE_C_API int expanse_get_stats(int device, expanse_stats* out) {
   return guarded([&] { expanse::api::fill_stats(device, out); });
 }

@@ -49,6 +49,10 @@ void device_allocator::record_stream(void* ptr, stream_t stream) const {
   expanse::record_stream(ptr, stream);
 }
 void device_allocator::release_cached() const { Runtime::get().device(device_).release_cached(); }
+size_t device_allocator::reserve(size_t bytes) const {
+  return Runtime::get().device(device_).reserve(bytes);
+}
+void device_allocator::unreserve() const { Runtime::get().device(device_).reserve(0); }
 void device_allocator::set_limit(size_t bytes) const {
   Runtime::get().device(device_).set_limit(bytes);
 }

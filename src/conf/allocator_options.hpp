@@ -41,6 +41,18 @@ struct AllocatorOptions {
   // traces, a mark keeps the footprint nearer the live set (cs336a train 1.066 -> 1.024 x live)
   // but the reclaiming never settles: thousands of driver calls in every later repeat.
   size_t high_water_slack = kNoLimit;
+  // Physical memory taken at the device's first use and never given back by reclaim, trimming or
+  // release_cached (EXPANSE_CONF reserve:SIZE|FRACTION|free). reserve_bytes: 0 none; reserve_free:
+  // all the driver says is free then, less reserve_margin (and within the limit).
+  size_t reserve_bytes = 0;
+  bool reserve_free = false;
+  size_t reserve_margin = size_t{512} << 20;  // room left for the CUDA context, NCCL, cuBLAS
+  // true: a reservation the driver cannot give whole keeps what it got; false: it fails, and
+  // nothing is held for it.
+  bool reserve_partial = false;
+  // The handles a reservation is made of; anything up to a page (default) gives one-page
+  // handles, which serve any block without a cuMemCreate (docs/design.md, "Reservations").
+  size_t reserve_handle_size = 0;
 };
 
 }  // namespace expanse::conf

@@ -9,11 +9,14 @@
 namespace expanse::conf {
 namespace {
 
+bool looks_fractional(const std::string& v) {
+  return v.find('.') != std::string::npos &&
+         v.find_first_not_of("0123456789.") == std::string::npos;
+}
+
 // "0.8" (a fraction of capacity) or a size.
 void parse_limit(const std::string& v, Config& c) {
-  const bool looks_fractional =
-      v.find('.') != std::string::npos && v.find_first_not_of("0123456789.") == std::string::npos;
-  if (looks_fractional) {
+  if (looks_fractional(v)) {
     char* end = nullptr;
     double f = std::strtod(v.c_str(), &end);
     if (end == nullptr || *end != '\0' || !(f > 0.0) || f > 1.0) {
@@ -28,6 +31,29 @@ void parse_limit(const std::string& v, Config& c) {
 
 }  // namespace
 
+ReserveSpec parse_reserve(const std::string& what, const std::string& v) {
+  ReserveSpec r;
+  if (v == "free") {
+    r.free = true;
+    return r;
+  }
+  if (looks_fractional(v)) {
+    char* end = nullptr;
+    const double f = std::strtod(v.c_str(), &end);
+    if (end == nullptr || *end != '\0' || !(f > 0.0) || f > 1.0) {
+      throw usage_error(what + ": '" + v + "' is not free, a size, or a fraction in (0, 1]");
+    }
+    r.fraction = f;
+    return r;
+  }
+  try {
+    r.bytes = parse_size(v);
+  } catch (const std::invalid_argument&) {
+    throw usage_error(what + ": '" + v + "' is not free, a size, or a fraction in (0, 1]");
+  }
+  return r;
+}
+
 Config parse_config(const std::string& text) {
   Config c;
   c.text = text;
@@ -40,6 +66,17 @@ Config parse_config(const std::string& text) {
         }
       } else if (key == "limit") {
         parse_limit(value, c);
+      } else if (key == "reserve") {
+        const ReserveSpec r = parse_reserve("EXPANSE_CONF: key 'reserve'", value);
+        c.allocator.reserve_free = r.free;
+        c.allocator.reserve_bytes = r.bytes;
+        c.reserve_fraction = r.fraction;
+      } else if (key == "reserve_margin") {
+        c.allocator.reserve_margin = parse_size_for(key, value);
+      } else if (key == "reserve_partial") {
+        c.allocator.reserve_partial = parse_bool_for(key, value);
+      } else if (key == "reserve_handle_size") {
+        c.allocator.reserve_handle_size = parse_size_for(key, value);
       } else if (key == "release_threshold") {
         c.allocator.release_threshold = parse_size_for(key, value);
       } else if (key == "reclaim_first") {
@@ -87,6 +124,9 @@ AllocatorOptions options_for_device(const Config& c, size_t capacity) {
   AllocatorOptions o = c.allocator;
   if (c.limit_fraction > 0) {
     o.limit = static_cast<size_t>(static_cast<double>(capacity) * c.limit_fraction);
+  }
+  if (c.reserve_fraction > 0) {
+    o.reserve_bytes = static_cast<size_t>(static_cast<double>(capacity) * c.reserve_fraction);
   }
   return o;
 }

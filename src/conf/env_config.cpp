@@ -46,6 +46,10 @@ const std::vector<std::string>& known_keys() {
       "registrable",      // every default-pool block its own exportable handle (ipc, NCCL)
       "max_handle_size",  // largest physical handle backing a block (page_size: one per page)
       "high_water_slack",  // physical above peak touched before reclaiming first (none: off)
+      "reserve",          // physical memory held from first use: a size, a fraction, or free
+      "reserve_margin",   // reserve:free leaves this much of the free memory to others
+      "reserve_partial",  // keep what the driver gave when a reservation cannot be had whole
+      "reserve_handle_size",  // the handles a reservation is made of (default: one page each)
   };
   return keys;
 }

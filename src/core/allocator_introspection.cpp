@@ -112,6 +112,9 @@ DeviceStats DeviceAllocator::stats() const {
   s.pooled_bytes = supply_.pooled_pages() * page_;
   s.physical_bytes = supply_.held_pages() * page_;
   s.va_reserved_bytes = placement_.va_reserved() + registrable_.bytes() + imports_.bytes();
+  s.reserved_bytes = supply_.reserved_pages() * page_;
+  s.reserved_unused_bytes = supply_.reserved_unused_pages() * page_;
+  s.reserve_asked_bytes = supply_.reserve_asked_pages() * page_;
   s.driver_calls = drv_.calls();
   s.modeled_driver_ns = drv_.modeled_ns();
   s.stream_queries = drv_.stream_queries();

@@ -41,7 +41,8 @@ DeviceAllocator::DeviceAllocator(const driver::LoadedDriver& drv, int device,
       page_(opts_.page_size), placement_(drv_, opts_, page_, stats_),
       streams_(drv_, placement_, opts_),
       supply_(drv_, placement_, streams_, stats_, opts_, page_), registrable_(drv_, page_),
-      imports_(drv_) {
+      imports_(drv_),
+      reserve_pending_(opts_.reserve_free || opts_.reserve_bytes >= page_) {
   if (opts_.peer_access_auto) {
     int n = 0;
     drv.check(drv.table().device_get_count(&n), driver::EntryPoint::device_get_count);
@@ -159,6 +160,7 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
                       std::to_string(pool) + " on device " + std::to_string(device()) +
                       ": the pool is asleep (wake it first); nothing was changed");
   }
+  if (reserve_pending_) reserve_pending_locked();
   if ((slot != kDefaultPool && pools_.at(slot).registrable) ||
       (slot == kDefaultPool && opts_.registrable)) {
     return allocate_registrable(bytes, pool, stream);
@@ -431,6 +433,12 @@ void DeviceAllocator::release_cached() {
 void DeviceAllocator::set_limit(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   CheckedScope checked(*this, "set_limit");
+  if (bytes != kNoLimit && bytes / page_ < supply_.reserved_pages()) {
+    throw usage_error("expanse: set_limit of " + conf::format_size(bytes) + " on device " +
+                      std::to_string(device()) + " is below its reservation of " +
+                      conf::format_size(supply_.reserved_pages() * page_) +
+                      " (expanse_reserve less, or expanse_unreserve, first); nothing was changed");
+  }
   supply_.set_limit_pages(bytes == kNoLimit ? SIZE_MAX : bytes / page_);
   if (supply_.held_pages() <= supply_.limit_pages()) return;
   try {

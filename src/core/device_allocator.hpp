@@ -65,8 +65,29 @@ class DeviceAllocator {
   // Waits for streams' work on free memory, then unmaps and releases every cached page.
   void release_cached();
   // Caps physical memory held (mapped + pooled); kNoLimit removes the cap. Trims at once what it
-  // can (cached pages and pool); never touches live blocks.
+  // can (cached pages and pool); never touches live blocks. expanse::usage_error, with nothing
+  // changed, for a cap below the reservation.
   void set_limit(size_t bytes);
+
+  // ---- the reservation (device_reserve.cpp) ----
+  // Makes `bytes` (rounded down to pages; kReserveFree: all the driver says is free, less
+  // reserve_margin, within the limit) the physical memory this device holds from now on, used or
+  // not: release_cached, reclaim, trimming and sleep never give it back. Growing creates it now
+  // (AllocatorOptions::reserve_handle_size handles, one page each by default); shrinking gives
+  // back what it no longer covers and no live block uses. Returns the bytes reserved.
+  // expanse::usage_error: above the limit or the device's capacity. expanse::out_of_memory when
+  // the driver cannot give it whole and reserve_partial is off: the message says what was asked,
+  // free and taken, and the reservation is as it was. Replaces the EXPANSE_CONF reserve still
+  // pending, if any.
+  size_t reserve(size_t bytes);
+  static constexpr size_t kReserveFree = SIZE_MAX;
+  struct ReserveState {
+    size_t reserved_bytes = 0;  // held for the reservation (0: none)
+    size_t asked_bytes = 0;     // what it asked; above reserved_bytes when kept partial
+    size_t unused_bytes = 0;    // reserved, touched by no live block
+    bool pending = false;       // EXPANSE_CONF reserve not yet made (the device's first use)
+  };
+  ReserveState reservation() const;
   size_t limit() const;
 
   // Grants device `peer` READWRITE access to every mapping here, present and future. Throws
@@ -205,6 +226,9 @@ class DeviceAllocator {
   // `stream`: as the caller named it (for the memory history).
   void make_live(BlockIt it, size_t requested, StreamOrder::StreamState& ss, CUstream stream);
   void trim_after_free();
+  // The EXPANSE_CONF reservation, at the device's first allocation (mu_ held).
+  void reserve_pending_locked();
+  size_t reserve_locked(size_t bytes, bool partial);
   void grant_peer(int peer);
   void unmap_all_quietly();
   [[noreturn]] void throw_oom(const PageRequest& req);
@@ -225,6 +249,7 @@ class DeviceAllocator {
   PoolTable pools_;
   RegistrableBlocks registrable_;
   ImportedBlocks imports_;
+  bool reserve_pending_ = false;  // EXPANSE_CONF reserve, made at the first allocation
   CUstream copy_stream_ = nullptr;  // sleep and wake copies; made at the first
   std::vector<void*> orphan_backups_;  // host staging of forgotten pools, freed when safe
 };

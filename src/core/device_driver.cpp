@@ -164,6 +164,15 @@ CUresult DeviceDriver::create(size_t size, CUmemGenericAllocationHandle* out) {
   return r;
 }
 
+size_t DeviceDriver::free_memory() {
+  ScopedContext scope(*this);
+  if (!scope.ok()) check(CUDA_ERROR_INVALID_CONTEXT, EntryPoint::mem_get_info);
+  count(EntryPoint::mem_get_info, 0);
+  size_t free_bytes = 0, total = 0;
+  check(t_.mem_get_info(&free_bytes, &total), EntryPoint::mem_get_info);
+  return free_bytes;
+}
+
 void DeviceDriver::release(CUmemGenericAllocationHandle h, size_t size) {
   RelaxedCapture relaxed(*this);
   count(EntryPoint::mem_release, size);

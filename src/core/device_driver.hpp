@@ -89,6 +89,8 @@ class DeviceDriver {
   void address_free(CUdeviceptr va, size_t size);
   // Returns CUDA_ERROR_OUT_OF_MEMORY instead of throwing it (an expected outcome); throws others.
   CUresult create(size_t size, CUmemGenericAllocationHandle* out);
+  // What cuMemGetInfo says is free on this device now (every process's memory counted).
+  size_t free_memory();
   // size: the handle's bytes (for the cost model).
   void release(CUmemGenericAllocationHandle h, size_t size);
   void map(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h);

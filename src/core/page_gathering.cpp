@@ -45,7 +45,8 @@ class PageSupply::Gathering {
   }
   void from_pool(bool split);
   void create_more();
-  void reclaim_more();
+  // create: new handles for what reclaiming leaves open (false: reclaim only).
+  void reclaim_more(bool create = true);
   void release_and_create();
 
   PageSupply& s_;
@@ -54,6 +55,7 @@ class PageSupply::Gathering {
   PageRequest& req_;
   size_t in_hand_ = 0;
   size_t credit_ = 0;  // pages released here to be created again: allowed even over the limit
+  bool covered_ = false;  // the reservation's untouched pages cover the request
 };
 
 void PageSupply::gather(std::vector<HandleSlot>& open, Filled& filled, PageRequest& req) {
@@ -61,7 +63,9 @@ void PageSupply::gather(std::vector<HandleSlot>& open, Filled& filled, PageReque
 }
 
 void PageSupply::Gathering::run() {
-  from_pool(false);
+  // Reserved pages are held to be used: cut the slots to the pooled handles' sizes before any
+  // cuMemCreate (one-page reserved handles fill any slot).
+  from_pool(s_.reserved_pages_ > 0);
   // High water: physical memory grows past the most pages live blocks have touched (with this
   // request) plus a little slack only when nothing can be reclaimed, so while memory is plentiful
   // the footprint still follows the live set; a repeat of the workload stays under the mark.
@@ -71,7 +75,20 @@ void PageSupply::Gathering::run() {
                            : s_.touched_pages_ / 256 + opts.high_water_slack / s_.page_;
   s_.high_water_ = std::max(s_.high_water_, s_.touched_pages_ + open_pages());
   const bool over = slack != SIZE_MAX && s_.held_pages() + open_pages() > s_.high_water_ + slack;
-  if (opts.reclaim_before_create || over) {
+  // While the reservation covers the request, its pages under free memory serve it, after
+  // waiting for the streams' work on them if need be: no cuMemCreate, and the memory left to
+  // other processes stays theirs.
+  covered_ = s_.reserved_pages_ > 0 &&
+             s_.touched_pages_ + in_hand_ + open_pages() <= s_.reserved_pages_;
+  if (covered_) {
+    reclaim_more(false);
+    if (!open_.empty()) {
+      s_.streams_.poll(true);
+      req_.waited = true;
+      reclaim_more(false);
+    }
+  }
+  if (opts.reclaim_before_create || over || covered_) {
     reclaim_more();
     create_more();
   } else {
@@ -152,7 +169,7 @@ void PageSupply::Gathering::create_more() {
   open_.swap(rest);
 }
 
-void PageSupply::Gathering::reclaim_more() {
+void PageSupply::Gathering::reclaim_more(bool create) {
   if (open_.empty()) return;
   if (s_.streams_.has_unfinished_frees()) s_.streams_.poll(false);
   req_.reclaimed += s_.reclaim(open_pages());
@@ -162,7 +179,10 @@ void PageSupply::Gathering::reclaim_more() {
   // can cost less by the cost model (2 MiB: ~24 us against ~62 us): exchange those.
   const size_t largest = largest_open();
   HandlePool& pool = s_.pool_;
-  while (!pool.empty() && pool.smallest() < largest && s_.exchange_pays(pool.smallest())) {
+  // Not with a reservation: its one-page handles are what serve any block without a
+  // cuMemCreate, and exchanged they would become handles only blocks as large can use.
+  while (s_.reserved_pages_ == 0 && !pool.empty() && pool.smallest() < largest &&
+         s_.exchange_pays(pool.smallest())) {
     const size_t n = pool.smallest();
     s_.release_pooled(n);
     credit_ += n;
@@ -171,6 +191,7 @@ void PageSupply::Gathering::reclaim_more() {
   // (reclaim() takes the smallest that covers what is left) is released and the slots' pages
   // created in its place: kept in the pool, it would hold memory beside the new pages.
   from_pool(true);
+  if (!create) return;
   while (!open_.empty() && !pool.empty() && pool.largest() > largest) exchange_largest();
   req_.create_oom = false;
   create_more();

@@ -92,6 +92,13 @@ void PageSupply::note_peaks(size_t in_hand) {
 
 bool PageSupply::ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes, PageRequest& req,
                               size_t max_handle_pages) {
+  // A split or an exchange may have released reserved pages to reshape them: created again.
+  struct TopUp {
+    PageSupply& s;
+    ~TopUp() {
+      if (s.held_pages() < s.reserved_pages_) s.top_up();
+    }
+  } top_up_after{*this};
   Plan p = plan(r, addr, bytes, max_handle_pages != 0 ? max_handle_pages : max_pages_);
   if (p.slots.empty() && p.grant.empty() && p.extra.empty()) return true;
   for (const HandleSlot& s : p.slots) req.needed += s.pages();
@@ -166,14 +173,24 @@ void PageSupply::split_handle(Reservation& r, size_t head, CUdeviceptr addr, siz
 }
 
 // Extra slots are filled from the pool, or created within the device and the limit; the rest
-// stay unmapped.
+// stay unmapped. With a reservation, smaller pooled handles fill them piece by piece and nothing
+// is created: the reservation's pages serve them, and unmapped pages cost nothing.
 void PageSupply::add_extra(const std::vector<HandleSlot>& extra, Filled& filled) {
   size_t in_hand = 0;
   for (const auto& f : filled) in_hand += f.first.pages();
-  for (const HandleSlot& s : extra) {
+  std::vector<HandleSlot> open(extra.rbegin(), extra.rend());
+  while (!open.empty()) {
+    HandleSlot s = open.back();
+    open.pop_back();
     CUmemGenericAllocationHandle h = 0;
     if (pool_.has(s.count)) {
       h = pool_.take(s.count);
+    } else if (reserved_pages_ > 0) {
+      const size_t n = pool_.largest_below(s.count);
+      if (n == 0) continue;
+      open.push_back({s.page + n, s.count - n});
+      s.count = n;
+      h = pool_.take(n);
     } else if (held_pages() + in_hand + s.pages() > std::min(limit_pages_, capacity_pages_) ||
                drv_.create(s.pages() * page_, &h) != CUDA_SUCCESS) {
       continue;
@@ -274,6 +291,7 @@ size_t PageSupply::give_back(std::vector<ReclaimableHandle> handles) {
   unmap_into_pool(handles);
   size_t pages = 0;
   for (const ReclaimableHandle& h : handles) {
+    if (held_pages() < reserved_pages_ + h.pages) continue;  // the reservation keeps it pooled
     release_pooled(h.pages);
     pages += h.pages;
   }
@@ -281,6 +299,7 @@ size_t PageSupply::give_back(std::vector<ReclaimableHandle> handles) {
 }
 
 void PageSupply::trim_to(size_t max_held) {
+  max_held = std::max(max_held, reserved_pages_);
   while (held_pages() > max_held && release_largest_pooled() != 0) {
   }
   if (held_pages() > max_held) {

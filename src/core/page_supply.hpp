@@ -9,7 +9,8 @@
 // request fails only when the pages do not exist.
 //
 // The books: pages touched by live blocks, mapped, pooled (held = mapped + pooled), the limit on
-// held pages and the device's capacity. map_handle and unmap_handles are the one place each that
+// held pages, the device's capacity and the reservation (pages held that reclaim, trimming and
+// give_back never release; page_reserve.cpp). map_handle and unmap_handles are the one place each that
 // pages get mapped and unmapped.
 #pragma once
 
@@ -77,6 +78,32 @@ class PageSupply {
   // Memory history: told of every map and unmap.
   void set_events(AllocatorEvents* e) noexcept { events_ = e; }
 
+  // ---- the reservation (page_reserve.cpp) ----
+  size_t reserved_pages() const noexcept { return reserved_pages_; }
+  // What the reservation asked for: above reserved_pages() when it was kept partial.
+  size_t reserve_asked_pages() const noexcept { return reserve_asked_pages_; }
+  // Reserved pages no live block touches: what the reservation holds beyond the live set.
+  size_t reserved_unused_pages() const noexcept {
+    const size_t r = std::min(reserved_pages_, held_pages());
+    return r > touched_pages_ ? r - touched_pages_ : 0;
+  }
+  struct ReserveOutcome {
+    size_t asked = 0;     // pages
+    size_t held_before = 0;
+    size_t got = 0;       // pages reserved now
+    bool whole = true;    // the driver gave all that was asked
+  };
+  // Makes the reservation `pages`. Growing creates handles of handle_pages pages (cut smaller
+  // when the driver refuses one) into the pool until that many pages are held; when the driver
+  // runs out first, partial keeps what it gave, otherwise every handle created here is released
+  // and the reservation stays as it was (whole == false either way). Shrinking gives back what
+  // the reservation no longer covers and no live block uses (pooled handles, then safe cached
+  // memory). A driver failure other than out-of-memory releases what was created and throws.
+  ReserveOutcome reserve(size_t pages, size_t handle_pages, bool partial);
+  // Creates what the reservation lacks into the pool, after something released reserved pages to
+  // reshape them (a split, an exchange). Best effort: stops at the first refusal.
+  void top_up() noexcept;
+
   // ---- supply ----
   // Maps and grants whatever [addr, addr+bytes) of r lacks (the block is carved, not yet live).
   // False when the pages cannot be had (req says what was tried; nothing is mapped for it).
@@ -86,11 +113,12 @@ class PageSupply {
                     size_t max_handle_pages = 0);
   // Unmaps about `want` pages of whole handles lying under safe free blocks into the pool.
   size_t reclaim(size_t want);
-  // Unmaps exactly these handles (each wholly under safe free memory) and releases them; their
-  // page count.
+  // Unmaps exactly these handles (each wholly under safe free memory) and releases them, except
+  // what the reservation keeps (pooled); the pages released.
   size_t give_back(std::vector<ReclaimableHandle> handles);
   // Releases pooled handles, then reclaims and releases cached ones, until at most max_held
-  // pages are held (or nothing more can go). Only safe free memory is touched.
+  // pages are held (or nothing more can go), never below the reservation. Only safe free memory
+  // is touched.
   void trim_to(size_t max_held);
   // The one place pages get unmapped: the whole handles over pages [p, q) of r (one cuMemUnmap),
   // into the pool.
@@ -144,6 +172,9 @@ class PageSupply {
   size_t touched_pages_ = 0;
   size_t outside_pages_ = 0;
   size_t high_water_ = 0;  // most pages touched by live blocks plus a request's, so far
+  size_t reserved_pages_ = 0;
+  size_t reserve_asked_pages_ = 0;
+  size_t reserve_handle_pages_ = 1;
   AllocatorEvents* events_ = nullptr;
 };
 

@@ -333,10 +333,20 @@ StressResult run_stress(const StressOptions& o) {
   r.seed = o.seed;
   r.streams = o.streams;
 
-  const conf::Config conf = conf::parse_config(o.conf);
+  std::string conf_text = o.conf;
+  if (!o.reserve.empty()) {
+    for (const auto& kv : conf::parse_pairs(conf_text)) {
+      if (kv.first == "reserve") {
+        throw usage_error("stress: --reserve " + o.reserve + " and EXPANSE_CONF reserve:" +
+                          kv.second + " both given");
+      }
+    }
+    conf_text += (conf_text.empty() ? "" : ",") + std::string("reserve:") + o.reserve;
+  }
+  const conf::Config conf = conf::parse_config(conf_text);
   std::unique_ptr<driver::LoadedDriver> drv;
   try {
-    drv = driver::select_driver(stress_conf(o.conf, o.capacity), true);
+    drv = driver::select_driver(stress_conf(conf_text, o.capacity), true);
   } catch (const driver::driver_error& e) {
     throw driver_failure(e.what(), static_cast<int>(e.code()));
   } catch (const std::invalid_argument& e) {
@@ -386,6 +396,8 @@ StressResult run_stress(const StressOptions& o) {
     r.mapped_bytes_before = before.mapped_bytes;
     r.cached_bytes_before = before.cached_bytes;
     r.free_physical_before = capacity - before.touched_bytes;
+    r.reserved_bytes = before.reserved_bytes;
+    r.reserve_asked_bytes = before.reserve_asked_bytes;
 
     // 2. The contiguous block.
     if (o.progress) o.progress(1.0, "allocating");

@@ -18,6 +18,7 @@ struct StressOptions {
   uint64_t seed = 1;
   int streams = 4;
   std::string conf;  // EXPANSE_CONF
+  std::string reserve;  // EXPANSE_CONF reserve (a size, a fraction, free); "" none or the conf's
   std::function<void(double fraction, const std::string& phase)> progress;
 };
 
@@ -49,6 +50,8 @@ struct StressResult {
   uint64_t pages_reclaimed = 0;  // pages unmapped under free memory and mapped into the block
   uint64_t pages_created = 0;
   core::DeviceStats calls;       // driver_calls / modeled_driver_ns of the big request alone
+  uint64_t reserved_bytes = 0;   // the reservation held at the big request (EXPANSE_CONF reserve)
+  uint64_t reserve_asked_bytes = 0;
   bool verified = false;
   uint64_t pages_verified = 0;
   uint64_t live_blocks_verified = 0;

@@ -176,6 +176,34 @@ TEST_F(CAbiTest, LimitReleaseAndPeaks) {
   EXPECT_EQ(stats(0).limit_bytes, UINT64_MAX);
 }
 
+TEST_F(CAbiTest, ReserveHoldsAndUnreserveGivesBack) {
+  size_t got = 0;
+  ASSERT_EQ(expanse_reserve(0, 3 * GiB + 1, &got), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(got, 3 * GiB);  // rounded down to pages
+  expanse_stats s = stats(0);
+  EXPECT_EQ(s.reserved_bytes, 3 * GiB);
+  EXPECT_EQ(s.reserved_unused_bytes, 3 * GiB);
+  EXPECT_EQ(s.reserve_asked_bytes, 3 * GiB);
+  void* p = expanse_malloc(GiB, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(stats(0).reserved_unused_bytes, 2 * GiB);
+  expanse_free(p, GiB, 0, nullptr);
+  EXPECT_EQ(expanse_release_cached(0), EXPANSE_OK);
+  EXPECT_EQ(stats(0).physical_bytes, 3 * GiB);
+  // The limit caps it.
+  EXPECT_EQ(expanse_set_limit(0, 2 * GiB), EXPANSE_EINVAL);
+  EXPECT_NE(std::string(expanse_last_error()).find("below its reservation"), std::string::npos);
+  EXPECT_EQ(expanse_reserve(0, 5 * GiB, nullptr), EXPANSE_EINVAL);
+  EXPECT_NE(std::string(expanse_last_error()).find("more than the device"), std::string::npos);
+  EXPECT_EQ(expanse_reserve(0, EXPANSE_RESERVE_FREE, &got), EXPANSE_OK);
+  EXPECT_EQ(got, 4 * GiB - 512 * MiB);  // all of it, less the default margin
+  EXPECT_EQ(expanse_unreserve(0), EXPANSE_OK);
+  EXPECT_EQ(stats(0).physical_bytes, 0u);
+  EXPECT_EQ(stats(0).reserved_bytes, 0u);
+  EXPECT_EQ(expanse_unreserve(1), EXPANSE_OK);  // a device never used: nothing to do
+  EXPECT_EQ(expanse_unreserve(7), EXPANSE_EINVAL);
+}
+
 TEST_F(CAbiTest, RecordStreamOfUnknownPointerIsAnError) {
   int x = 0;
   EXPECT_EQ(expanse_record_stream(&x, nullptr), EXPANSE_EINVAL);

@@ -58,6 +58,33 @@ TEST(ConfigParse, LibraryOptions) {
   EXPECT_THROW(conf::parse_config("sim_devices:lots"), usage_error);
 }
 
+TEST(ConfigParse, ReserveKeys) {
+  const size_t GiB = size_t{1} << 30;
+  conf::Config c = conf::parse_config("reserve:40GiB,reserve_partial:true,reserve_handle_size:1GiB");
+  EXPECT_EQ(c.allocator.reserve_bytes, 40 * GiB);
+  EXPECT_FALSE(c.allocator.reserve_free);
+  EXPECT_TRUE(c.allocator.reserve_partial);
+  EXPECT_EQ(c.allocator.reserve_handle_size, GiB);
+  conf::Config f = conf::parse_config("reserve:0.9");
+  EXPECT_EQ(conf::options_for_device(f, 10 * GiB).reserve_bytes, 9 * GiB);
+  conf::Config all = conf::parse_config("reserve:free,reserve_margin:1GiB");
+  EXPECT_TRUE(all.allocator.reserve_free);
+  EXPECT_EQ(all.allocator.reserve_margin, GiB);
+  EXPECT_EQ(conf::parse_config("").allocator.reserve_margin, size_t{512} << 20);
+  EXPECT_EQ(conf::parse_config("").allocator.reserve_bytes, 0u);
+  for (const char* bad : {"reserve:1.5", "reserve:0.0", "reserve:most", "reserve_partial:maybe",
+                          "reserve_margin:lots"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(conf::parse_config(bad), usage_error);
+  }
+  try {
+    conf::parse_config("reserve:most");
+  } catch (const usage_error& e) {
+    EXPECT_NE(std::string(e.what()).find("'most' is not free, a size, or a fraction"),
+              std::string::npos) << e.what();
+  }
+}
+
 // The sim_* keys: EXPANSE_CONF is checked whole where it is read, so a bad sim value fails
 // parse_config with the message the sim itself gives.
 TEST(ConfigParse, SimKeys) {

@@ -23,7 +23,9 @@ size_t ops_from_env(size_t dflt) {
 
 // Parameter: 0 create first, 1 reclaim first (AllocatorOptions::reclaim_before_create: the order
 // in which missing pages are found), 2 a high-water mark and handles of at most 8 MiB (many more
-// handle splits). Handles of mixed sizes (1 page .. 1 GiB) in all three.
+// handle splits), 3 a reservation of 60 GiB (one-page reserved handles beside created ones of
+// every size; never released, the limit kept above it). Handles of mixed sizes (1 page .. 1 GiB)
+// in all four.
 class PropertyTest : public CoreTest, public ::testing::WithParamInterface<int> {};
 
 TEST_P(PropertyTest, RandomOperationsMatchReferenceModel) {
@@ -34,6 +36,8 @@ TEST_P(PropertyTest, RandomOperationsMatchReferenceModel) {
     opts.high_water_slack = 16 * MiB;
     opts.max_handle_size = 8 * MiB;
   }
+  const size_t reserved = GetParam() == 3 ? 60 * GiB : 0;
+  opts.reserve_bytes = reserved;
   make(sim_config(capacity), opts);
   const size_t P = alloc_->page_size();
   ReferenceModel model(P, capacity);
@@ -106,7 +110,8 @@ TEST_P(PropertyTest, RandomOperationsMatchReferenceModel) {
       if (pick(100) == 0) {
         alloc_->release_cached();
       } else if (pick(20) == 0) {
-          size_t lim = pick(2) == 0 ? SIZE_MAX : (10 + pick(71)) * GiB;
+        const size_t lo = reserved == 0 ? 10 : reserved / GiB;
+        size_t lim = pick(2) == 0 ? SIZE_MAX : (lo + pick(81 - lo)) * GiB;
         alloc_->set_limit(lim);
         model.set_limit(lim);
         ++n_limit;
@@ -142,6 +147,13 @@ TEST_P(PropertyTest, RandomOperationsMatchReferenceModel) {
       ASSERT_EQ(st.physical_bytes, o.physical_bytes) << "step " << step;
     }
     ASSERT_LE(st.physical_bytes, capacity);
+    if (n_alloc > 0) {  // the reservation is made at the first allocation, and held
+      ASSERT_EQ(st.reserved_bytes, reserved) << "step " << step;
+      ASSERT_GE(st.physical_bytes, reserved) << "step " << step;
+      ASSERT_EQ(st.reserved_unused_bytes,
+                reserved > st.touched_bytes ? reserved - st.touched_bytes : 0)
+          << "step " << step;
+    }
 
     // No data loss (invariant 2): both ends and the middle of every live block after every
     // step, all 19 spots every 256 steps.
@@ -173,11 +185,12 @@ TEST_P(PropertyTest, RandomOperationsMatchReferenceModel) {
   EXPECT_GT(n_alloc, ops / 5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, PropertyTest, ::testing::Values(0, 1, 2),
+INSTANTIATE_TEST_SUITE_P(Policies, PropertyTest, ::testing::Values(0, 1, 2, 3),
                          [](const ::testing::TestParamInfo<int>& p) {
                            return std::string(p.param == 0   ? "CreateFirst"
                                               : p.param == 1 ? "ReclaimFirst"
-                                                             : "HighWaterSmallHandles");
+                                              : p.param == 2 ? "HighWaterSmallHandles"
+                                                             : "Reserved");
                          });
 
 }  // namespace

@@ -271,3 +271,42 @@ def test_big_addresses_and_long_lists_round_trip(ex, lib, tmp_path):
     trace = pickle.load(open(tmp_path / "s.pickle", "rb"))["device_traces"][0]
     assert [e["addr"] for e in trace if e["action"] == "alloc"] == ptrs
     assert len([e for e in trace if e["action"] == "free_completed"]) == 1500
+
+
+def test_reserve_holds_memory_that_empty_cache_keeps(ex, lib):
+    assert expanse.reserve(0.5) == GiB // 2
+    s = expanse.memory_stats()
+    assert s["expanse.reserved_bytes"] == GiB // 2
+    assert s["expanse.reserved_unused_bytes"] == GiB // 2
+    assert s["reserved_bytes.all.current"] == GiB // 2
+    created = s["expanse.num_created_pages"]
+    p = lib.expanse_malloc(300 * MiB, 0, None)
+    assert p
+    assert expanse.memory_stats()["expanse.num_created_pages"] == created  # served by the reserve
+    lib.expanse_free(p, 300 * MiB, 0, None)
+    expanse.empty_cache()
+    assert expanse.memory_stats()["expanse.physical_bytes"] == GiB // 2
+    assert "Reserved, unused" in expanse.memory_summary()
+    expanse.unreserve()
+    assert expanse.memory_stats()["expanse.physical_bytes"] == 0
+    assert expanse.reserve("free") == GiB - 512 * MiB  # less the default margin
+    expanse.reserve(None)
+    with pytest.raises(ValueError):
+        expanse.reserve(1.5)
+    with pytest.raises(TypeError):
+        expanse.reserve("1GiB")
+
+
+def test_reserve_more_than_the_device_names_the_problem(ex):
+    with pytest.raises(expanse.ExpanseError, match="more than the device"):
+        expanse.reserve(2 * GiB)
+    assert expanse.memory_stats()["expanse.physical_bytes"] == 0
+
+
+def test_reserve_from_the_conf_at_first_use(ex, lib):
+    expanse.init(SIM + ",reserve:256MiB")
+    assert expanse.memory_stats()["expanse.reserved_bytes"] == 0  # device not used yet
+    p = lib.expanse_malloc(MiB, 0, None)
+    assert expanse.memory_stats()["expanse.reserved_bytes"] == 256 * MiB
+    lib.expanse_free(p, MiB, 0, None)
+    expanse.init(SIM)

@@ -221,3 +221,28 @@ snap = pickle.load(open(sys.argv[1], "rb"))
 print("stats", expanse.memory_stats()["allocated_bytes.all.peak"],
       "trace entries", len(snap["device_traces"][0]))
 '''
+
+
+def test_use_reserve_adds_the_conf_key(fake_torch, monkeypatch):
+    _, et = fake_torch
+    assert et._reserve_conf(SIM, 0.9) == SIM + ",reserve:0.9"
+    assert et._reserve_conf(SIM, "free") == SIM + ",reserve:free"
+    assert et._reserve_conf(SIM, 1 << 30) == SIM + f",reserve:{1 << 30}"
+    monkeypatch.setenv("EXPANSE_CONF", "driver:sim")
+    assert et._reserve_conf(None, "40GiB") == "driver:sim,reserve:40GiB"
+    with pytest.raises(ValueError):
+        et._reserve_conf(SIM, 2.0)
+    with pytest.raises(TypeError):
+        et._reserve_conf(SIM, True)
+
+
+def test_use_reserve_holds_memory_from_the_first_allocation(fake_torch):
+    _, et = fake_torch
+    et.use(SIM, native=False, reserve="256MiB")
+    lib = expanse.library()
+    p = lib.expanse_malloc(1 << 20, 0, None)
+    assert p
+    s = expanse.memory_stats()
+    assert s["expanse.reserved_bytes"] == 256 << 20
+    assert s["expanse.physical_bytes"] == 256 << 20
+    lib.expanse_free(p, 1 << 20, 0, None)

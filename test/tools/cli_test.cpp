@@ -103,6 +103,49 @@ TEST(Cli, StressSmallSucceeds) {
   EXPECT_NE(r.out.find("OK"), std::string::npos);
 }
 
+// The reservation takes the device's free memory at the first allocation, and the contiguous
+// request after the fragmentation is served from it with no cuMemCreate.
+TEST(Cli, StressWithAReservationCreatesNothingForTheRequest) {
+  for (const char* seed : {"1", "2"}) {
+    RunResult r = run_expanse(std::string("stress --capacity 8GiB --size 3GiB --reserve free "
+                                          "--json --seed ") + seed,
+                              "driver:sim,reserve_margin:256MiB");
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+    Json j = parse_json(r);
+    EXPECT_TRUE(j["ok"].get<bool>());
+    EXPECT_EQ(j["reserved_bytes"].get<uint64_t>(), 8 * GiB - 256 * MiB);  // less the margin
+    EXPECT_EQ(j["request_mem_creates"].get<uint64_t>(), 0u);
+    EXPECT_EQ(j["driver_calls"]["cuMemCreate"].get<uint64_t>(), 0u);
+  }
+  // A reservation smaller than the live set and the request: the rest is created.
+  RunResult r = run_expanse("stress --capacity 8GiB --size 3GiB --reserve 0.5");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("reserve      4 GiB held; the request made "), std::string::npos) << r.out;
+  r = run_expanse("stress --reserve 2.5");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("'2.5' is not free, a size, or a fraction in (0, 1]"), std::string::npos)
+      << r.err;
+  r = run_expanse("stress --reserve free", "driver:sim,reserve:1GiB");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("both given"), std::string::npos) << r.err;
+}
+
+TEST(Cli, InfoTriesTheConfiguredReservation) {
+  RunResult r = run_expanse("info --json", "driver:sim,sim_capacity:8GiB,reserve:0.75");
+  ASSERT_EQ(r.status, 0) << r.err;
+  Json j = parse_json(r);
+  const Json& res = j["devices"][0]["reserve"];
+  EXPECT_EQ(res["spec"], "75% of the capacity");
+  EXPECT_EQ(res["held_bytes"].get<uint64_t>(), 6 * GiB);
+  EXPECT_FALSE(res["partial"].get<bool>());
+  r = run_expanse("info", "driver:sim,sim_capacity:8GiB,reserve:12GiB");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("reserve:   12 GiB: cannot be had now"), std::string::npos) << r.out;
+  // Nothing configured, nothing said.
+  r = run_expanse("info --json", "driver:sim");
+  EXPECT_FALSE(parse_json(r)["devices"][0].contains("reserve"));
+}
+
 TEST(Cli, ReplaySnapshotJson) {
   TempDir dir;
   // Live: 4 KiB before recording (freed in the trace), then 1 MiB + 3 MiB on two streams.

@@ -1,0 +1,334 @@
+// The reservation: memory taken up front, held against other processes, kept by release_cached
+// and trimming, given back by unreserve, and serving any workload that fits without cuMemCreate.
+// "Another process" is a second allocator on the same sim device: the sim's cuMemGetInfo counts
+// both, as the real driver counts every process.
+#include "conf/config.hpp"
+#include "core_fixture.hpp"
+#include "expanse/errors.hpp"
+
+#include <random>
+
+namespace expanse::test {
+namespace {
+
+using driver::EntryPoint;
+
+class ReserveTest : public CoreTest {
+ protected:
+  void TearDown() override {
+    other_.reset();
+    CoreTest::TearDown();
+  }
+
+  static core::AllocatorOptions conf_opts(const std::string& text, size_t capacity) {
+    return conf::options_for_device(conf::parse_config(text), capacity);
+  }
+
+  // What the sim's cuMemGetInfo says is free on device 0.
+  size_t sim_free() {
+    PrimaryCtx c(drv_->table());
+    size_t f = 0, t = 0;
+    EXPECT_EQ(drv_->table().mem_get_info(&f, &t), CUDA_SUCCESS);
+    return f;
+  }
+
+  // Another allocator on the same device: another process, as far as device memory goes.
+  core::DeviceAllocator& other(const core::AllocatorOptions& opts = {}) {
+    other_ = std::make_unique<core::DeviceAllocator>(*drv_, 0, opts);
+    return *other_;
+  }
+
+  // A mixed workload (small blocks, KV-cache-like blocks, large ones, frees out of order) whose
+  // live blocks stay under `budget` bytes; frees everything at the end. Checks the books against
+  // the driver along the way.
+  void mixed_workload(size_t budget, uint64_t seed, int steps = 3000) {
+    std::mt19937_64 rng(seed);
+    std::vector<std::pair<void*, size_t>> live;
+    size_t live_bytes = 0;
+    auto size_of = [&]() -> size_t {
+      const int kind = static_cast<int>(rng() % 10);
+      if (kind < 5) return 512 + rng() % (1 * MiB);
+      if (kind < 9) return 2 * MiB + rng() % (48 * MiB);
+      return 64 * MiB + rng() % (400 * MiB);
+    };
+    for (int i = 0; i < steps; ++i) {
+      const bool grow = live.empty() || rng() % 100 < 55;
+      if (grow) {
+        const size_t n = size_of();
+        // Edge pages: a block may touch two pages more than its size.
+        if (live_bytes + n + 4 * MiB * (live.size() + 1) > budget) continue;
+        void* p = alloc_->allocate(n, nullptr);
+        ASSERT_NE(p, nullptr);
+        live.emplace_back(p, n);
+        live_bytes += n;
+      } else {
+        const size_t k = rng() % live.size();
+        alloc_->deallocate(live[k].first, nullptr);
+        live_bytes -= live[k].second;
+        live[k] = live.back();
+        live.pop_back();
+      }
+      if (i % 500 == 0) {
+        ASSERT_EQ(books_vs_driver(), "");
+      }
+    }
+    for (auto& [p, n] : live) alloc_->deallocate(p, nullptr);
+  }
+
+  std::unique_ptr<core::DeviceAllocator> other_;
+};
+
+constexpr size_t kDevice = 8 * GiB;
+
+TEST_F(ReserveTest, FractionHoldsThatMuchRightAfterTheFirstAllocation) {
+  make(sim_config(kDevice), conf_opts("reserve:0.9", kDevice));
+  EXPECT_EQ(sim_free(), kDevice);  // nothing taken before the device's first use
+  void* p = alloc_->allocate(1 * MiB, nullptr);
+  const size_t want = static_cast<size_t>(0.9 * static_cast<double>(kDevice)) / (2 * MiB) * 2 * MiB;
+  EXPECT_EQ(sim_free(), kDevice - want);
+  const core::DeviceStats s = alloc_->stats();
+  EXPECT_EQ(s.reserved_bytes, want);
+  EXPECT_EQ(s.reserve_asked_bytes, want);
+  EXPECT_EQ(s.physical_bytes, want);
+  EXPECT_EQ(s.reserved_unused_bytes, want - 2 * MiB);  // the small block touches one page
+  alloc_->deallocate(p, nullptr);
+}
+
+TEST_F(ReserveTest, AWorkloadThatFitsMakesNoCuMemCreate) {
+  make(sim_config(kDevice), conf_opts("reserve:0.9", kDevice));
+  alloc_->deallocate(alloc_->allocate(512, nullptr), nullptr);  // first use: the reservation
+  const size_t reserved = alloc_->stats().reserved_bytes;
+  const uint64_t creates = sim::call_count(EntryPoint::mem_create);
+  const uint64_t releases = sim::call_count(EntryPoint::mem_release);
+  mixed_workload(reserved, 7);
+  // Then one block of almost all of it, after the fragmentation.
+  void* big = alloc_->allocate(reserved - 4 * MiB, nullptr);
+  ASSERT_NE(big, nullptr);
+  EXPECT_EQ(sim::call_count(EntryPoint::mem_create), creates);
+  EXPECT_EQ(sim::call_count(EntryPoint::mem_release), releases);
+  EXPECT_EQ(books_vs_driver(), "");
+  alloc_->deallocate(big, nullptr);
+}
+
+// Reserved memory freed on one stream and not yet proven done serves another stream's request
+// after a wait, not by creating memory beyond the reservation.
+TEST_F(ReserveTest, ACoveredRequestWaitsForFreedReservedMemoryRatherThanCreating) {
+  make(sim_config(kDevice));
+  alloc_->reserve(4 * GiB);
+  CUstream a = new_stream(), b = new_stream();
+  void* p = alloc_->allocate(3 * GiB, a);
+  alloc_->deallocate(p, a);
+  const uint64_t creates = sim::call_count(EntryPoint::mem_create);
+  void* q = alloc_->allocate(3 * GiB, b);
+  EXPECT_EQ(sim::call_count(EntryPoint::mem_create), creates);
+  EXPECT_EQ(alloc_->stats().physical_bytes, 4 * GiB);
+  EXPECT_EQ(sim_free(), kDevice - 4 * GiB);
+  alloc_->deallocate(q, b);
+}
+
+TEST_F(ReserveTest, AnotherAllocatorOnTheDeviceCannotTakeIt) {
+  make(sim_config(kDevice), conf_opts("reserve:0.9", kDevice));
+  alloc_->deallocate(alloc_->allocate(512, nullptr), nullptr);
+  core::DeviceAllocator& b = other();
+  EXPECT_THROW(b.allocate(1 * GiB, nullptr), out_of_memory);
+  void* q = b.allocate(512 * MiB, nullptr);  // what is left beside the reservation
+  EXPECT_NE(q, nullptr);
+  // The reservation still serves its own: all but the page the small block took.
+  void* p = alloc_->allocate(alloc_->stats().reserved_bytes - 4 * MiB, nullptr);
+  EXPECT_NE(p, nullptr);
+  alloc_->deallocate(p, nullptr);
+  b.deallocate(q, nullptr);
+}
+
+TEST_F(ReserveTest, ReleaseCachedAndTrimmingKeepIt) {
+  make(sim_config(kDevice), conf_opts("reserve:4GiB,release_threshold:0", kDevice));
+  void* p = alloc_->allocate(3 * GiB, nullptr);
+  alloc_->deallocate(p, nullptr);  // release_threshold:0 trims at every free
+  const size_t free_before = sim_free();
+  EXPECT_EQ(free_before, kDevice - 4 * GiB);
+  alloc_->release_cached();
+  EXPECT_EQ(sim_free(), free_before);
+  const core::DeviceStats s = alloc_->stats();
+  EXPECT_EQ(s.physical_bytes, 4 * GiB);
+  EXPECT_EQ(s.reserved_unused_bytes, 4 * GiB);
+  EXPECT_EQ(s.num_released_pages, 0u);
+  // Memory beyond the reservation still goes back.
+  p = alloc_->allocate(6 * GiB, nullptr);
+  alloc_->deallocate(p, nullptr);
+  alloc_->release_cached();
+  EXPECT_EQ(alloc_->stats().physical_bytes, 4 * GiB);
+  EXPECT_EQ(sim_free(), kDevice - 4 * GiB);
+}
+
+TEST_F(ReserveTest, UnreserveGivesItBack) {
+  make(sim_config(kDevice), conf_opts("reserve:0.9", kDevice));
+  void* p = alloc_->allocate(100 * MiB, nullptr);
+  const size_t want = static_cast<size_t>(0.9 * static_cast<double>(kDevice)) / (2 * MiB) * 2 * MiB;
+  EXPECT_EQ(sim_free(), kDevice - want);
+  EXPECT_EQ(alloc_->reserve(0), 0u);
+  // What the live block touches stays (as cached memory would), the rest went back.
+  EXPECT_EQ(sim_free(), kDevice - alloc_->stats().touched_bytes);
+  EXPECT_EQ(alloc_->stats().reserved_bytes, 0u);
+  alloc_->deallocate(p, nullptr);
+  alloc_->release_cached();
+  EXPECT_EQ(sim_free(), kDevice);
+}
+
+TEST_F(ReserveTest, GrowsAndShrinksAtRunTime) {
+  make(sim_config(kDevice));
+  EXPECT_EQ(alloc_->reserve(2 * GiB), 2 * GiB);
+  EXPECT_EQ(sim_free(), kDevice - 2 * GiB);
+  EXPECT_EQ(alloc_->reserve(5 * GiB), 5 * GiB);
+  EXPECT_EQ(sim_free(), kDevice - 5 * GiB);
+  void* p = alloc_->allocate(3 * GiB, nullptr);
+  EXPECT_EQ(alloc_->reserve(1 * GiB), 1 * GiB);  // the live block's pages stay
+  EXPECT_EQ(alloc_->stats().physical_bytes, 3 * GiB);
+  alloc_->deallocate(p, nullptr);
+  alloc_->release_cached();
+  EXPECT_EQ(alloc_->stats().physical_bytes, 1 * GiB);
+  EXPECT_EQ(sim_free(), kDevice - 1 * GiB);
+}
+
+TEST_F(ReserveTest, MoreThanIsFreeFailsClearlyAndHoldsNothing) {
+  make(sim_config(kDevice));
+  core::DeviceAllocator& b = other();
+  void* q = b.allocate(3 * GiB, nullptr);
+  try {
+    alloc_->reserve(6 * GiB);
+    FAIL() << "a reservation larger than free memory succeeded";
+  } catch (const out_of_memory& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("asked 6 GiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("5 GiB free"), std::string::npos) << m;
+    EXPECT_NE(m.find("3 GiB of 8 GiB taken"), std::string::npos) << m;
+    EXPECT_NE(m.find("nothing is held"), std::string::npos) << m;
+  }
+  EXPECT_EQ(alloc_->stats().physical_bytes, 0u);
+  EXPECT_EQ(alloc_->stats().reserved_bytes, 0u);
+  EXPECT_EQ(sim_free(), 5 * GiB);
+  b.deallocate(q, nullptr);
+  other_.reset();
+  // Through EXPANSE_CONF the first allocation fails the same way, and a later one tries again.
+  make(sim_config(kDevice), conf_opts("reserve:0.9", kDevice));
+  core::DeviceAllocator& c = other();
+  q = c.allocate(3 * GiB, nullptr);
+  EXPECT_THROW(alloc_->allocate(1 * MiB, nullptr), out_of_memory);
+  EXPECT_EQ(alloc_->stats().physical_bytes, 0u);
+  c.deallocate(q, nullptr);
+  c.release_cached();
+  void* p = alloc_->allocate(1 * MiB, nullptr);
+  EXPECT_GE(alloc_->stats().reserved_bytes, 7 * GiB);
+  alloc_->deallocate(p, nullptr);
+}
+
+TEST_F(ReserveTest, AboveTheLimitOrTheDeviceIsAUsageError) {
+  make(sim_config(kDevice), conf_opts("limit:4GiB", kDevice));
+  EXPECT_THROW(alloc_->reserve(5 * GiB), usage_error);
+  EXPECT_THROW(alloc_->reserve(9 * GiB), usage_error);
+  EXPECT_EQ(alloc_->reserve(4 * GiB), 4 * GiB);
+  EXPECT_THROW(alloc_->set_limit(2 * GiB), usage_error);
+  EXPECT_EQ(alloc_->limit(), 4 * GiB);
+  alloc_->set_limit(6 * GiB);
+  EXPECT_EQ(alloc_->limit(), 6 * GiB);
+}
+
+TEST_F(ReserveTest, PartialKeepsWhatTheDriverGaveAndSaysSo) {
+  make(sim_config(kDevice), conf_opts("reserve_partial:true", kDevice));
+  core::DeviceAllocator& b = other();
+  void* q = b.allocate(3 * GiB, nullptr);
+  EXPECT_EQ(alloc_->reserve(6 * GiB), 5 * GiB);
+  const core::DeviceStats s = alloc_->stats();
+  EXPECT_EQ(s.reserved_bytes, 5 * GiB);
+  EXPECT_EQ(s.reserve_asked_bytes, 6 * GiB);
+  EXPECT_EQ(sim_free(), 0u);
+  b.deallocate(q, nullptr);
+}
+
+TEST_F(ReserveTest, FreeTakesAllThatIsFreeLessTheMargin) {
+  make(sim_config(kDevice), conf_opts("reserve:free,reserve_margin:1GiB", kDevice));
+  core::DeviceAllocator& b = other();
+  void* q = b.allocate(2 * GiB, nullptr);
+  void* p = alloc_->allocate(1 * MiB, nullptr);
+  EXPECT_EQ(alloc_->stats().reserved_bytes, 5 * GiB);
+  EXPECT_EQ(sim_free(), 1 * GiB);
+  alloc_->deallocate(p, nullptr);
+  b.deallocate(q, nullptr);
+}
+
+TEST_F(ReserveTest, AFailedDriverCallDuringReserveLeavesNothingHeld) {
+  for (uint64_t nth : {1, 2, 17, 500}) {
+    SCOPED_TRACE(nth);
+    make(sim_config(kDevice));
+    sim::inject_failure(EntryPoint::mem_create, nth, CUDA_ERROR_UNKNOWN);
+    EXPECT_THROW(alloc_->reserve(2 * GiB), driver_failure);
+    sim::clear_injections();
+    EXPECT_EQ(alloc_->stats().physical_bytes, 0u);
+    EXPECT_EQ(alloc_->stats().reserved_bytes, 0u);
+    EXPECT_EQ(sim::outstanding(0).allocations, 0u) << sim::describe_outstanding();
+    EXPECT_EQ(alloc_->reserve(2 * GiB), 2 * GiB);  // and a later one works
+  }
+  // Out of memory injected part way: the same, as an out-of-memory error.
+  make(sim_config(kDevice));
+  sim::inject_failure(EntryPoint::mem_create, 300, CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_THROW(alloc_->reserve(2 * GiB), out_of_memory);
+  sim::clear_injections();
+  EXPECT_EQ(sim::outstanding(0).allocations, 0u) << sim::describe_outstanding();
+}
+
+TEST_F(ReserveTest, ASleepingPoolKeepsReservedPagesAndWakesWithoutCreating) {
+  make(sim_config(kDevice));
+  alloc_->reserve(2 * GiB);
+  alloc_->create_pool(1);
+  void* p = alloc_->allocate(256 * MiB, nullptr, 1);
+  fill_pattern(p, 256 * MiB, 3);
+  const uint64_t creates = sim::call_count(EntryPoint::mem_create);
+  ASSERT_TRUE(alloc_->sleep_pool(1, core::DeviceAllocator::SleepMode::offload));
+  EXPECT_EQ(alloc_->stats().physical_bytes, 2 * GiB);  // kept by the reservation, pooled
+  EXPECT_EQ(sim_free(), kDevice - 2 * GiB);
+  alloc_->wake_pool(1);
+  EXPECT_EQ(check_pattern(p, 256 * MiB, 3), SIZE_MAX);
+  EXPECT_EQ(sim::call_count(EntryPoint::mem_create), creates);
+  alloc_->deallocate(p, nullptr);
+  alloc_->release_pool(1);
+  alloc_->release_cached();  // pool 1's memory returns to the default pool; the reservation stays
+  EXPECT_EQ(alloc_->stats().physical_bytes, 2 * GiB);
+  // Unreserved, a sleep gives the pages to the driver.
+  alloc_->reserve(0);
+  EXPECT_EQ(alloc_->stats().physical_bytes, 0u);
+  alloc_->create_pool(2);
+  p = alloc_->allocate(256 * MiB, nullptr, 2);
+  ASSERT_TRUE(alloc_->sleep_pool(2, core::DeviceAllocator::SleepMode::discard));
+  EXPECT_EQ(alloc_->stats().physical_bytes, 0u);
+  alloc_->wake_pool(2);
+  alloc_->deallocate(p, nullptr);
+  alloc_->release_pool(2);
+}
+
+// What a reservation made of large handles does: a block smaller than a pooled handle is served
+// by releasing it and creating the pieces (cuMemCreate on the allocation path). The figures are
+// printed for docs/design.md; one-page handles (the default) make none.
+TEST_F(ReserveTest, LargeReservedHandlesAreCutByReleaseAndCreate) {
+  for (const char* conf : {"reserve:0.9", "reserve:0.9,reserve_handle_size:1GiB"}) {
+    make(sim_config(kDevice), conf_opts(conf, kDevice));
+    alloc_->deallocate(alloc_->allocate(512, nullptr), nullptr);
+    const uint64_t c0 = sim::call_count(EntryPoint::mem_create);
+    const uint64_t m0 = sim::call_count(EntryPoint::mem_map);
+    const size_t reserved = alloc_->stats().reserved_bytes;
+    mixed_workload(reserved, 11);
+    void* big = alloc_->allocate(reserved - 4 * MiB, nullptr);
+    const uint64_t creates = sim::call_count(EntryPoint::mem_create) - c0;
+    const uint64_t maps = sim::call_count(EntryPoint::mem_map) - m0;
+    std::printf("[ figures  ] %s: %llu cuMemCreate, %llu cuMemMap after the reservation\n", conf,
+                static_cast<unsigned long long>(creates), static_cast<unsigned long long>(maps));
+    if (std::string(conf) == "reserve:0.9") {
+      EXPECT_EQ(creates, 0u);
+    } else {
+      EXPECT_GT(creates, 0u);
+    }
+    EXPECT_EQ(books_vs_driver(), "");
+    alloc_->deallocate(big, nullptr);
+  }
+}
+
+}  // namespace
+}  // namespace expanse::test
