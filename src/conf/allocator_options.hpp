@@ -38,6 +38,15 @@ struct AllocatorOptions {
   // traces, a mark keeps the footprint nearer the live set (cs336a train 1.066 -> 1.024 x live)
   // but the reclaiming never settles: thousands of driver calls in every later repeat.
   size_t high_water_slack = kNoLimit;
+  // Per-thread caches of freed blocks (core/thread_cache.hpp): the most bytes and blocks one
+  // thread's cache holds for one device; 0 in either turns them off. Off here (the replayer and
+  // the tools time the allocator itself); EXPANSE_CONF turns them on (kDefaultThreadCache*).
+  size_t thread_cache_bytes = 0;
+  size_t thread_cache_entries = 0;
 };
+
+// What EXPANSE_CONF gives the library unless thread_cache / thread_cache_entries say otherwise.
+inline constexpr size_t kDefaultThreadCacheBytes = size_t{32} << 20;
+inline constexpr size_t kDefaultThreadCacheEntries = 128;
 
 }  // namespace expanse::conf

@@ -45,6 +45,8 @@ const std::vector<std::string>& known_keys() {
       "rdma",             // auto | off: ask cuMemCreate for GPUDirect RDMA where supported
       "max_handle_size",  // largest physical handle backing a block (page_size: one per page)
       "high_water_slack",  // physical above peak touched before reclaiming first (none: off)
+      "thread_cache",      // bytes of freed blocks one thread's cache holds per device (0: off)
+      "thread_cache_entries",  // blocks one thread's cache holds per device (0: off)
   };
   return keys;
 }

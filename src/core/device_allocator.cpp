@@ -40,7 +40,8 @@ DeviceAllocator::DeviceAllocator(const driver::LoadedDriver& drv, int device,
     : drv_(drv, device, opts.rdma), opts_(options_for(drv_, device, opts)),
       page_(opts_.page_size), placement_(drv_, opts_, page_, stats_),
       streams_(drv_, placement_, opts_),
-      supply_(drv_, placement_, streams_, stats_, opts_, page_) {
+      supply_(drv_, placement_, streams_, stats_, opts_, page_),
+      caches_([this](std::vector<CachedBlock>& blocks, ThreadCache& c) { give_back(blocks, c); }) {
   if (opts_.peer_access_auto) {
     int n = 0;
     drv.check(drv.table().device_get_count(&n), driver::EntryPoint::device_get_count);
@@ -51,6 +52,7 @@ DeviceAllocator::DeviceAllocator(const driver::LoadedDriver& drv, int device,
 }
 
 DeviceAllocator::~DeviceAllocator() {
+  caches_.detach_all();  // a thread exiting from now on gives nothing back here
   std::lock_guard<std::mutex> lock(mu_);
   // Shutdown: wait for all work, then give everything back. Errors are swallowed: at process exit
   // the driver may already be shutting down (CUDA_ERROR_DEINITIALIZED).
@@ -145,6 +147,9 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
   // Which stream this is, asked before the lock (one cuStreamGetId): a handle value names
   // nothing by itself (recycled after cuStreamDestroy, per thread for CU_STREAM_PER_THREAD).
   const StreamIdentity id = streams_.identify(stream, "allocate", nullptr);
+  if (pool == 0) {
+    if (void* p = take_cached(bytes, id)) return p;  // device_front.cpp: no lock
+  }
 
   std::lock_guard<std::mutex> lock(mu_);
   CheckedScope checked(*this, "allocate");
@@ -183,14 +188,17 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
 }
 
 // A block of sz bytes for `stream` in `pool`, carved and backed by mapped, accessible pages (not
-// yet live); on a throw nothing changed. When the pages are not to be had, released pools whose
-// work can be proven done now give their memory back and the placement is tried once more.
+// yet live); on a throw nothing changed. When the pages are not to be had, the thread caches
+// give their blocks back, released pools whose work can be proven done now give their memory
+// back, and the placement is tried once more.
 BlockIt DeviceAllocator::place(size_t sz, Arena a, StreamKey stream, PageRequest& req,
                                PoolSlot pool) {
   try {
     return place_once(sz, a, stream, req, pool);
   } catch (const out_of_memory&) {
-    if (!return_released_pools()) throw;
+    // Memory parked in any thread's cache is free memory: none is reported missing while some is.
+    const bool flushed = flush_caches_locked() != 0;
+    if (!return_released_pools() && !flushed) throw;
   }
   return place_once(sz, a, stream, req, pool);
 }
@@ -311,8 +319,12 @@ void DeviceAllocator::make_live(BlockIt it, size_t requested, StreamOrder::Strea
   stats_.allocated_bytes += b.size;
   ++stats_.live_blocks;
   ++stats_.num_allocs;
-  stats_.peak_requested_bytes = std::max(stats_.peak_requested_bytes, stats_.requested_bytes);
-  stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+  if (caches_.empty()) {
+    stats_.peak_requested_bytes = std::max(stats_.peak_requested_bytes, stats_.requested_bytes);
+    stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+  } else {
+    update_peaks_locked();  // parked blocks are live in the books, not for users
+  }
   if (events_ != nullptr) events_->on_alloc(device(), it->first, requested, stream);
 }
 
@@ -321,9 +333,16 @@ void DeviceAllocator::make_live(BlockIt it, size_t requested, StreamOrder::Strea
 void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_size, PoolId join) {
   if (ptr == nullptr) return;
   const StreamIdentity id = streams_.identify(stream, "free", ptr);
+  if (join == 0 && park_fast(ptr, id, expected_size)) return;  // device_front.cpp: no lock
   std::lock_guard<std::mutex> lock(mu_);
   CheckedScope checked(*this, "free");
   auto addr = reinterpret_cast<CUdeviceptr>(ptr);
+  if (const FrontBlocks::Entry* e = caches_.blocks().find(addr);
+      e != nullptr && e->state.load(std::memory_order_acquire) == FrontBlocks::cached) {
+    throw usage_error("expanse: free of " + hex(addr) + " on device " + std::to_string(device()) +
+                      ": a block that is not live (freed already: a thread cache holds it; "
+                      "double free); nothing was changed");
+  }
   auto it = placement_.index().blocks().find(addr);
   const bool asleep = it != placement_.index().blocks().end() &&
                       it->second.state == BlockState::asleep;
@@ -343,6 +362,9 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   }
   StreamOrder::Call call(streams_);
   StreamOrder::StreamState& ss = streams_.state(stream, id);
+  if (join == 0 && !asleep && park_locked(it, ss, id)) return;
+  caches_.blocks().erase(addr);  // back in the books for good (if it ever was parked)
+  credit_free(b.size, b.requested);
   StreamOrder::Deps deps = streams_.end_uses(b, ss);
   if (asleep) {
     b.state = BlockState::live;  // freed as a live block; its pages are gone (not touched)
@@ -386,12 +408,16 @@ void DeviceAllocator::record_stream(void* ptr, CUstream stream) {
   std::lock_guard<std::mutex> lock(mu_);
   auto addr = reinterpret_cast<CUdeviceptr>(ptr);
   auto it = placement_.index().blocks().find(addr);
-  if (it == placement_.index().blocks().end() || it->second.state != BlockState::live) {
+  const FrontBlocks::Entry* parked = caches_.blocks().find(addr);
+  if (it == placement_.index().blocks().end() || it->second.state != BlockState::live ||
+      (parked != nullptr && parked->state.load(std::memory_order_acquire) == FrontBlocks::cached)) {
     throw usage_error("expanse: record_stream of " + hex(addr) + " on device " +
                       std::to_string(device()) + ": " + describe_pointer_locked(ptr) +
                       "; nothing was changed");
   }
   StreamOrder::Call call(streams_);
+  // Used by another stream: its free must wait for that stream, so it never enters a cache.
+  caches_.blocks().erase(addr);
   streams_.add_user(it->second, streams_.state(stream, id));
 }
 
@@ -401,6 +427,7 @@ void DeviceAllocator::release_cached() {
   std::lock_guard<std::mutex> lock(mu_);
   CheckedScope checked(*this, "release_cached");
   try {
+    flush_caches_locked();
     return_released_pools();
     CaptureAnnouncements::run_unless_capturing(drv_.primary(), [&] {
       free_orphan_backups_locked();
@@ -419,6 +446,7 @@ void DeviceAllocator::release_cached() {
 void DeviceAllocator::set_limit(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   CheckedScope checked(*this, "set_limit");
+  flush_caches_locked();
   supply_.set_limit_pages(bytes == kNoLimit ? SIZE_MAX : bytes / page_);
   if (supply_.held_pages() <= supply_.limit_pages()) return;
   try {

@@ -71,6 +71,7 @@ bool DeviceAllocator::sleep_pool(PoolId id, SleepMode mode) {
     throw usage_error("expanse: pool_sleep: " + pool_name(id, device()) +
                       " is asleep already; nothing was changed");
   }
+  flush_caches_locked();  // parked default blocks give back their share of the pool's edge pages
   BlockIndex& index = placement_.index();
   try {
     // Whatever may still use the pool's memory (its streams, its graphs' replays) is done only
