@@ -388,6 +388,7 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   if (events_ != nullptr) events_->on_free(device(), it->first, b.requested, stream);
   streams_.on_free(it, ss, std::move(deps));
   trim_after_free();
+  recheck_limit_locked();
 }
 
 // Cached memory above release_threshold goes back to the driver.
@@ -448,6 +449,7 @@ void DeviceAllocator::set_limit(size_t bytes) {
   CheckedScope checked(*this, "set_limit");
   flush_caches_locked();
   supply_.set_limit_pages(bytes == kNoLimit ? SIZE_MAX : bytes / page_);
+  over_limit_.store(supply_.touched_pages() > supply_.limit_pages(), std::memory_order_release);
   if (supply_.held_pages() <= supply_.limit_pages()) return;
   try {
     streams_.poll(false);

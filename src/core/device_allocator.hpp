@@ -167,6 +167,8 @@ class DeviceAllocator {
   void free_parked_locked(CUdeviceptr addr);
   // Every cache's blocks back to the books, their counts into stats_; how many blocks.
   size_t flush_caches_locked();
+  // Clears over_limit_ once the touched pages fit the limit again.
+  void recheck_limit_locked();
   // Whether the live block at addr is parked in a thread cache (freed, as users see it).
   bool parked_locked(CUdeviceptr addr) const;
   // A thread exited with these blocks parked (ThreadCaches::GiveBack).
@@ -225,6 +227,9 @@ class DeviceAllocator {
   CUstream copy_stream_ = nullptr;  // sleep and wake copies; made at the first
   std::vector<void*> orphan_backups_;  // host staging of forgotten pools, freed when safe
   std::atomic<bool> history_on_{false};  // events_ != nullptr, read without the lock
+  // Live blocks touch more pages than a lowered limit allows: caches stay shut until frees bring
+  // them under it (a block handed back from a cache would touch pages the limit no longer has).
+  std::atomic<bool> over_limit_{false};
   ThreadCaches caches_;
 };
 

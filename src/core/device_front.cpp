@@ -38,7 +38,15 @@ StreamKey key_of(const ThreadCache& c, const StreamIdentity& id) noexcept {
 
 bool DeviceAllocator::front_open() const noexcept {
   return opts_.thread_cache_bytes != 0 && opts_.thread_cache_entries != 0 &&
-         !history_on_.load(std::memory_order_acquire) && !CacheBypass::active();
+         !history_on_.load(std::memory_order_acquire) &&
+         !over_limit_.load(std::memory_order_acquire) && !CacheBypass::active();
+}
+
+void DeviceAllocator::recheck_limit_locked() {
+  if (over_limit_.load(std::memory_order_relaxed) &&
+      supply_.touched_pages() <= supply_.limit_pages()) {
+    over_limit_.store(false, std::memory_order_release);
+  }
 }
 
 void* DeviceAllocator::take_cached(size_t bytes, const StreamIdentity& id) {
