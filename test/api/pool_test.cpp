@@ -592,8 +592,9 @@ TEST_P(Pools, GraphMemoryIsNotGivenToEagerAllocations) {
 }
 
 // The same hazard with thread caches in front (on by default): a block parked before the capture
-// is not handed to it, and none of the graph's memory (a pool's) is parked and handed to the eager
-// allocations that follow on the capture's stream, with no release_cached in between to flush.
+// is not handed to it, and none of the graph's pool's memory (the capture's blocks, a block of the
+// pool taken and freed on the capture's stream) is parked and handed to the eager allocations
+// that follow on that stream, with no release_cached in between to flush.
 TEST_P(Pools, ThreadCachesNeverHandOutGraphMemory) {
   start("sim_capacity:1GiB,thread_cache:256MiB,thread_cache_entries:64");
   CUstream cap = stream();
@@ -621,6 +622,11 @@ TEST_P(Pools, ThreadCachesNeverHandOutGraphMemory) {
   if (g != nullptr) t().graph_destroy(g);
   ASSERT_EQ(expanse_pool_end(p), EXPANSE_OK) << expanse_last_error();
   must_free(out, kSize, 0, cap);  // after the capture: still the pool's (replays write it)
+  // The pool's memory taken eagerly on the capture's stream (as a warm-up does), freed there:
+  // the pool's still (its next capture may place a graph's block there), never a cache's.
+  void* eager_pool = expanse_pool_malloc(p, kSize, cs(cap));
+  ASSERT_NE(eager_pool, nullptr) << expanse_last_error();
+  must_free(eager_pool, kSize, 0, cap);
 
   // Eager allocations of the graph's size on its stream, straight after: from the cache where it
   // has a block, never the graph's.
@@ -629,8 +635,9 @@ TEST_P(Pools, ThreadCachesNeverHandOutGraphMemory) {
   for (int i = 0; i < 6; ++i) {
     void* e = must_malloc(kSize, 0, cap);
     from_cache = from_cache || e == before;
-    EXPECT_FALSE(overlaps(e, kSize, tmp, kSize) || overlaps(e, kSize, out, kSize))
-        << "eager allocation " << i << " got the graph's memory";
+    EXPECT_FALSE(overlaps(e, kSize, tmp, kSize) || overlaps(e, kSize, out, kSize) ||
+                 overlaps(e, kSize, eager_pool, kSize))
+        << "eager allocation " << i << " got the graph's pool's memory";
     eager.push_back(e);
     if (i % 2 == 1) {  // freed and taken again: what a cache serves
       must_free(eager.back(), kSize, 0, cap);
