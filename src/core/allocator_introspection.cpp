@@ -12,6 +12,10 @@
 namespace expanse::core {
 
 bool DeviceAllocator::owns(const void* ptr, size_t* size) const {
+  // A block that passed through a thread cache is known without the lock (expanse_torch_free
+  // asks before every free).
+  const int front = caches_.blocks().user_holds(reinterpret_cast<CUdeviceptr>(ptr), size);
+  if (front >= 0) return front == 1;
   std::lock_guard<std::mutex> lock(mu_);
   const auto& blocks = placement_.index().blocks();
   auto it = blocks.find(reinterpret_cast<CUdeviceptr>(ptr));

@@ -40,6 +40,16 @@ const FrontBlocks::Entry* FrontBlocks::find(CUdeviceptr addr) const {
   return it == s.map.end() ? nullptr : &it->second;
 }
 
+int FrontBlocks::user_holds(CUdeviceptr addr, size_t* requested) const {
+  Shard& s = shard(addr);
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.map.find(addr);
+  if (it == s.map.end()) return -1;
+  if (it->second.state.load(std::memory_order_acquire) != live) return 0;
+  if (requested != nullptr) *requested = it->second.requested;
+  return 1;
+}
+
 void FrontBlocks::erase(CUdeviceptr addr) {
   Shard& s = shard(addr);
   std::lock_guard<std::mutex> lock(s.mu);

@@ -38,8 +38,12 @@ class FrontBlocks {
   Claim claim(CUdeviceptr addr, StreamKey key, size_t expected_size, Entry** out);
   // Adds addr, cached. Returns its entry (stable until erased).
   Entry* insert_cached(CUdeviceptr addr, StreamKey key, size_t size, size_t requested);
-  // nullptr if addr is not here; else its state.
+  // nullptr if addr is not here; else its entry (call with the device lock held: entries are
+  // erased only under it).
   const Entry* find(CUdeviceptr addr) const;
+  // Without the device lock: 1 if addr is here and live (*requested: its size as asked), 0 if
+  // here and cached, -1 if not here.
+  int user_holds(CUdeviceptr addr, size_t* requested) const;
   // Removes addr if here.
   void erase(CUdeviceptr addr);
 
