@@ -140,8 +140,10 @@ int main(int argc, char** argv) {
                 n, two_off / one_off, two_on / one_on, 1e9 / one_off, 1e9 / one_on);
   }
   const auto s_on = a_on.stats();
-  std::printf("\ncache on: %llu allocations, %llu frees, live blocks %llu, driver calls %llu\n",
+  std::printf("\ncache on: %llu allocations (%llu from thread caches), %llu frees, live blocks "
+              "%llu, driver calls %llu\n",
               static_cast<unsigned long long>(s_on.num_allocs),
+              static_cast<unsigned long long>(s_on.thread_cache_hits),
               static_cast<unsigned long long>(s_on.num_frees),
               static_cast<unsigned long long>(s_on.live_blocks),
               static_cast<unsigned long long>(s_on.total_driver_calls()));

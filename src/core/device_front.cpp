@@ -156,6 +156,7 @@ size_t DeviceAllocator::flush_caches_locked() {
         all.insert(all.end(), mine.begin(), mine.end());
         stats_.num_allocs += c.hits;
         stats_.num_frees += c.hits;
+        stats_.thread_cache_hits += c.hits;
         drv_.add_stream_queries(c.queries);
         c.hits = c.queries = 0;
       },
@@ -172,6 +173,7 @@ void DeviceAllocator::give_back(std::vector<CachedBlock>& blocks, ThreadCache& c
     std::lock_guard<SpinLock> l(c.lock);
     stats_.num_allocs += c.hits;
     stats_.num_frees += c.hits;
+    stats_.thread_cache_hits += c.hits;
     drv_.add_stream_queries(c.queries);
     c.hits = c.queries = 0;
   }

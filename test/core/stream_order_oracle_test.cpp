@@ -77,6 +77,8 @@ TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
   auto done = [&](CUevent e) { return t.event_query(e) == CUDA_SUCCESS; };
 
   const size_t ops = 20000;
+  size_t repeat_n = 0;  // with caches: the size and stream the next step allocates (0: none)
+  CUstream repeat_s = nullptr;
   size_t n_alloc = 0, n_oom = 0, n_same_stream_reuse = 0, n_pending_pages = 0;
   for (size_t step = 0; step < ops; ++step) {
     // Forget freed blocks whose work is all complete.
@@ -91,10 +93,14 @@ TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
         ++i;
       }
     }
-    const size_t dice = pick(1000);
+    // With caches: the step after a free, often an allocation of the same size on the freeing
+    // stream (what a cache serves).
+    const size_t dice = repeat_n != 0 ? 0 : pick(1000);
     if (dice < 450 || model.live().empty()) {
       size_t n;
-      if (pick(20) == 0) {
+      if (repeat_n != 0) {
+        n = repeat_n;
+      } else if (pick(20) == 0) {
         n = P + rng() % (prm.capacity / 2);
       } else if (prm.thread_cache && pick(2) == 0) {
         static constexpr size_t kRepeated[] = {512, 3000, 65536, 1 << 20, 3 << 20};
@@ -102,7 +108,8 @@ TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
       } else {
         n = log_uniform_size(rng, 23);
       }
-      CUstream s = streams[pick(streams.size())];
+      CUstream s = repeat_n != 0 ? repeat_s : streams[pick(streams.size())];
+      repeat_n = 0;
       const size_t avail = model.avail();
       void* p = nullptr;
       try {
@@ -147,6 +154,10 @@ TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
       }
       for (uintptr_t pg = a / P * P; pg < a + sz; pg += P) f.pages[pg] = handle_at(pg);
       alloc_->deallocate(reinterpret_cast<void*>(a), s);
+      if (prm.thread_cache && pick(2) == 0) {
+        repeat_n = it->second.requested;
+        repeat_s = s;
+      }
       model.remove(a);
       users.erase(a);
       freed.push_back(std::move(f));
@@ -184,7 +195,7 @@ TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
       }
     }
     // (stats() gives parked blocks back: with caches, only now and then, so that they serve.)
-    if (!prm.thread_cache || step % 16 == 0) {
+    if (!prm.thread_cache || step % 64 == 0) {
       core::DeviceStats st = alloc_->stats();
       ASSERT_EQ(st.allocated_bytes, model.allocated());
       ASSERT_EQ(st.touched_bytes, model.touched() * P) << "step " << step;
@@ -207,8 +218,14 @@ TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
   EXPECT_GT(n_alloc, ops / 5);
   EXPECT_GT(n_same_stream_reuse, 0u) << "the oracle never saw memory reused under pending work";
   EXPECT_GT(n_pending_pages, 0u);
-  std::printf("allocs %zu, ooms %zu, reuses of memory with work pending %zu, pending page checks %zu\n",
-              n_alloc, n_oom, n_same_stream_reuse, n_pending_pages);
+  const uint64_t hits = alloc_->stats().thread_cache_hits;
+  if (prm.thread_cache) {
+    EXPECT_GT(hits, n_alloc / 20) << "thread caches served too few allocations to be tested here";
+  }
+  std::printf("allocs %zu (%llu from thread caches), ooms %zu, reuses of memory with work pending "
+              "%zu, pending page checks %zu\n",
+              n_alloc, static_cast<unsigned long long>(hits), n_oom, n_same_stream_reuse,
+              n_pending_pages);
 }
 
 INSTANTIATE_TEST_SUITE_P(

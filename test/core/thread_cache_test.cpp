@@ -176,6 +176,7 @@ TEST_F(ThreadCacheTest, UserFiguresMatchAModelOfWhatUsersDid) {
   EXPECT_EQ(st.live_blocks, 0u);
   EXPECT_EQ(st.num_allocs - before.num_allocs, allocs);
   EXPECT_EQ(st.peak_allocated_bytes, peak_alloc);
+  EXPECT_GT(st.thread_cache_hits, allocs / 10) << "the caches served too little to be tested";
   EXPECT_EQ(books_vs_driver(), "");
 }
 
@@ -392,8 +393,12 @@ TEST_F(ThreadCacheTest, ManyThreadsSharedStreamsCrossFreesAndPressure) {
   EXPECT_EQ(st.live_blocks, 0u);
   EXPECT_EQ(st.allocated_bytes, 0u);
   EXPECT_EQ(st.num_allocs, st.num_frees);
+  EXPECT_GT(st.thread_cache_hits, 0u);
   EXPECT_EQ(alloc_->check_invariants(), "");
-  std::printf("%zu worker OOMs (the hog runs the device out now and then)\n", ooms.load());
+  std::printf("%zu worker OOMs (the hog runs the device out now and then), %llu of %llu "
+              "allocations from thread caches\n",
+              ooms.load(), static_cast<unsigned long long>(st.thread_cache_hits),
+              static_cast<unsigned long long>(st.num_allocs));
 }
 
 }  // namespace
