@@ -19,6 +19,7 @@
 #include "core/format.hpp"
 
 #include <algorithm>
+#include <new>
 
 namespace expanse::core {
 namespace {
@@ -88,13 +89,16 @@ bool DeviceAllocator::park_fast(void* ptr, const StreamIdentity& id, size_t expe
     return false;  // the locked path says what is wrong, or frees it there
   }
   std::vector<CachedBlock> evicted;
-  {
+  try {
     std::lock_guard<SpinLock> lock(c->lock);
     c->put(key, CachedBlock{addr, e->size, e->requested, e, 0}, opts_.thread_cache_bytes,
            opts_.thread_cache_entries, &evicted);
     c->credit_size += e->size;
     c->credit_requested += e->requested;
     c->queries += id.queries;
+  } catch (const std::bad_alloc&) {
+    e->state.store(FrontBlocks::live, std::memory_order_release);  // the locked path frees it
+    return false;
   }
   if (!evicted.empty()) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -114,15 +118,19 @@ bool DeviceAllocator::park_locked(BlockIt it, StreamOrder::StreamState& ss,
   }
   ThreadCache* c = caches_.mine(true);
   if (c == nullptr) return false;  // the thread is exiting
-  FrontBlocks::Entry* e = caches_.blocks().insert_cached(it->first, ss.key, b.size, b.requested);
   std::vector<CachedBlock> evicted;
-  {
+  try {
+    FrontBlocks::Entry* e =
+        caches_.blocks().insert_cached(it->first, ss.key, b.size, b.requested);
     std::lock_guard<SpinLock> lock(c->lock);
     if (id.kind == StreamIdentity::legacy) c->learn_legacy_key(id.id, ss.key);
     c->put(ss.key, CachedBlock{it->first, b.size, b.requested, e, 0}, opts_.thread_cache_bytes,
            opts_.thread_cache_entries, &evicted);
     c->credit_size += b.size;
     c->credit_requested += b.requested;
+  } catch (const std::bad_alloc&) {
+    caches_.blocks().erase(it->first);  // not parked: freed the usual way
+    return false;
   }
   for (const CachedBlock& v : evicted) free_parked_locked(v.addr);
   if (!evicted.empty()) trim_after_free();

@@ -56,6 +56,11 @@ void ThreadCache::put(StreamKey key, const CachedBlock& blk, size_t max_bytes,
     bin->key = key;
     bin->requested = blk.requested;
   }
+  // Whatever can throw, before anything changes: nothing below allocates.
+  bin->blocks.reserve(bin->blocks.size() + 1);
+  if (entries_ + 1 > max_entries || bytes_ + blk.size > max_bytes) {
+    evicted->reserve(evicted->size() + entries_ + 1);
+  }
   bin->blocks.push_back(blk);
   bin->blocks.back().stamp = ++clock_;
   bytes_ += blk.size;

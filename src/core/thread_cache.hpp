@@ -57,7 +57,8 @@ class ThreadCache {
   // The most recently parked block of (key, requested), if any; removed.
   bool take(StreamKey key, size_t requested, CachedBlock* out);
   // Parks b under (key, b.requested); then evicts the oldest blocks until at most max_bytes and
-  // max_entries are held (they go to *evicted, to be freed by the caller).
+  // max_entries are held (they go to *evicted, to be freed by the caller). On a throw
+  // (std::bad_alloc) nothing was parked or evicted.
   void put(StreamKey key, const CachedBlock& b, size_t max_bytes, size_t max_entries,
            std::vector<CachedBlock>* evicted);
   // Every block, removed.
