@@ -1,5 +1,6 @@
 #include "api/pool_routes.hpp"
 
+#include "core/cache_bypass.hpp"
 #include "core/capture_announcements.hpp"
 #include "expanse/errors.hpp"
 
@@ -8,12 +9,18 @@
 namespace expanse::api {
 
 PoolRoutes::~PoolRoutes() {
-  for (const auto& r : routes_) finish(*r);
+  for (const auto& r : routes_) {
+    finish(*r);
+    core::CacheBypass::leave();
+  }
 }
 
 uint64_t PoolRoutes::add(std::shared_ptr<Route> r) {
   std::lock_guard<std::mutex> lock(mu_);
   r->token = next_token_++;
+  // While any route exists, thread caches are bypassed: a routed allocation must come from its
+  // pool, and a free on a routed capture's stream joins the pool (nothing enters a cache).
+  core::CacheBypass::enter();
   routes_.push_back(r);
   count_.store(static_cast<int>(routes_.size()), std::memory_order_relaxed);
   return r->token;
@@ -86,6 +93,7 @@ CUstream PoolRoutes::end(core::PoolId pool, const char* what) {
   }
   wait_for_calls(*gone);
   finish(*gone);
+  core::CacheBypass::leave();
   return gone->kind == Kind::capture ? gone->stream : nullptr;
 }
 
@@ -105,6 +113,7 @@ bool PoolRoutes::end_route(uint64_t token, CUstream* capture) {
   if (!gone) return false;
   wait_for_calls(*gone);
   finish(*gone);
+  core::CacheBypass::leave();
   *capture = gone->kind == Kind::capture ? gone->stream : nullptr;
   return true;
 }

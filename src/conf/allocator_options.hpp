@@ -53,6 +53,15 @@ struct AllocatorOptions {
   // The handles a reservation is made of; anything up to a page (default) gives one-page
   // handles, which serve any block without a cuMemCreate (docs/design.md, "Reservations").
   size_t reserve_handle_size = 0;
+  // Per-thread caches of freed blocks (core/thread_cache.hpp): the most bytes and blocks one
+  // thread's cache holds for one device; 0 in either turns them off. Off here (the replayer and
+  // the tools time the allocator itself); EXPANSE_CONF turns them on (kDefaultThreadCache*).
+  size_t thread_cache_bytes = 0;
+  size_t thread_cache_entries = 0;
 };
+
+// What EXPANSE_CONF gives the library unless thread_cache / thread_cache_entries say otherwise.
+inline constexpr size_t kDefaultThreadCacheBytes = size_t{32} << 20;
+inline constexpr size_t kDefaultThreadCacheEntries = 128;
 
 }  // namespace expanse::conf

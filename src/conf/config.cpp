@@ -57,6 +57,8 @@ ReserveSpec parse_reserve(const std::string& what, const std::string& v) {
 Config parse_config(const std::string& text) {
   Config c;
   c.text = text;
+  c.allocator.thread_cache_bytes = kDefaultThreadCacheBytes;
+  c.allocator.thread_cache_entries = kDefaultThreadCacheEntries;
   try {
     for (const auto& [key, value] : parse_pairs(text)) {
       if (key == "page_size") {
@@ -86,6 +88,10 @@ Config parse_config(const std::string& text) {
       } else if (key == "high_water_slack") {
         c.allocator.high_water_slack =
             value == "none" ? kNoLimit : parse_size_for(key, value);
+      } else if (key == "thread_cache") {
+        c.allocator.thread_cache_bytes = parse_size_for(key, value);
+      } else if (key == "thread_cache_entries") {
+        c.allocator.thread_cache_entries = parse_size_for(key, value);
       } else if (key == "va_size") {
         c.allocator.va_size = parse_size_for(key, value);
       } else if (key == "va_budget") {

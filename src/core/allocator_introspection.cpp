@@ -12,6 +12,10 @@
 namespace expanse::core {
 
 bool DeviceAllocator::owns(const void* ptr, size_t* size) const {
+  // A block that passed through a thread cache is known without the lock (expanse_torch_free
+  // asks before every free).
+  const int front = caches_.blocks().user_holds(reinterpret_cast<CUdeviceptr>(ptr), size);
+  if (front >= 0) return front == 1;
   std::lock_guard<std::mutex> lock(mu_);
   if (const RegistrableBlock* rb = registrable_.find(reinterpret_cast<CUdeviceptr>(ptr))) {
     if (size != nullptr) *size = rb->requested;
@@ -23,6 +27,7 @@ bool DeviceAllocator::owns(const void* ptr, size_t* size) const {
       (it->second.state != BlockState::live && it->second.state != BlockState::asleep)) {
     return false;
   }
+  if (parked_locked(it->first)) return false;  // freed: a thread cache holds it
   if (size != nullptr) *size = it->second.requested;
   return true;
 }
@@ -37,6 +42,9 @@ std::string DeviceAllocator::describe_pointer_locked(const void* ptr) const {
   --it;
   if (addr >= it->first + it->second.size) return foreign;
   const Block& b = it->second;
+  if (b.state == BlockState::live && parked_locked(it->first)) {
+    return "freed memory (a thread cache holds it for reuse)";
+  }
   if (b.state == BlockState::live) {
     if (it->first == addr) return "live block of " + std::to_string(b.requested) + " bytes";
     return "interior pointer, " + std::to_string(addr - it->first) + " bytes into the live block " +
@@ -103,8 +111,16 @@ std::string DeviceAllocator::describe_stream_order(const void* ptr) const {
   throw out_of_memory(m.str(), req.bytes, device());
 }
 
+bool DeviceAllocator::parked_locked(CUdeviceptr addr) const {
+  const FrontBlocks::Entry* e = caches_.blocks().find(addr);
+  return e != nullptr && e->state.load(std::memory_order_acquire) == FrontBlocks::cached;
+}
+
 DeviceStats DeviceAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
+  // Parked blocks back in the books first: every figure as users see it. (Nothing users see
+  // changes; the allocator itself is never const.)
+  const_cast<DeviceAllocator*>(this)->flush_caches_locked();
   DeviceStats s = stats_;
   s.touched_bytes = supply_.touched_pages() * page_ + registrable_.bytes();
   s.mapped_bytes = supply_.mapped_pages() * page_ + registrable_.bytes();
@@ -124,6 +140,8 @@ DeviceStats DeviceAllocator::stats() const {
 
 void DeviceAllocator::reset_peaks() {
   std::lock_guard<std::mutex> lock(mu_);
+  flush_caches_locked();
+  update_peaks_locked();  // every thread's peak credit from 0
   stats_.peak_requested_bytes = stats_.requested_bytes;
   stats_.peak_allocated_bytes = stats_.allocated_bytes;
   stats_.peak_mapped_bytes = supply_.mapped_pages() * page_ + registrable_.bytes();
@@ -164,12 +182,16 @@ std::string DeviceAllocator::check_invariants_locked() const {
 
 void DeviceAllocator::set_events(AllocatorEvents* e) {
   std::lock_guard<std::mutex> lock(mu_);
+  // The history sees every allocation and free when it happens: no caches while it records.
+  history_on_.store(e != nullptr, std::memory_order_release);
+  flush_caches_locked();
   events_ = e;
   supply_.set_events(e);
 }
 
 std::vector<SegmentView> DeviceAllocator::segments() const {
   std::lock_guard<std::mutex> lock(mu_);
+  const_cast<DeviceAllocator*>(this)->flush_caches_locked();  // as stats()
   std::vector<SegmentView> out;
   const auto& blocks = placement_.index().blocks();
   placement_.for_each_reservation([&](const Reservation& r) {

@@ -1,5 +1,7 @@
 #include "core/capture_announcements.hpp"
 
+#include "core/cache_bypass.hpp"
+
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -42,6 +44,7 @@ void CaptureAnnouncements::begin(CUcontext ctx, const void* stream) {
   });
   ++r.contexts[ctx].announced;
   r.by_stream.emplace(stream, ctx);
+  CacheBypass::enter();  // before the capture can begin: no cached block is handed to it
 }
 
 void CaptureAnnouncements::end(CUcontext ctx) {
@@ -50,6 +53,7 @@ void CaptureAnnouncements::end(CUcontext ctx) {
   auto it = r.contexts.find(ctx);
   if (it == r.contexts.end() || it->second.announced <= 0) return;  // end without a begin
   --it->second.announced;
+  CacheBypass::leave();
   for (auto s = r.by_stream.begin(); s != r.by_stream.end(); ++s) {
     if (s->second == ctx) {
       r.by_stream.erase(s);
@@ -68,6 +72,7 @@ bool CaptureAnnouncements::end_stream(const void* stream) {
   r.by_stream.erase(s);
   if (it != r.contexts.end() && it->second.announced > 0) {
     --it->second.announced;
+    CacheBypass::leave();
     r.forget_if_idle(it);
   }
   return true;

@@ -42,7 +42,8 @@ DeviceAllocator::DeviceAllocator(const driver::LoadedDriver& drv, int device,
       streams_(drv_, placement_, opts_),
       supply_(drv_, placement_, streams_, stats_, opts_, page_), registrable_(drv_, page_),
       imports_(drv_),
-      reserve_pending_(opts_.reserve_free || opts_.reserve_bytes >= page_) {
+      reserve_pending_(opts_.reserve_free || opts_.reserve_bytes >= page_),
+      caches_([this](std::vector<CachedBlock>& blocks, ThreadCache& c) { give_back(blocks, c); }) {
   if (opts_.peer_access_auto) {
     int n = 0;
     drv.check(drv.table().device_get_count(&n), driver::EntryPoint::device_get_count);
@@ -53,6 +54,7 @@ DeviceAllocator::DeviceAllocator(const driver::LoadedDriver& drv, int device,
 }
 
 DeviceAllocator::~DeviceAllocator() {
+  caches_.detach_all();  // a thread exiting from now on gives nothing back here
   std::lock_guard<std::mutex> lock(mu_);
   // Shutdown: wait for all work, then give everything back. Errors are swallowed: at process exit
   // the driver may already be shutting down (CUDA_ERROR_DEINITIALIZED).
@@ -151,6 +153,9 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
   // Which stream this is, asked before the lock (one cuStreamGetId): a handle value names
   // nothing by itself (recycled after cuStreamDestroy, per thread for CU_STREAM_PER_THREAD).
   const StreamIdentity id = streams_.identify(stream, "allocate", nullptr);
+  if (pool == 0) {
+    if (void* p = take_cached(bytes, id)) return p;  // device_front.cpp: no lock
+  }
 
   std::lock_guard<std::mutex> lock(mu_);
   CheckedScope checked(*this, "allocate");
@@ -194,14 +199,23 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
 }
 
 // A block of sz bytes for `stream` in `pool`, carved and backed by mapped, accessible pages (not
-// yet live); on a throw nothing changed. When the pages are not to be had, released pools whose
-// work can be proven done now give their memory back and the placement is tried once more.
+// yet live); on a throw nothing changed. When the pages are not to be had, the thread caches
+// give their blocks back, released pools whose work can be proven done now give their memory
+// back, and the placement is tried once more.
 BlockIt DeviceAllocator::place(size_t sz, Arena a, StreamKey stream, PageRequest& req,
                                PoolSlot pool) {
+  // Parked blocks hold touched pages: a request the reservation covers once they are given back
+  // must not create memory beyond it.
+  if (supply_.reserved_pages() > 0 && !caches_.empty() &&
+      supply_.touched_pages() + (sz + page_ - 1) / page_ > supply_.reserved_pages()) {
+    flush_caches_locked();
+  }
   try {
     return place_once(sz, a, stream, req, pool);
   } catch (const out_of_memory&) {
-    if (!return_released_pools()) throw;
+    // Memory parked in any thread's cache is free memory: none is reported missing while some is.
+    const bool flushed = flush_caches_locked() != 0;
+    if (!return_released_pools() && !flushed) throw;
   }
   return place_once(sz, a, stream, req, pool);
 }
@@ -322,8 +336,12 @@ void DeviceAllocator::make_live(BlockIt it, size_t requested, StreamOrder::Strea
   stats_.allocated_bytes += b.size;
   ++stats_.live_blocks;
   ++stats_.num_allocs;
-  stats_.peak_requested_bytes = std::max(stats_.peak_requested_bytes, stats_.requested_bytes);
-  stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+  if (caches_.empty()) {
+    stats_.peak_requested_bytes = std::max(stats_.peak_requested_bytes, stats_.requested_bytes);
+    stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+  } else {
+    update_peaks_locked();  // parked blocks are live in the books, not for users
+  }
   if (events_ != nullptr) events_->on_alloc(device(), it->first, requested, stream);
 }
 
@@ -332,10 +350,17 @@ void DeviceAllocator::make_live(BlockIt it, size_t requested, StreamOrder::Strea
 void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_size, PoolId join) {
   if (ptr == nullptr) return;
   const StreamIdentity id = streams_.identify(stream, "free", ptr);
+  if (join == 0 && park_fast(ptr, id, expected_size)) return;  // device_front.cpp: no lock
   std::lock_guard<std::mutex> lock(mu_);
   CheckedScope checked(*this, "free");
   auto addr = reinterpret_cast<CUdeviceptr>(ptr);
   if (registrable_.find(addr) != nullptr) return free_registrable(addr, stream, expected_size);
+  if (const FrontBlocks::Entry* e = caches_.blocks().find(addr);
+      e != nullptr && e->state.load(std::memory_order_acquire) == FrontBlocks::cached) {
+    throw usage_error("expanse: free of " + hex(addr) + " on device " + std::to_string(device()) +
+                      ": a block that is not live (freed already: a thread cache holds it; "
+                      "double free); nothing was changed");
+  }
   auto it = placement_.index().blocks().find(addr);
   const bool asleep = it != placement_.index().blocks().end() &&
                       it->second.state == BlockState::asleep;
@@ -355,6 +380,9 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   }
   StreamOrder::Call call(streams_);
   StreamOrder::StreamState& ss = streams_.state(stream, id);
+  if (join == 0 && !asleep && park_locked(it, ss, id)) return;
+  caches_.blocks().erase(addr);  // back in the books for good (if it ever was parked)
+  credit_free(b.size, b.requested);
   StreamOrder::Deps deps = streams_.end_uses(b, ss);
   if (asleep) {
     b.state = BlockState::live;  // freed as a live block; its pages are gone (not touched)
@@ -378,6 +406,7 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   if (events_ != nullptr) events_->on_free(device(), it->first, b.requested, stream);
   streams_.on_free(it, ss, std::move(deps));
   trim_after_free();
+  recheck_limit_locked();
 }
 
 // Cached memory above release_threshold goes back to the driver.
@@ -400,12 +429,16 @@ void DeviceAllocator::record_stream(void* ptr, CUstream stream) {
   // A registrable block's free waits for the whole context: every stream is covered.
   if (registrable_.find(addr) != nullptr) return;
   auto it = placement_.index().blocks().find(addr);
-  if (it == placement_.index().blocks().end() || it->second.state != BlockState::live) {
+  const FrontBlocks::Entry* parked = caches_.blocks().find(addr);
+  if (it == placement_.index().blocks().end() || it->second.state != BlockState::live ||
+      (parked != nullptr && parked->state.load(std::memory_order_acquire) == FrontBlocks::cached)) {
     throw usage_error("expanse: record_stream of " + hex(addr) + " on device " +
                       std::to_string(device()) + ": " + describe_pointer_locked(ptr) +
                       "; nothing was changed");
   }
   StreamOrder::Call call(streams_);
+  // Used by another stream: its free must wait for that stream, so it never enters a cache.
+  caches_.blocks().erase(addr);
   streams_.add_user(it->second, streams_.state(stream, id));
 }
 
@@ -415,6 +448,7 @@ void DeviceAllocator::release_cached() {
   std::lock_guard<std::mutex> lock(mu_);
   CheckedScope checked(*this, "release_cached");
   try {
+    flush_caches_locked();
     return_released_pools();
     CaptureAnnouncements::run_unless_capturing(drv_.primary(), [&] {
       free_orphan_backups_locked();
@@ -439,7 +473,9 @@ void DeviceAllocator::set_limit(size_t bytes) {
                       conf::format_size(supply_.reserved_pages() * page_) +
                       " (expanse_reserve less, or expanse_unreserve, first); nothing was changed");
   }
+  flush_caches_locked();
   supply_.set_limit_pages(bytes == kNoLimit ? SIZE_MAX : bytes / page_);
+  over_limit_.store(supply_.touched_pages() > supply_.limit_pages(), std::memory_order_release);
   if (supply_.held_pages() <= supply_.limit_pages()) return;
   try {
     streams_.poll(false);

@@ -10,6 +10,13 @@
 // reuse) → a free block whose pages are mapped → best fit → carve → PageSupply::ensure_pages
 // → live. deallocate() → StreamOrder (pending on other streams, or back in the free index owned by
 // the stream until a fence proves its work done) → trim above release_threshold.
+//
+// In front of the lock, per-thread caches (thread_cache.hpp, device_front.cpp; off unless
+// thread_cache_bytes and thread_cache_entries are set): a free whose block may go back to the
+// freeing stream at once parks it in the thread's cache, and that thread's next allocation of the
+// same size on the same stream takes it back, neither touching the lock. Parked blocks stay live
+// in the books; every operation that needs the true picture (stats, release_cached, set_limit,
+// pool trim and sleep, segments, an allocation that would fail) flushes all caches first.
 #pragma once
 
 #include "core/allocator_events.hpp"
@@ -25,9 +32,11 @@
 #include "core/pool_table.hpp"
 #include "core/stats.hpp"
 #include "core/stream_order.hpp"
+#include "core/thread_cache.hpp"
 
 #include <cuda.h>
 
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -191,6 +200,31 @@ class DeviceAllocator {
   // violation on stderr.
   class CheckedScope;
 
+  // ---- the thread caches (device_front.cpp) ----
+  // Whether caches may be used now (configured, no memory history, no capture or route).
+  bool front_open() const noexcept;
+  // The allocation the calling thread's cache serves without the lock, or nullptr.
+  void* take_cached(size_t bytes, const StreamIdentity& id);
+  // Parks ptr in the calling thread's cache without the lock; false: take the locked path.
+  bool park_fast(void* ptr, const StreamIdentity& id, size_t expected_size);
+  // A free under the lock (block `it`, live, freed on ss): parks it when it may be; false if not.
+  bool park_locked(BlockIt it, StreamOrder::StreamState& ss, const StreamIdentity& id);
+  // Gives the parked block at addr back to the books: freed on the stream it was freed on.
+  void free_parked_locked(CUdeviceptr addr);
+  // Every cache's blocks back to the books, their counts into stats_; how many blocks.
+  size_t flush_caches_locked();
+  // Clears over_limit_ once the touched pages fit the limit again.
+  void recheck_limit_locked();
+  // Whether the live block at addr is parked in a thread cache (freed, as users see it).
+  bool parked_locked(CUdeviceptr addr) const;
+  // A thread exited with these blocks parked (ThreadCaches::GiveBack).
+  void give_back(std::vector<CachedBlock>& blocks, ThreadCache& c);
+  // Peaks as users see them (parked blocks are not allocated), after an allocation no peak
+  // credit covered; every thread's credit starts again from 0.
+  void update_peaks_locked();
+  // The freeing thread's peak credit grows by a free through the locked path.
+  void credit_free(size_t size, size_t requested);
+
   BlockIt place(size_t sz, Arena a, StreamKey stream, PageRequest& req, PoolSlot pool);
   // A registrable block (registrable_blocks.hpp) of bytes in pool id `pool` (0: default).
   void* allocate_registrable(size_t bytes, uint64_t pool, CUstream stream);
@@ -252,6 +286,11 @@ class DeviceAllocator {
   bool reserve_pending_ = false;  // EXPANSE_CONF reserve, made at the first allocation
   CUstream copy_stream_ = nullptr;  // sleep and wake copies; made at the first
   std::vector<void*> orphan_backups_;  // host staging of forgotten pools, freed when safe
+  std::atomic<bool> history_on_{false};  // events_ != nullptr, read without the lock
+  // Live blocks touch more pages than a lowered limit allows: caches stay shut until frees bring
+  // them under it (a block handed back from a cache would touch pages the limit no longer has).
+  std::atomic<bool> over_limit_{false};
+  ThreadCaches caches_;
 };
 
 class DeviceAllocator::CheckedScope {

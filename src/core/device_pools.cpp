@@ -54,7 +54,8 @@ PoolId DeviceAllocator::pool_of(const void* ptr) const {
   const auto& blocks = placement_.index().blocks();
   auto it = blocks.find(reinterpret_cast<CUdeviceptr>(ptr));
   if (it == blocks.end() ||
-      (it->second.state != BlockState::live && it->second.state != BlockState::asleep)) {
+      (it->second.state != BlockState::live && it->second.state != BlockState::asleep) ||
+      parked_locked(it->first)) {
     throw usage_error("expanse: pool_of " + hex(reinterpret_cast<CUdeviceptr>(ptr)) +
                       " on device " + std::to_string(device()) + ": " +
                       describe_pointer_locked(ptr));
@@ -125,6 +126,7 @@ bool DeviceAllocator::trim_pool(PoolId id) {
                       "): only a released pool's memory can be given back; nothing was changed");
   }
   if (p.returned) return true;  // its free memory is the default pool's already
+  flush_caches_locked();  // parked blocks may sit on pages the pool's memory shares
   try {
     if (!streams_.sync_context(drv_.primary())) return false;
     streams_.poll(false);

@@ -85,6 +85,7 @@ bool DeviceAllocator::sleep_pool(PoolId id, SleepMode mode) {
                       "): its memory may be mapped by other processes or registered with NICs, "
                       "so it cannot sleep; nothing was changed");
   }
+  flush_caches_locked();  // parked default blocks give back their share of the pool's edge pages
   BlockIndex& index = placement_.index();
   const double modeled0 = drv_.modeled_ns();
   const auto wall0 = std::chrono::steady_clock::now();

@@ -29,6 +29,9 @@ struct DeviceStats {
   // Stream identities expanse keeps state for (frees to prove done, live blocks). Bounded: a
   // stream whose state holds nothing is forgotten once there are more than a few dozen.
   uint64_t tracked_streams = 0;
+  // Allocations thread caches served without the device lock (each also counted in num_allocs,
+  // and its free in num_frees), up to the last flush.
+  uint64_t thread_cache_hits = 0;
 
   uint64_t total_driver_calls() const noexcept {
     uint64_t n = 0;

@@ -119,6 +119,11 @@ class StreamOrder {
   // stream's context on first sight. Makes it the call's stream (see Call).
   StreamState& state(CUstream s, const StreamIdentity& id);
 
+  // The state of key, if it is still tracked (a live block's allocation stream always is).
+  StreamState* find_state(StreamKey key) {
+    auto it = streams_.find(key);
+    return it == streams_.end() ? nullptr : &it->second;
+  }
   // A block carved for ss becomes live.
   void on_alloc(Block& b, StreamState& ss);
   // record_stream: ss uses live block b too.

@@ -63,7 +63,10 @@ ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_
   const uint64_t total = t.ops.size() * static_cast<uint64_t>(passes);
   {
     DeviceStreams streams(*drv, 0, t.streams);
-    core::DeviceAllocator alloc(*drv, 0, conf::options_for_device(conf, capacity));
+    // One thread replays: thread caches would only keep freed blocks from the placement.
+    conf::AllocatorOptions opts = conf::options_for_device(conf, capacity);
+    opts.thread_cache_bytes = 0;
+    core::DeviceAllocator alloc(*drv, 0, opts);
     r.page_size = alloc.page_size();
     std::vector<void*> ptr(t.blocks, nullptr);
     std::vector<uint32_t> stream_of(passes > 1 ? t.blocks : 0, 0);  // each block's alloc stream

@@ -283,6 +283,7 @@ CUresult sim_stream_begin_capture(CUstream stream, CUstreamCaptureMode mode) {
     c->graph = reinterpret_cast<CUgraph>(s.next_graph_handle);
     s.next_graph_handle += kGraphStep;
     s.graphs[reinterpret_cast<uintptr_t>(c->graph)] = false;
+    detail::capture_membership_changed();  // before any cached "not capturing" can be read
     c->members.push_back(st->shared_from_this());
     st->capture_nodes = 0;
     st->capture_reach.clear();
@@ -344,6 +345,7 @@ CUresult sim_stream_end_capture(CUstream stream, CUgraph* graph) {
 }
 
 CUresult sim_stream_is_capturing(CUstream stream, CUstreamCaptureStatus* status) {
+  if (detail::fast_not_capturing(stream, status)) return CUDA_SUCCESS;  // sim_fast_path.cpp
   return run(EntryPoint::stream_is_capturing, true, [&](State& s, CallSize&) {
     if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
     Stream* st = nullptr;
@@ -351,6 +353,7 @@ CUresult sim_stream_is_capturing(CUstream stream, CUstreamCaptureStatus* status)
     const CUresult r = query_status(s, stream, &st, &cs);
     if (r != CUDA_SUCCESS) return r;
     *status = cs;
+    if (cs == CU_STREAM_CAPTURE_STATUS_NONE) detail::remember_not_capturing(stream);
     return CUDA_SUCCESS;
   });
 }

@@ -236,6 +236,7 @@ struct State {
   double modeled_ns = 0;
   // fast_calls(stream_get_id) when modeled_ns last included them (priced on reading).
   uint64_t fast_priced = 0;
+  uint64_t fast_priced_capturing = 0;  // the same for cuStreamIsCapturing
 };
 
 // The global lock and the current state (created on first use with the default config).
@@ -322,6 +323,12 @@ void remember_stream_id(CUstream h, uint64_t id) noexcept;
 // With the lock held: a handle stopped naming its stream (destroy, context reset, sim reset).
 // A context reset calls it whatever it drops: NULL / PER_THREAD answers cached for it go too.
 void forget_stream_ids() noexcept;
+// cuStreamIsCapturing without the lock (sim_fast_path.cpp): true when a cached "not capturing"
+// answer still holds; remember one after a locked answer; every capture begun or joined bumps
+// the capture epoch first.
+bool fast_not_capturing(CUstream h, CUstreamCaptureStatus* status) noexcept;
+void remember_not_capturing(CUstream h) noexcept;
+void capture_membership_changed() noexcept;
 // Calls of e answered without the lock, ever, over all threads (0 for other entry points).
 uint64_t fast_calls(driver::EntryPoint e) noexcept;
 // With the lock held: whether failures are injected for e (the fast path steps aside).

@@ -18,6 +18,7 @@ State* g_state = nullptr;  // never destroyed: calls during static destruction s
 std::atomic<uint64_t> g_counts[kEntryCount];
 // fast_calls(cuStreamGetId) at the last reset_counts / reset: the counts start from there.
 std::atomic<uint64_t> g_fast_base{0};
+std::atomic<uint64_t> g_fast_base_capturing{0};
 std::atomic<uint64_t> g_next_generation{1};
 SimConfig g_config;
 
@@ -57,6 +58,7 @@ constexpr uintptr_t kGraphHandleBase = 0x00005e9700000000;
 State::State(const SimConfig& c) : cfg(c), costs(CostTable::get_default()) {
   generation = g_next_generation.fetch_add(1);
   fast_priced = fast_calls(driver::EntryPoint::stream_get_id);
+  fast_priced_capturing = fast_calls(driver::EntryPoint::stream_is_capturing);
   next_stream_handle = kStreamHandleBase;
   next_event_handle = kEventHandleBase;
   next_graph_handle = kGraphHandleBase;
@@ -286,6 +288,8 @@ void reset(const SimConfig& cfg) {
   }
   for (auto& c : detail::g_counts) c.store(0);
   detail::g_fast_base.store(detail::fast_calls(driver::EntryPoint::stream_get_id));
+  detail::g_fast_base_capturing.store(
+      detail::fast_calls(driver::EntryPoint::stream_is_capturing));
 }
 
 const SimConfig& config() {
@@ -297,16 +301,27 @@ const SimConfig& config() {
 // ---- call accounting ----------------------------------------------------------------------------
 
 namespace {
-// cuStreamGetId calls answered without the lock since the counts were last reset.
+// Calls of e (cuStreamGetId, cuStreamIsCapturing) answered without the lock since the counts
+// were last reset.
+uint64_t fast_since_reset(driver::EntryPoint e) {
+  if (e == driver::EntryPoint::stream_get_id) {
+    return detail::fast_calls(e) - detail::g_fast_base.load();
+  }
+  if (e == driver::EntryPoint::stream_is_capturing) {
+    return detail::fast_calls(e) - detail::g_fast_base_capturing.load();
+  }
+  return 0;
+}
 uint64_t fast_since_reset() {
-  return detail::fast_calls(driver::EntryPoint::stream_get_id) - detail::g_fast_base.load();
+  return fast_since_reset(driver::EntryPoint::stream_get_id) +
+         fast_since_reset(driver::EntryPoint::stream_is_capturing);
 }
 }  // namespace
 
 uint64_t call_count(driver::EntryPoint e) {
   const int i = static_cast<int>(e);
   if (i < 0 || i >= detail::kEntryCount) return 0;
-  const uint64_t fast = e == driver::EntryPoint::stream_get_id ? fast_since_reset() : 0;
+  const uint64_t fast = fast_since_reset(e);
   return detail::g_counts[i].load() + fast;
 }
 
@@ -320,9 +335,12 @@ void reset_counts() {
   std::lock_guard<std::mutex> lock(state_mutex());
   for (auto& c : detail::g_counts) c.store(0);
   const uint64_t fast = detail::fast_calls(driver::EntryPoint::stream_get_id);
+  const uint64_t fast_capturing = detail::fast_calls(driver::EntryPoint::stream_is_capturing);
   detail::g_fast_base.store(fast);
+  detail::g_fast_base_capturing.store(fast_capturing);
   state_locked().modeled_ns = 0;
   state_locked().fast_priced = fast;
+  state_locked().fast_priced_capturing = fast_capturing;
 }
 
 // ---- failure injection --------------------------------------------------------------------------
@@ -356,6 +374,10 @@ void price_fast_calls(State& s) {
   s.modeled_ns += s.costs.cost_ns(driver::EntryPoint::stream_get_id, 0, 1) *
                   static_cast<double>(fast - s.fast_priced);
   s.fast_priced = fast;
+  const uint64_t fast_capturing = detail::fast_calls(driver::EntryPoint::stream_is_capturing);
+  s.modeled_ns += s.costs.cost_ns(driver::EntryPoint::stream_is_capturing, 0, 1) *
+                  static_cast<double>(fast_capturing - s.fast_priced_capturing);
+  s.fast_priced_capturing = fast_capturing;
 }
 }  // namespace
 

@@ -268,6 +268,7 @@ CUresult detail::wait_event(State& s, Stream& st, Event& e, unsigned flags) {
       return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
     // A fork: the stream joins the capture sequence.
+    detail::capture_membership_changed();
     st.capture = e.captured;
     c.members.push_back(st.shared_from_this());
     st.capture_nodes = 0;

@@ -85,6 +85,25 @@ TEST(ConfigParse, ReserveKeys) {
   }
 }
 
+// Thread caches: on by default through EXPANSE_CONF, sized by two keys, 0 turning them off; a bad
+// value names the key.
+TEST(ConfigParse, ThreadCacheKeys) {
+  const conf::Config d = conf::parse_config("");
+  EXPECT_EQ(d.allocator.thread_cache_bytes, conf::kDefaultThreadCacheBytes);
+  EXPECT_EQ(d.allocator.thread_cache_entries, conf::kDefaultThreadCacheEntries);
+  const conf::Config c = conf::parse_config("thread_cache:4MiB,thread_cache_entries:16");
+  EXPECT_EQ(c.allocator.thread_cache_bytes, size_t{4} << 20);
+  EXPECT_EQ(c.allocator.thread_cache_entries, 16u);
+  EXPECT_EQ(conf::parse_config("thread_cache:0").allocator.thread_cache_bytes, 0u);
+  EXPECT_EQ(conf::AllocatorOptions{}.thread_cache_bytes, 0u) << "the core's own default: off";
+  try {
+    conf::parse_config("thread_cache:lots");
+    ADD_FAILURE() << "a bad size was accepted";
+  } catch (const usage_error& e) {
+    EXPECT_NE(std::string(e.what()).find("thread_cache"), std::string::npos) << e.what();
+  }
+}
+
 // The sim_* keys: EXPANSE_CONF is checked whole where it is read, so a bad sim value fails
 // parse_config with the message the sim itself gives.
 TEST(ConfigParse, SimKeys) {

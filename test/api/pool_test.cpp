@@ -591,6 +591,65 @@ TEST_P(Pools, GraphMemoryIsNotGivenToEagerAllocations) {
   must_free(anchor, 2 * MiB, 0, eager_stream);
 }
 
+// The same hazard with thread caches in front (on by default): a block parked before the capture
+// is not handed to it, and none of the graph's pool's memory (the capture's blocks, a block of the
+// pool taken and freed on the capture's stream) is parked and handed to the eager allocations
+// that follow on that stream, with no release_cached in between to flush.
+TEST_P(Pools, ThreadCachesNeverHandOutGraphMemory) {
+  start("sim_capacity:1GiB,thread_cache:256MiB,thread_cache_entries:64");
+  CUstream cap = stream();
+  constexpr size_t kSize = 8 * MiB;
+  push(0);
+  void* before = must_malloc(kSize, 0, cap);
+  must_free(before, kSize, 0, cap);  // parked in this thread's cache
+  void* again = must_malloc(kSize, 0, cap);
+  EXPECT_EQ(again, before) << "the cache does not serve: this test would show nothing";
+  must_free(again, kSize, 0, cap);
+
+  const expanse_pool_id p = create();
+  ASSERT_EQ(expanse_pool_begin_capture(p, cs(cap)), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(t().stream_begin_capture(cap, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  void* tmp = must_malloc(kSize, 0, cap);
+  void* out = must_malloc(kSize, 0, cap);
+  EXPECT_FALSE(overlaps(tmp, kSize, before, kSize) || overlaps(out, kSize, before, kSize))
+      << "the capture got a block parked before it";
+  expanse_pool_id of = 0;
+  EXPECT_EQ(expanse_pool_of(out, &of), EXPANSE_OK);
+  EXPECT_EQ(of, p);
+  must_free(tmp, kSize, 0, cap);  // in the capture: the pool's (the graph reuses it)
+  CUgraph g = nullptr;
+  EXPECT_EQ(t().stream_end_capture(cap, &g), CUDA_SUCCESS) << "the capture was invalidated";
+  if (g != nullptr) t().graph_destroy(g);
+  ASSERT_EQ(expanse_pool_end(p), EXPANSE_OK) << expanse_last_error();
+  must_free(out, kSize, 0, cap);  // after the capture: still the pool's (replays write it)
+  // The pool's memory taken eagerly on the capture's stream (as a warm-up does), freed there:
+  // the pool's still (its next capture may place a graph's block there), never a cache's.
+  void* eager_pool = expanse_pool_malloc(p, kSize, cs(cap));
+  ASSERT_NE(eager_pool, nullptr) << expanse_last_error();
+  must_free(eager_pool, kSize, 0, cap);
+
+  // Eager allocations of the graph's size on its stream, straight after: from the cache where it
+  // has a block, never the graph's.
+  std::vector<void*> eager;
+  bool from_cache = false;
+  for (int i = 0; i < 6; ++i) {
+    void* e = must_malloc(kSize, 0, cap);
+    from_cache = from_cache || e == before;
+    EXPECT_FALSE(overlaps(e, kSize, tmp, kSize) || overlaps(e, kSize, out, kSize) ||
+                 overlaps(e, kSize, eager_pool, kSize))
+        << "eager allocation " << i << " got the graph's pool's memory";
+    eager.push_back(e);
+    if (i % 2 == 1) {  // freed and taken again: what a cache serves
+      must_free(eager.back(), kSize, 0, cap);
+      eager.pop_back();
+    }
+  }
+  EXPECT_TRUE(from_cache) << "the block parked before the capture was not served after it";
+  for (void* e : eager) must_free(e, kSize, 0, cap);
+  pop();
+  ASSERT_EQ(expanse_pool_release(p), EXPANSE_OK);
+}
+
 // Allocating into a pool during its capture, from the capturing thread and from another thread
 // allocating meanwhile (with frees still pending that the allocator wants to fence), makes no
 // call the capture forbids: the capture ends valid.

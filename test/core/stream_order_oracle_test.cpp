@@ -7,7 +7,9 @@
 //     than T is complete;
 //   - every page under the block stays mapped with the same handle.
 // Random operations over a small device, with limits, release_cached, release_threshold, LIFO
-// depths and held streams; the reference model checks invariant 1 both ways.
+// depths and held streams; the reference model checks invariant 1 both ways. Some configurations
+// put thread caches in front (core/thread_cache.hpp): half the sizes then come from a small set,
+// so that freed blocks are handed back from the cache, under the same oracle.
 #include "core_fixture.hpp"
 #include "expanse/errors.hpp"
 #include "reference_model.hpp"
@@ -27,6 +29,7 @@ struct OracleParams {
   bool reclaim_first;
   uint64_t seed;
   size_t va_budget = 0;
+  bool thread_cache = false;
 };
 
 class StreamOrderOracleTest : public CoreTest,
@@ -39,6 +42,10 @@ TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
   opts.release_threshold = prm.release_threshold;
   opts.reclaim_before_create = prm.reclaim_first;
   opts.va_budget = prm.va_budget;
+  if (prm.thread_cache) {
+    opts.thread_cache_bytes = prm.capacity / 8;
+    opts.thread_cache_entries = 32;
+  }
   make(sim_config(prm.capacity), opts);
   const size_t P = alloc_->page_size();
   ReferenceModel model(P, prm.capacity);
@@ -70,6 +77,8 @@ TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
   auto done = [&](CUevent e) { return t.event_query(e) == CUDA_SUCCESS; };
 
   const size_t ops = 20000;
+  size_t repeat_n = 0;  // with caches: the size and stream the next step allocates (0: none)
+  CUstream repeat_s = nullptr;
   size_t n_alloc = 0, n_oom = 0, n_same_stream_reuse = 0, n_pending_pages = 0;
   for (size_t step = 0; step < ops; ++step) {
     // Forget freed blocks whose work is all complete.
@@ -84,15 +93,23 @@ TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
         ++i;
       }
     }
-    const size_t dice = pick(1000);
+    // With caches: the step after a free, often an allocation of the same size on the freeing
+    // stream (what a cache serves).
+    const size_t dice = repeat_n != 0 ? 0 : pick(1000);
     if (dice < 450 || model.live().empty()) {
       size_t n;
-      if (pick(20) == 0) {
+      if (repeat_n != 0) {
+        n = repeat_n;
+      } else if (pick(20) == 0) {
         n = P + rng() % (prm.capacity / 2);
+      } else if (prm.thread_cache && pick(2) == 0) {
+        static constexpr size_t kRepeated[] = {512, 3000, 65536, 1 << 20, 3 << 20};
+        n = kRepeated[pick(std::size(kRepeated))];
       } else {
         n = log_uniform_size(rng, 23);
       }
-      CUstream s = streams[pick(streams.size())];
+      CUstream s = repeat_n != 0 ? repeat_s : streams[pick(streams.size())];
+      repeat_n = 0;
       const size_t avail = model.avail();
       void* p = nullptr;
       try {
@@ -137,6 +154,10 @@ TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
       }
       for (uintptr_t pg = a / P * P; pg < a + sz; pg += P) f.pages[pg] = handle_at(pg);
       alloc_->deallocate(reinterpret_cast<void*>(a), s);
+      if (prm.thread_cache && pick(2) == 0) {
+        repeat_n = it->second.requested;
+        repeat_s = s;
+      }
       model.remove(a);
       users.erase(a);
       freed.push_back(std::move(f));
@@ -173,9 +194,12 @@ TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
                                     << " was unmapped while work on it was pending";
       }
     }
-    core::DeviceStats st = alloc_->stats();
-    ASSERT_EQ(st.allocated_bytes, model.allocated());
-    ASSERT_EQ(st.touched_bytes, model.touched() * P) << "step " << step;
+    // (stats() gives parked blocks back: with caches, only now and then, so that they serve.)
+    if (!prm.thread_cache || step % 64 == 0) {
+      core::DeviceStats st = alloc_->stats();
+      ASSERT_EQ(st.allocated_bytes, model.allocated());
+      ASSERT_EQ(st.touched_bytes, model.touched() * P) << "step " << step;
+    }
     if (step % 64 == 0) {
       ASSERT_EQ(books_vs_driver(), "") << "step " << step;
     }
@@ -194,8 +218,14 @@ TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
   EXPECT_GT(n_alloc, ops / 5);
   EXPECT_GT(n_same_stream_reuse, 0u) << "the oracle never saw memory reused under pending work";
   EXPECT_GT(n_pending_pages, 0u);
-  std::printf("allocs %zu, ooms %zu, reuses of memory with work pending %zu, pending page checks %zu\n",
-              n_alloc, n_oom, n_same_stream_reuse, n_pending_pages);
+  const uint64_t hits = alloc_->stats().thread_cache_hits;
+  if (prm.thread_cache) {
+    EXPECT_GT(hits, n_alloc / 20) << "thread caches served too few allocations to be tested here";
+  }
+  std::printf("allocs %zu (%llu from thread caches), ooms %zu, reuses of memory with work pending "
+              "%zu, pending page checks %zu\n",
+              n_alloc, static_cast<unsigned long long>(hits), n_oom, n_same_stream_reuse,
+              n_pending_pages);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -207,7 +237,9 @@ INSTANTIATE_TEST_SUITE_P(
                       OracleParams{64 * MiB, 1, 8 * MiB, true, 5},
                       OracleParams{1 * GiB, 16, core::kNoLimit, false, 6},
                       OracleParams{256 * MiB, 16, core::kNoLimit, false, 7, 2 * GiB},
-                      OracleParams{256 * MiB, 4, core::kNoLimit, true, 8, 1536 * MiB}),
+                      OracleParams{256 * MiB, 4, core::kNoLimit, true, 8, 1536 * MiB},
+                      OracleParams{256 * MiB, 16, core::kNoLimit, false, 9, 0, true},
+                      OracleParams{256 * MiB, 2, 16 * MiB, true, 10, 0, true}),
     [](const ::testing::TestParamInfo<OracleParams>& p) {
       return "seed" + std::to_string(p.param.seed);
     });

@@ -46,6 +46,54 @@ TEST_F(SimThreads, ContextCallsFromLateThreadLocalDestructorsWork) {
   EXPECT_EQ(CUDA_SUCCESS, results[2]);
 }
 
+// cuStreamIsCapturing is answered without the lock from a cached "not capturing", but never
+// stale: a capture begun on the stream, a stream forked into a capture, and a blocking capture
+// that makes the legacy stream answer CAPTURE_IMPLICIT all show at once; every call counts.
+TEST_F(SimThreads, IsCapturingWithoutTheLockIsNeverStale) {
+  make_current(0);
+  CUstream s = nullptr, side = nullptr, blocking = nullptr;
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_create(&s, CU_STREAM_NON_BLOCKING));
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_create(&side, CU_STREAM_NON_BLOCKING));
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_create(&blocking, CU_STREAM_DEFAULT));
+  auto status = [&](CUstream x, CUresult* r = nullptr) {
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+    const CUresult got = t().stream_is_capturing(x, &st);
+    if (r != nullptr) *r = got;
+    return st;
+  };
+  const uint64_t before = call_count(EntryPoint::stream_is_capturing);
+  for (int i = 0; i < 3; ++i) {  // the first locked, then cached
+    EXPECT_EQ(status(s), CU_STREAM_CAPTURE_STATUS_NONE);
+    EXPECT_EQ(status(side), CU_STREAM_CAPTURE_STATUS_NONE);
+    EXPECT_EQ(status(nullptr), CU_STREAM_CAPTURE_STATUS_NONE);
+  }
+  EXPECT_EQ(call_count(EntryPoint::stream_is_capturing), before + 9);
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  EXPECT_EQ(status(s), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  EXPECT_EQ(status(side), CU_STREAM_CAPTURE_STATUS_NONE);
+  CUevent e = nullptr;
+  ASSERT_EQ(CUDA_SUCCESS, t().event_create(&e, CU_EVENT_DISABLE_TIMING));
+  ASSERT_EQ(CUDA_SUCCESS, t().event_record(e, s));
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_wait_event(side, e, 0));  // side joins the capture
+  EXPECT_EQ(status(side), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  ASSERT_EQ(CUDA_SUCCESS, t().event_record(e, side));
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_wait_event(s, e, 0));  // joined back
+  CUgraph g = nullptr;
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_end_capture(s, &g));
+  t().graph_destroy(g);
+  EXPECT_EQ(status(s), CU_STREAM_CAPTURE_STATUS_NONE);
+  EXPECT_EQ(status(side), CU_STREAM_CAPTURE_STATUS_NONE);
+  EXPECT_EQ(status(nullptr), CU_STREAM_CAPTURE_STATUS_NONE);  // cached again
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_begin_capture(blocking, CU_STREAM_CAPTURE_MODE_RELAXED));
+  CUresult r = CUDA_SUCCESS;
+  (void)status(nullptr, &r);
+  EXPECT_EQ(r, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) << "a stale cached answer for the legacy stream";
+  ASSERT_EQ(CUDA_SUCCESS, t().stream_end_capture(blocking, &g));
+  t().graph_destroy(g);
+  t().event_destroy(e);
+  for (CUstream x : {s, side, blocking}) t().stream_destroy(x);
+}
+
 TEST_F(SimThreads, ConcurrentLifecycles) {
   constexpr int kThreads = 8;
   constexpr int kRounds = 200;

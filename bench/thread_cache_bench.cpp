@@ -1,0 +1,151 @@
+// Allocate+free pairs per second with thread caches (core/thread_cache.hpp) next to the same
+// allocator without them (thread_cache 0: every pair takes the device lock), from one run: 1, 2
+// and 8 threads, each on its own stream, allocating and freeing one size in a loop (a warm,
+// cached pair: no driver call). Prints ns per pair and the 2-thread/1-thread scaling.
+//
+//   build/bin/expanse_bench_thread_cache [seconds per figure, default 0.5] [rounds, default 5]
+//   EXPANSE_BENCH_CONF=driver:cuda build/bin/expanse_bench_thread_cache   (a real GPU's driver)
+//
+// Each figure is the best of `rounds` runs (the machine is shared; the best run is the one
+// least disturbed).
+#include "core/device_allocator.hpp"
+#include "driver/driver.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Device {
+  std::unique_ptr<expanse::driver::LoadedDriver> drv;
+  CUcontext ctx = nullptr;
+  std::vector<CUstream> streams;
+
+  Device() {
+    const char* conf = std::getenv("EXPANSE_BENCH_CONF");
+    if (conf != nullptr && *conf != '\0') {
+      drv = expanse::driver::select_driver(conf, /*allow_sim_fallback=*/false);
+    } else {
+      expanse::driver::SimConfig cfg;
+      cfg.capacity = size_t{80} << 30;
+      cfg.backing = false;  // the pairs never reach the driver; no host memory needed
+      drv = expanse::driver::load_sim(cfg, "benchmark");
+    }
+    const auto& t = drv->table();
+    using expanse::driver::EntryPoint;
+    CUdevice dev = 0;
+    drv->check(t.device_get(&dev, 0), EntryPoint::device_get);
+    drv->check(t.device_primary_ctx_retain(&ctx, dev), EntryPoint::device_primary_ctx_retain);
+    for (int i = 0; i < 8; ++i) {
+      drv->check(t.ctx_set_current(ctx), EntryPoint::ctx_set_current);
+      CUstream s = nullptr;
+      drv->check(t.stream_create(&s, CU_STREAM_NON_BLOCKING), EntryPoint::stream_create);
+      streams.push_back(s);
+    }
+  }
+};
+
+// Pairs per second of `threads` threads, each on its own stream, over `seconds`.
+double pairs_per_second(Device& d, expanse::core::DeviceAllocator& a, int threads, size_t n,
+                        double seconds) {
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false}, stop{false};
+  std::vector<uint64_t> pairs(static_cast<size_t>(threads), 0);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      d.drv->table().ctx_set_current(d.ctx);
+      CUstream s = d.streams[static_cast<size_t>(t)];
+      a.deallocate(a.allocate(n, s), s);  // warm: pages mapped (and the block cached, if on)
+      a.deallocate(a.allocate(n, s), s);
+      ready.fetch_add(1);
+      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      uint64_t k = 0;
+      while (!stop.load(std::memory_order_relaxed)) {
+        for (int i = 0; i < 256; ++i) {
+          void* p = a.allocate(n, s);
+          a.deallocate(p, s);
+        }
+        k += 256;
+      }
+      pairs[static_cast<size_t>(t)] = k;
+    });
+  }
+  while (ready.load() != threads) std::this_thread::yield();
+  const auto t0 = Clock::now();
+  go.store(true, std::memory_order_release);
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  stop.store(true);
+  for (auto& th : pool) th.join();
+  const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  uint64_t total = 0;
+  for (uint64_t k : pairs) total += k;
+  return static_cast<double>(total) / elapsed;
+}
+
+double best_of(Device& d, expanse::core::DeviceAllocator& a, int threads, size_t n,
+               double seconds, int rounds) {
+  double best = 0;
+  for (int r = 0; r < rounds; ++r) {
+    const double v = pairs_per_second(d, a, threads, n, seconds);
+    if (v > best) best = v;
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const double seconds = argc > 1 ? std::atof(argv[1]) : 0.5;
+  const int rounds = argc > 2 ? std::atoi(argv[2]) : 5;
+  Device d;
+  std::printf("driver: %s; %u hardware threads; best of %d runs of %.2f s each\n",
+              d.drv->description().c_str(), std::thread::hardware_concurrency(), rounds, seconds);
+  expanse::core::AllocatorOptions off;  // thread_cache 0: the locked path, as before
+  expanse::core::AllocatorOptions on;
+  on.thread_cache_bytes = expanse::conf::kDefaultThreadCacheBytes;
+  on.thread_cache_entries = expanse::conf::kDefaultThreadCacheEntries;
+  expanse::core::DeviceAllocator a_off(*d.drv, 0, off);
+  expanse::core::DeviceAllocator a_on(*d.drv, 0, on);
+
+  std::printf("\nallocate+free pair, each thread on its own stream\n");
+  std::printf("%10s %8s | %14s %10s | %14s %10s | %8s\n", "size", "threads", "off pairs/s",
+              "off ns", "on pairs/s", "on ns", "on/off");
+  for (size_t n : {size_t{4096}, size_t{1} << 20}) {
+    double one_off = 0, one_on = 0, two_off = 0, two_on = 0;
+    for (int threads : {1, 2, 8}) {
+      const double po = best_of(d, a_off, threads, n, seconds, rounds);
+      const double pn = best_of(d, a_on, threads, n, seconds, rounds);
+      // ns per pair as one thread sees it: its wall time per pair.
+      std::printf("%10zu %8d | %14.0f %10.1f | %14.0f %10.1f | %8.2f\n", n, threads, po,
+                  1e9 * threads / po, pn, 1e9 * threads / pn, pn / po);
+      if (threads == 1) {
+        one_off = po;
+        one_on = pn;
+      } else if (threads == 2) {
+        two_off = po;
+        two_on = pn;
+      }
+    }
+    std::printf("%10zu scaling 2 threads / 1 thread: off %.2fx, on %.2fx (goal >= 1.70x); "
+                "1-thread pair: off %.1f ns, on %.1f ns (goal <= 150 ns)\n",
+                n, two_off / one_off, two_on / one_on, 1e9 / one_off, 1e9 / one_on);
+  }
+  const auto s_on = a_on.stats();
+  std::printf("\ncache on: %llu allocations (%llu from thread caches), %llu frees, live blocks "
+              "%llu, driver calls %llu\n",
+              static_cast<unsigned long long>(s_on.num_allocs),
+              static_cast<unsigned long long>(s_on.thread_cache_hits),
+              static_cast<unsigned long long>(s_on.num_frees),
+              static_cast<unsigned long long>(s_on.live_blocks),
+              static_cast<unsigned long long>(s_on.total_driver_calls()));
+  return 0;
+}

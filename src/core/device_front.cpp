@@ -1,0 +1,215 @@
+// DeviceAllocator's front: the thread caches (thread_cache.hpp) on the way into allocate() and
+// deallocate(), and their way back into the books.
+//
+// What may be parked: a block of the default pool, live, freed on the stream it was allocated
+// on, that no other stream used (record_stream), while no capture is announced and no pool route
+// exists anywhere in the process (CacheBypass), on a stream that is not capturing and whose
+// identity the driver gives (created, per-thread, legacy streams: StreamOrder's keys), with no
+// memory history recorded. It is handed back only to its thread, on that same stream, for the
+// same requested size: what StreamOrder's exact-size reuse would do under the lock, minus the
+// lock. Everything else takes the locked path.
+//
+// Peaks without the lock: a free through this allocator adds the bytes it frees to its thread's
+// credit; an allocation from the cache that the credit covers cannot raise the users' peak (the
+// bytes allocated are back to at most where they were when those frees were made) and spends it.
+// Any other allocation computes the peak exactly under the lock (the books' allocated bytes less
+// every parked block) and sets every thread's credit to 0.
+#include "core/cache_bypass.hpp"
+#include "core/device_allocator.hpp"
+#include "core/format.hpp"
+
+#include <algorithm>
+#include <new>
+
+namespace expanse::core {
+namespace {
+
+// Streams StreamOrder can key without the lock's help (legacy: learned per thread).
+bool cacheable(const StreamIdentity& id) noexcept {
+  return id.kind == StreamIdentity::created || id.kind == StreamIdentity::per_thread ||
+         id.kind == StreamIdentity::legacy;
+}
+
+// The key StreamOrder gives id's stream on this thread (0: not known here).
+StreamKey key_of(const ThreadCache& c, const StreamIdentity& id) noexcept {
+  return id.kind == StreamIdentity::legacy ? c.legacy_key(id.id) : id.id;
+}
+
+}  // namespace
+
+bool DeviceAllocator::front_open() const noexcept {
+  return opts_.thread_cache_bytes != 0 && opts_.thread_cache_entries != 0 &&
+         !history_on_.load(std::memory_order_acquire) &&
+         !over_limit_.load(std::memory_order_acquire) && !CacheBypass::active();
+}
+
+void DeviceAllocator::recheck_limit_locked() {
+  if (over_limit_.load(std::memory_order_relaxed) &&
+      supply_.touched_pages() <= supply_.limit_pages()) {
+    over_limit_.store(false, std::memory_order_release);
+  }
+}
+
+void* DeviceAllocator::take_cached(size_t bytes, const StreamIdentity& id) {
+  if (!cacheable(id) || !front_open()) return nullptr;
+  ThreadCache* c = caches_.mine(false);
+  if (c == nullptr) return nullptr;
+  CachedBlock b;
+  bool covered = false;
+  {
+    std::lock_guard<SpinLock> lock(c->lock);
+    const StreamKey key = key_of(*c, id);
+    if (key == 0 || !c->take(key, bytes, &b)) return nullptr;
+    ++c->hits;
+    c->queries += id.queries;
+    covered = c->credit_size >= b.size && c->credit_requested >= b.requested;
+    if (covered) {
+      c->credit_size -= b.size;
+      c->credit_requested -= b.requested;
+    }
+  }
+  b.entry->state.store(FrontBlocks::live, std::memory_order_release);
+  if (!covered) {
+    std::lock_guard<std::mutex> lock(mu_);
+    update_peaks_locked();
+  }
+  return reinterpret_cast<void*>(b.addr);
+}
+
+bool DeviceAllocator::park_fast(void* ptr, const StreamIdentity& id, size_t expected_size) {
+  if (!cacheable(id) || !front_open()) return false;
+  // A thread's first park takes the locked path, which makes its cache.
+  ThreadCache* c = caches_.mine(false);
+  if (c == nullptr) return false;
+  const StreamKey key = key_of(*c, id);  // legacy keys: written only by this thread
+  if (key == 0) return false;
+  const auto addr = reinterpret_cast<CUdeviceptr>(ptr);
+  FrontBlocks::Entry* e = nullptr;
+  if (caches_.blocks().claim(addr, key, expected_size, &e) != FrontBlocks::Claim::claimed) {
+    return false;  // the locked path says what is wrong, or frees it there
+  }
+  std::vector<CachedBlock> evicted;
+  try {
+    std::lock_guard<SpinLock> lock(c->lock);
+    c->put(key, CachedBlock{addr, e->size, e->requested, e, 0}, opts_.thread_cache_bytes,
+           opts_.thread_cache_entries, &evicted);
+    c->credit_size += e->size;
+    c->credit_requested += e->requested;
+    c->queries += id.queries;
+  } catch (const std::bad_alloc&) {
+    e->state.store(FrontBlocks::live, std::memory_order_release);  // the locked path frees it
+    return false;
+  }
+  if (!evicted.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    CheckedScope checked(*this, "free");
+    for (const CachedBlock& v : evicted) free_parked_locked(v.addr);
+    trim_after_free();
+  }
+  return true;
+}
+
+bool DeviceAllocator::park_locked(BlockIt it, StreamOrder::StreamState& ss,
+                                  const StreamIdentity& id) {
+  const Block& b = it->second;
+  if (!cacheable(id) || !front_open() || b.pool != kDefaultPool || !b.users.empty() ||
+      b.stream != ss.key || b.size > opts_.thread_cache_bytes) {
+    return false;
+  }
+  ThreadCache* c = caches_.mine(true);
+  if (c == nullptr) return false;  // the thread is exiting
+  std::vector<CachedBlock> evicted;
+  try {
+    FrontBlocks::Entry* e =
+        caches_.blocks().insert_cached(it->first, ss.key, b.size, b.requested);
+    std::lock_guard<SpinLock> lock(c->lock);
+    if (id.kind == StreamIdentity::legacy) c->learn_legacy_key(id.id, ss.key);
+    c->put(ss.key, CachedBlock{it->first, b.size, b.requested, e, 0}, opts_.thread_cache_bytes,
+           opts_.thread_cache_entries, &evicted);
+    c->credit_size += b.size;
+    c->credit_requested += b.requested;
+  } catch (const std::bad_alloc&) {
+    caches_.blocks().erase(it->first);  // not parked: freed the usual way
+    return false;
+  }
+  for (const CachedBlock& v : evicted) free_parked_locked(v.addr);
+  if (!evicted.empty()) trim_after_free();
+  return true;
+}
+
+void DeviceAllocator::free_parked_locked(CUdeviceptr addr) {
+  caches_.blocks().erase(addr);
+  auto it = placement_.index().blocks().find(addr);
+  EXPANSE_ASSERT(it != placement_.index().blocks().end() &&
+                 it->second.state == BlockState::live);
+  Block& b = it->second;
+  StreamOrder::StreamState* ss = streams_.find_state(b.stream);
+  EXPANSE_ASSERT(ss != nullptr);  // its live block keeps the state
+  StreamOrder::Deps deps = streams_.end_uses(b, *ss);
+  supply_.untouch(placement_.res(b.res), it->first, b.size);
+  stats_.requested_bytes -= b.requested;
+  stats_.allocated_bytes -= b.size;
+  --stats_.live_blocks;
+  ++stats_.num_frees;
+  streams_.on_free(it, *ss, std::move(deps));
+}
+
+size_t DeviceAllocator::flush_caches_locked() {
+  if (caches_.empty()) return 0;
+  std::vector<CachedBlock> all;
+  caches_.for_each(
+      [&](ThreadCache& c) {
+        std::lock_guard<SpinLock> lock(c.lock);
+        std::vector<CachedBlock> mine = c.take_all();
+        all.insert(all.end(), mine.begin(), mine.end());
+        stats_.num_allocs += c.hits;
+        stats_.num_frees += c.hits;
+        stats_.thread_cache_hits += c.hits;
+        drv_.add_stream_queries(c.queries);
+        c.hits = c.queries = 0;
+      },
+      /*prune=*/true);
+  for (const CachedBlock& b : all) free_parked_locked(b.addr);
+  if (!all.empty()) trim_after_free();
+  return all.size();
+}
+
+void DeviceAllocator::give_back(std::vector<CachedBlock>& blocks, ThreadCache& c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CheckedScope checked(*this, "thread exit");
+  {
+    std::lock_guard<SpinLock> l(c.lock);
+    stats_.num_allocs += c.hits;
+    stats_.num_frees += c.hits;
+    stats_.thread_cache_hits += c.hits;
+    drv_.add_stream_queries(c.queries);
+    c.hits = c.queries = 0;
+  }
+  for (const CachedBlock& b : blocks) free_parked_locked(b.addr);
+  if (!blocks.empty()) trim_after_free();
+}
+
+void DeviceAllocator::update_peaks_locked() {
+  uint64_t parked = 0, parked_requested = 0;
+  caches_.for_each([&](ThreadCache& c) {
+    std::lock_guard<SpinLock> lock(c.lock);
+    parked += c.bytes();
+    parked_requested += c.requested_bytes();
+    c.credit_size = c.credit_requested = 0;
+  });
+  stats_.peak_allocated_bytes =
+      std::max<uint64_t>(stats_.peak_allocated_bytes, stats_.allocated_bytes - parked);
+  stats_.peak_requested_bytes =
+      std::max<uint64_t>(stats_.peak_requested_bytes, stats_.requested_bytes - parked_requested);
+}
+
+void DeviceAllocator::credit_free(size_t size, size_t requested) {
+  if (caches_.empty()) return;
+  ThreadCache* c = caches_.mine(false);
+  if (c == nullptr) return;
+  std::lock_guard<SpinLock> lock(c->lock);
+  c->credit_size += size;
+  c->credit_requested += requested;
+}
+
+}  // namespace expanse::core

@@ -1,0 +1,405 @@
+// Thread caches (core/thread_cache.hpp, device_front.cpp): the cache itself against a reference
+// model, the allocator's user-visible figures against a model of what users did, the hazards
+// (double free, record_stream, other streams, pressure, thread exit, the allocator gone first)
+// and many threads at once.
+#include "core/cache_bypass.hpp"
+#include "core/thread_cache.hpp"
+#include "core_fixture.hpp"
+#include "expanse/errors.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <map>
+#include <random>
+#include <thread>
+
+namespace expanse::test {
+namespace {
+
+core::AllocatorOptions cached_opts(size_t bytes = 64 * MiB, size_t entries = 64) {
+  core::AllocatorOptions o;
+  o.thread_cache_bytes = bytes;
+  o.thread_cache_entries = entries;
+  return o;
+}
+
+// ---- the cache alone, against a model ----------------------------------------------------------
+
+TEST(ThreadCacheModelTest, TakesNewestOfKeyAndEvictsOldestWithinBounds) {
+  std::mt19937_64 rng(11);
+  core::ThreadCache c;
+  struct M {
+    core::StreamKey key;
+    core::CachedBlock b;
+    uint64_t order;
+  };
+  std::vector<M> model;  // every parked block, in parking order
+  uint64_t order = 0;
+  CUdeviceptr next = 0x1000;
+  const size_t max_bytes = 64 * KiB, max_entries = 12;
+  for (int step = 0; step < 20000; ++step) {
+    const core::StreamKey key = 1 + rng() % 3;
+    const size_t requested = 512 * (1 + rng() % 6);
+    if (rng() % 2 == 0) {
+      core::CachedBlock b{next, (requested + 511) / 512 * 512, requested, nullptr, 0};
+      next += 0x10000;
+      std::vector<core::CachedBlock> evicted;
+      c.put(key, b, max_bytes, max_entries, &evicted);
+      model.push_back({key, b, ++order});
+      // The model evicts the oldest until within both bounds.
+      std::vector<CUdeviceptr> want;
+      auto bytes = [&] {
+        size_t n = 0;
+        for (const M& m : model) n += m.b.size;
+        return n;
+      };
+      while (model.size() > max_entries || bytes() > max_bytes) {
+        want.push_back(model.front().b.addr);
+        model.erase(model.begin());
+      }
+      ASSERT_EQ(evicted.size(), want.size()) << "step " << step;
+      for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(evicted[i].addr, want[i]);
+    } else {
+      core::CachedBlock got;
+      const bool hit = c.take(key, requested, &got);
+      auto newest = model.end();
+      for (auto it = model.begin(); it != model.end(); ++it) {
+        if (it->key == key && it->b.requested == requested) newest = it;
+      }
+      ASSERT_EQ(hit, newest != model.end()) << "step " << step;
+      if (hit) {
+        ASSERT_EQ(got.addr, newest->b.addr) << "step " << step;
+        model.erase(newest);
+      }
+    }
+    size_t bytes = 0;
+    for (const M& m : model) bytes += m.b.size;
+    ASSERT_EQ(c.entries(), model.size());
+    ASSERT_EQ(c.bytes(), bytes);
+    ASSERT_LE(c.entries(), max_entries);
+    ASSERT_LE(c.bytes(), max_bytes);
+  }
+  EXPECT_EQ(c.take_all().size(), model.size());
+  EXPECT_EQ(c.entries(), 0u);
+}
+
+// ---- the allocator's figures, as users see them -------------------------------------------------
+
+class ThreadCacheTest : public CoreTest {};
+
+// Random allocations and frees on a few streams (frees mostly on the allocation stream, some on
+// another, some after record_stream), from a small set of sizes so that caches hit: every figure
+// users see (allocated and requested bytes, their peaks, counts) equals the model's, blocks never
+// overlap, data survives, and the cache served most allocations (no stats call in between).
+TEST_F(ThreadCacheTest, UserFiguresMatchAModelOfWhatUsersDid) {
+  make(sim_config(1 * GiB), cached_opts(8 * MiB, 32));
+  std::vector<CUstream> streams = {nullptr, new_stream(), new_stream(), CU_STREAM_PER_THREAD};
+  std::mt19937_64 rng(5);
+  const size_t sizes[] = {512, 1000, 4096, 70000, 1 * MiB, 3 * MiB + 5};
+  struct Live {
+    size_t n, size;
+    CUstream s;
+    uint64_t seed;
+  };
+  std::map<uintptr_t, Live> live;
+  uint64_t allocated = 0, requested = 0, peak_alloc = 0, peak_req = 0, allocs = 0, frees = 0;
+  core::DeviceStats before = alloc_->stats();
+  const int steps = 30000;
+  for (int step = 0; step < steps; ++step) {
+    const int dice = static_cast<int>(rng() % 100);
+    if (dice < 50 || live.empty()) {
+      const size_t n = sizes[rng() % std::size(sizes)];
+      CUstream s = streams[rng() % streams.size()];
+      void* p = alloc_->allocate(n, s);
+      const auto a = reinterpret_cast<uintptr_t>(p);
+      const size_t sz = (n + 511) / 512 * 512;
+      auto next = live.lower_bound(a);
+      ASSERT_TRUE(next == live.end() || next->first >= a + sz) << "step " << step;
+      if (next != live.begin()) {
+        auto prev = std::prev(next);
+        ASSERT_LE(prev->first + prev->second.size, a) << "step " << step;
+      }
+      fill_pattern(p, n, static_cast<uint64_t>(step));
+      live[a] = {n, sz, s, static_cast<uint64_t>(step)};
+      allocated += sz;
+      requested += n;
+      peak_alloc = std::max(peak_alloc, allocated);
+      peak_req = std::max(peak_req, requested);
+      ++allocs;
+    } else if (dice < 95) {
+      auto it = live.begin();
+      std::advance(it, static_cast<long>(rng() % live.size()));
+      ASSERT_EQ(check_pattern(reinterpret_cast<void*>(it->first), it->second.n, it->second.seed),
+                SIZE_MAX)
+          << "step " << step;
+      if (rng() % 16 == 0) alloc_->record_stream(reinterpret_cast<void*>(it->first), streams[1]);
+      CUstream s = rng() % 8 == 0 ? streams[rng() % streams.size()] : it->second.s;
+      alloc_->deallocate(reinterpret_cast<void*>(it->first), s, rng() % 2 ? it->second.n : 0);
+      allocated -= it->second.size;
+      requested -= it->second.n;
+      ++frees;
+      live.erase(it);
+    } else if (dice < 97) {
+      // A pointer freed already (parked or not) is refused, and nothing changes.
+      if (rng() % 2 == 0 && !live.empty()) {
+        auto it = live.begin();
+        void* p = reinterpret_cast<void*>(it->first);
+        alloc_->deallocate(p, it->second.s);
+        EXPECT_THROW(alloc_->deallocate(p, it->second.s), usage_error) << "step " << step;
+        EXPECT_FALSE(alloc_->owns(p));
+        EXPECT_THROW(alloc_->record_stream(p, streams[2]), usage_error);
+        allocated -= it->second.size;
+        requested -= it->second.n;
+        ++frees;
+        live.erase(it);
+      }
+    } else {
+      const core::DeviceStats st = alloc_->stats();
+      ASSERT_EQ(st.allocated_bytes, allocated) << "step " << step;
+      ASSERT_EQ(st.requested_bytes, requested) << "step " << step;
+      ASSERT_EQ(st.peak_allocated_bytes, peak_alloc) << "step " << step;
+      ASSERT_EQ(st.peak_requested_bytes, peak_req) << "step " << step;
+      ASSERT_EQ(st.live_blocks, live.size()) << "step " << step;
+      ASSERT_EQ(st.num_allocs - before.num_allocs, allocs) << "step " << step;
+      ASSERT_EQ(st.num_frees - before.num_frees, frees) << "step " << step;
+      if (rng() % 4 == 0) {
+        alloc_->reset_peaks();
+        peak_alloc = allocated;
+        peak_req = requested;
+      }
+    }
+  }
+  for (const auto& [a, l] : live) alloc_->deallocate(reinterpret_cast<void*>(a), l.s);
+  const core::DeviceStats st = alloc_->stats();
+  EXPECT_EQ(st.allocated_bytes, 0u);
+  EXPECT_EQ(st.live_blocks, 0u);
+  EXPECT_EQ(st.num_allocs - before.num_allocs, allocs);
+  EXPECT_EQ(st.peak_allocated_bytes, peak_alloc);
+  EXPECT_GT(st.thread_cache_hits, allocs / 10) << "the caches served too little to be tested";
+  EXPECT_EQ(books_vs_driver(), "");
+}
+
+// The peak counts what users hold, not what caches hold; an allocation from a cache that lifts
+// the users' total above the peak lifts the peak.
+TEST_F(ThreadCacheTest, PeaksCountWhatUsersHoldOnly) {
+  make(sim_config(1 * GiB, false), cached_opts());
+  CUstream s = new_stream();
+  void* a = alloc_->allocate(1 * MiB, s);
+  void* b = alloc_->allocate(2 * MiB, s);
+  alloc_->deallocate(a, s);  // parked
+  alloc_->deallocate(b, s);  // parked
+  alloc_->reset_peaks();     // users hold nothing
+  void* c = alloc_->allocate(3 * MiB, s);      // from the books: users hold 3 MiB
+  void* a2 = alloc_->allocate(1 * MiB, s);     // from the cache: users hold 4 MiB
+  EXPECT_EQ(a2, a);
+  alloc_->deallocate(a2, s);
+  alloc_->deallocate(c, s);
+  const core::DeviceStats st = alloc_->stats();
+  EXPECT_EQ(st.peak_allocated_bytes, 4 * MiB);
+  EXPECT_EQ(st.peak_requested_bytes, 4 * MiB);
+  EXPECT_EQ(st.allocated_bytes, 0u);
+}
+
+// Same stream and size only: another stream, another size, or a block another stream used gets
+// no cached block.
+TEST_F(ThreadCacheTest, HandsBackOnlyToTheSameStreamAndSize) {
+  make(sim_config(1 * GiB, false), cached_opts());
+  CUstream s1 = new_stream(), s2 = new_stream();
+  void* p = alloc_->allocate(64 * KiB, s1);
+  alloc_->deallocate(p, s1);
+  void* q = alloc_->allocate(64 * KiB, s2);
+  EXPECT_NE(q, p) << "a block freed on s1 went to s2 with s1's work unproven";
+  void* r = alloc_->allocate(64 * KiB + 512, s1);
+  EXPECT_NE(r, p);
+  void* t = alloc_->allocate(64 * KiB, s1);
+  EXPECT_EQ(t, p) << "the cache did not serve the same stream and size";
+  alloc_->record_stream(t, s2);
+  alloc_->deallocate(t, s1);  // s2 used it: pending on s2, never cached
+  void* u = alloc_->allocate(64 * KiB, s1);
+  EXPECT_NE(u, t);
+  for (auto [x, s] : {std::pair{q, s2}, {r, s1}, {u, s1}}) alloc_->deallocate(x, s);
+}
+
+// Memory parked in another thread's cache is reachable before any OOM: a thread fills its cache,
+// another allocates what only fits once that cache is flushed.
+TEST_F(ThreadCacheTest, AnOutOfMemoryFlushesEveryThreadsCacheFirst) {
+  make(sim_config(256 * MiB, false), cached_opts(200 * MiB, 64));
+  CUstream s1 = new_stream(), s2 = new_stream();
+  std::thread t([&] {
+    std::vector<void*> ps;
+    for (int i = 0; i < 12; ++i) ps.push_back(alloc_->allocate(16 * MiB, s1));
+    for (void* p : ps) alloc_->deallocate(p, s1);  // 192 MiB parked in this thread's cache
+  });
+  t.join();  // (the exit flushes too: keep a second one parked without exiting)
+  std::atomic<bool> parked{false}, done{false};
+  std::thread holder([&] {
+    std::vector<void*> ps;
+    for (int i = 0; i < 12; ++i) ps.push_back(alloc_->allocate(16 * MiB, s1));
+    for (void* p : ps) alloc_->deallocate(p, s1);
+    parked = true;
+    while (!done) std::this_thread::yield();
+  });
+  while (!parked) std::this_thread::yield();
+  void* big = nullptr;
+  EXPECT_NO_THROW(big = alloc_->allocate(200 * MiB, s2));
+  done = true;
+  holder.join();
+  alloc_->deallocate(big, s2);
+  EXPECT_EQ(alloc_->stats().num_ooms, 0u);
+}
+
+// A thread's exit gives its cache back; an allocator destroyed before a thread with parked
+// blocks exits is no harm to that exit.
+TEST_F(ThreadCacheTest, ThreadExitGivesBackAndOutlivesTheAllocator) {
+  make(sim_config(256 * MiB, false), cached_opts());
+  CUstream s = new_stream();
+  std::thread t([&] {
+    for (int i = 0; i < 10; ++i) alloc_->deallocate(alloc_->allocate(1 * MiB, s), s);
+  });
+  t.join();
+  const core::DeviceStats st = alloc_->stats();
+  EXPECT_EQ(st.live_blocks, 0u);
+  EXPECT_EQ(st.num_allocs, 10u);
+  EXPECT_EQ(st.num_frees, 10u);
+
+  std::atomic<bool> parked{false}, gone{false};
+  std::thread late([&] {
+    alloc_->deallocate(alloc_->allocate(1 * MiB, s), s);
+    parked = true;
+    while (!gone) std::this_thread::yield();
+  });  // exits after the allocator is destroyed
+  while (!parked) std::this_thread::yield();
+  alloc_.reset();
+  gone = true;
+  late.join();
+}
+
+// Nothing is cached or handed out while a capture is announced or a route exists (CacheBypass).
+TEST_F(ThreadCacheTest, BypassedWhileACaptureOrRouteExists) {
+  make(sim_config(256 * MiB, false), cached_opts());
+  CUstream s = new_stream();
+  void* p = alloc_->allocate(1 * MiB, s);
+  alloc_->deallocate(p, s);  // parked
+  core::CacheBypass::enter();
+  void* q = alloc_->allocate(1 * MiB, s);
+  EXPECT_NE(q, p) << "a cached block was handed out while a capture may be recording";
+  alloc_->deallocate(q, s);  // not parked: the locked path
+  core::CacheBypass::leave();
+  void* r = alloc_->allocate(1 * MiB, s);
+  EXPECT_EQ(r, p);
+  alloc_->deallocate(r, s);
+}
+
+// ---- many threads at once ------------------------------------------------------------------------
+
+// Threads on their own streams and on shared ones, freeing their blocks and each other's (through
+// a mailbox), while one thread calls release_cached and stats and another makes the device run
+// out of memory now and then: no block handed out twice (patterns intact), the books exact.
+TEST_F(ThreadCacheTest, ManyThreadsSharedStreamsCrossFreesAndPressure) {
+  make(sim_config(512 * MiB), cached_opts(16 * MiB, 32));
+  const char* env = std::getenv("EXPANSE_CONCURRENCY_OPS");
+  const size_t ops = env != nullptr ? std::strtoull(env, nullptr, 10) : 20000;
+  const int threads = 6;
+  std::vector<CUstream> own, shared = {new_stream(), new_stream()};
+  for (int t = 0; t < threads; ++t) own.push_back(new_stream());
+  struct Block {
+    void* p;
+    size_t n;
+    uint64_t seed;
+    CUstream s;
+  };
+  std::mutex mail_mu;
+  std::deque<Block> mail;  // blocks one thread hands another to free
+  std::atomic<size_t> corrupt{0}, ooms{0}, hits_seen{0};
+  std::atomic<bool> stop{false};
+  const size_t sizes[] = {512, 4096, 65536, 1 * MiB, 1 * MiB + 512, 4 * MiB};
+  auto worker = [&](int id) {
+    std::mt19937_64 rng(static_cast<uint64_t>(id) * 104729 + 3);
+    std::vector<Block> live;
+    for (size_t i = 0; i < ops; ++i) {
+      const int dice = static_cast<int>(rng() % 100);
+      if (dice < 50 && live.size() < 48) {
+        const size_t n = sizes[rng() % std::size(sizes)];
+        CUstream s = rng() % 4 == 0 ? shared[rng() % 2] : own[static_cast<size_t>(id)];
+        try {
+          void* p = alloc_->allocate(n, s);
+          const uint64_t seed = (static_cast<uint64_t>(id) << 40) | i;
+          fill_pattern(p, n, seed);
+          live.push_back({p, n, seed, s});
+        } catch (const out_of_memory&) {
+          ooms.fetch_add(1);
+        }
+      } else if (dice < 90 && !live.empty()) {
+        const size_t k = rng() % live.size();
+        Block b = live[k];
+        live[k] = live.back();
+        live.pop_back();
+        if (check_pattern(b.p, b.n, b.seed) != SIZE_MAX) corrupt.fetch_add(1);
+        if (rng() % 8 == 0) {
+          std::lock_guard<std::mutex> l(mail_mu);
+          mail.push_back(b);  // another thread frees it
+          continue;
+        }
+        alloc_->deallocate(b.p, rng() % 8 == 0 ? shared[rng() % 2] : b.s);
+      } else {
+        Block b{};
+        {
+          std::lock_guard<std::mutex> l(mail_mu);
+          if (mail.empty()) continue;
+          b = mail.front();
+          mail.pop_front();
+        }
+        if (check_pattern(b.p, b.n, b.seed) != SIZE_MAX) corrupt.fetch_add(1);
+        alloc_->deallocate(b.p, b.s);
+      }
+    }
+    for (const Block& b : live) {
+      if (check_pattern(b.p, b.n, b.seed) != SIZE_MAX) corrupt.fetch_add(1);
+      alloc_->deallocate(b.p, b.s);
+    }
+  };
+  std::thread flusher([&] {
+    while (!stop) {
+      alloc_->release_cached();
+      (void)alloc_->stats();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  std::thread hog([&] {
+    CUstream s = shared[0];
+    while (!stop) {
+      std::vector<void*> got;
+      try {
+        for (;;) got.push_back(alloc_->allocate(32 * MiB, s));
+      } catch (const out_of_memory&) {
+      }
+      for (void* p : got) alloc_->deallocate(p, s);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(worker, t);
+  for (auto& th : pool) th.join();
+  stop = true;
+  flusher.join();
+  hog.join();
+  for (const Block& b : mail) {
+    if (check_pattern(b.p, b.n, b.seed) != SIZE_MAX) corrupt.fetch_add(1);
+    alloc_->deallocate(b.p, b.s);
+  }
+  EXPECT_EQ(corrupt.load(), 0u);
+  const core::DeviceStats st = alloc_->stats();
+  EXPECT_EQ(st.live_blocks, 0u);
+  EXPECT_EQ(st.allocated_bytes, 0u);
+  EXPECT_EQ(st.num_allocs, st.num_frees);
+  EXPECT_GT(st.thread_cache_hits, 0u);
+  EXPECT_EQ(alloc_->check_invariants(), "");
+  std::printf("%zu worker OOMs (the hog runs the device out now and then), %llu of %llu "
+              "allocations from thread caches\n",
+              ooms.load(), static_cast<unsigned long long>(st.thread_cache_hits),
+              static_cast<unsigned long long>(st.num_allocs));
+}
+
+}  // namespace
+}  // namespace expanse::test
