@@ -380,6 +380,13 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   }
   StreamOrder::Call call(streams_);
   StreamOrder::StreamState& ss = streams_.state(stream, id);
+  // The check above read the entry; a free racing on another thread (park_fast) may have parked
+  // the block since: only one of the two frees may have it.
+  if (!caches_.blocks().seize(addr)) {
+    throw usage_error("expanse: free of " + hex(addr) + " on device " + std::to_string(device()) +
+                      ": a block another thread freed at the same time (a thread cache holds "
+                      "it; double free); nothing was changed");
+  }
   if (join == 0 && !asleep && park_locked(it, ss, id)) return;
   caches_.blocks().erase(addr);  // back in the books for good (if it ever was parked)
   credit_free(b.size, b.requested);

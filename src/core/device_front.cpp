@@ -151,6 +151,9 @@ void DeviceAllocator::free_parked_locked(CUdeviceptr addr) {
   stats_.allocated_bytes -= b.size;
   --stats_.live_blocks;
   ++stats_.num_frees;
+  // History turned on while a free was parking the block (front_open read before): its free is
+  // recorded now, late, rather than never.
+  if (events_ != nullptr) events_->on_free(device(), it->first, b.requested, nullptr);
   streams_.on_free(it, *ss, std::move(deps));
 }
 

@@ -18,6 +18,15 @@ FrontBlocks::Claim FrontBlocks::claim(CUdeviceptr addr, StreamKey key, size_t ex
   return Claim::claimed;
 }
 
+bool FrontBlocks::seize(CUdeviceptr addr) {
+  Shard& s = shard(addr);
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.map.find(addr);
+  if (it == s.map.end()) return true;
+  uint8_t expected = live;
+  return it->second.state.compare_exchange_strong(expected, cached, std::memory_order_acq_rel);
+}
+
 FrontBlocks::Entry* FrontBlocks::insert_cached(CUdeviceptr addr, StreamKey key, size_t size,
                                                size_t requested) {
   Shard& s = shard(addr);

@@ -36,6 +36,10 @@ class FrontBlocks {
   // the entry), unknown (not here), not_live (cached: a double free), other (another stream,
   // another size: the locked path decides).
   Claim claim(CUdeviceptr addr, StreamKey key, size_t expected_size, Entry** out);
+  // A free taking the locked path (device lock held): false if addr is here and cached (a double
+  // free); else, when here, marks it cached so that no free racing on another thread claims it
+  // too, and true. The caller then parks it (insert_cached) or erases it.
+  bool seize(CUdeviceptr addr);
   // Adds addr, cached. Returns its entry (stable until erased).
   Entry* insert_cached(CUdeviceptr addr, StreamKey key, size_t size, size_t requested);
   // nullptr if addr is not here; else its entry (call with the device lock held: entries are

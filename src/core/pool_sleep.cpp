@@ -191,6 +191,8 @@ void DeviceAllocator::wake_pool(PoolId id) {
   const double modeled0 = drv_.modeled_ns();
   const auto wall0 = std::chrono::steady_clock::now();
   try {
+    // Parked blocks hold touched pages that the wake's page search cannot reclaim.
+    flush_caches_locked();
     wake_locked(s);
     PoolState& p = pools_.at(s);
     p.cycles.wake_modeled_ns = drv_.modeled_ns() - modeled0;

@@ -401,5 +401,24 @@ TEST_F(ThreadCacheTest, ManyThreadsSharedStreamsCrossFreesAndPressure) {
               static_cast<unsigned long long>(st.num_allocs));
 }
 
+// wake_pool needs pages: memory parked in a thread cache is free memory, so a wake flushes the
+// caches before its page search (which cannot reclaim touched pages) gives up.
+TEST_F(ThreadCacheTest, WakeFlushesTheCachesBeforeRunningOutOfMemory) {
+  for (bool caches : {false, true}) {
+    make(sim_config(64 * MiB, false), caches ? cached_opts(64 * MiB, 64) : core::AllocatorOptions{});
+    CUstream s = new_stream();
+    alloc_->create_pool(1);
+    void* pooled = alloc_->allocate(16 * MiB, s, 1);
+    ASSERT_TRUE(alloc_->sleep_pool(1, core::DeviceAllocator::SleepMode::discard));
+    std::vector<void*> ps;
+    for (int i = 0; i < 4; ++i) ps.push_back(alloc_->allocate(16 * MiB, s));
+    for (void* p : ps) alloc_->deallocate(p, s);  // parked when caches are on
+    EXPECT_NO_THROW(alloc_->wake_pool(1)) << "caches " << caches;
+    alloc_->deallocate(pooled, s);
+    alloc_->release_pool(1);
+    alloc_.reset();
+  }
+}
+
 }  // namespace
 }  // namespace expanse::test
