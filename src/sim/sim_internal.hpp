@@ -2,6 +2,8 @@
 // Every access happens with state_mutex() held.
 #pragma once
 
+#include <sys/types.h>
+
 #include <type_traits>
 
 #include <array>
@@ -191,6 +193,7 @@ struct State {
   Policy policy;
   CostTable costs;
   bool initialized = false;
+  pid_t init_pid = 0;  // the process whose cuInit initialized this State (fork: see run())
   uint64_t generation = 0;  // identifies this State to thread-local context stacks
 
   std::vector<std::unique_ptr<Device>> devices;

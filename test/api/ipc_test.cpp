@@ -1,13 +1,14 @@
 // Sharing across processes (expanse_ipc_*) and registrable pools through the C ABI: a block
-// exported, sent over a socketpair to a forked child, imported, checked and written there; the
+// exported, sent over a socketpair to a child process, imported, checked and written there; the
 // exporter freeing an exported block; 10,000 imports and the VA they reserve; what NCCL asks of
 // a registrable block (cuMemGetAddressRange, cuMemRetainAllocationHandle); and bad input. Each
 // case runs on the in-process sim (driver:sim) and on libexpanse_simcuda.so loaded as the CUDA
 // driver (driver:cuda,driver_library:...).
 //
-// Forking in a gtest process: the child does only what its lambda says with the state it
-// inherited (one thread: gtest runs these tests on the main thread, and nothing here starts
-// another), then _exit()s with a code the parent checks; it never returns into gtest.
+// The child is a fresh process (fork, then exec of this test binary with a child-only filter):
+// a child forked from a process that initialized CUDA may not use the driver before exec (the
+// real driver answers CUDA_ERROR_NOT_INITIALIZED there, and so does the sim; the test
+// ForkedChildCannotUseTheDriver checks it).
 #include "api/runtime.hpp"
 #include "expanse/expanse.h"
 #include "sim/sim.hpp"
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -47,8 +49,25 @@ size_t first_mismatch(const void* p, size_t n, unsigned char (*pat)(size_t)) {
   return n;
 }
 
-// Runs child() in a forked child, which _exit()s with its result (the parent goes on).
-pid_t spawn(const std::function<int()>& child) {
+// Runs this test binary again as a fresh process with only the child test `test` of the
+// IpcChild suite; `fd` (a socket end) stays open across the exec and its number travels in
+// EXPANSE_IPC_CHILD_FD, the driver variant in EXPANSE_IPC_CHILD_DRIVER.
+pid_t spawn_child(const char* test, int fd, const std::string& driver) {
+  const std::string filter = std::string("--gtest_filter=IpcChild.") + test;
+  const std::string fd_text = std::to_string(fd);
+  const pid_t pid = fork();
+  if (pid == 0) {  // only exec-safe work until the exec
+    setenv("EXPANSE_IPC_CHILD_FD", fd_text.c_str(), 1);
+    setenv("EXPANSE_IPC_CHILD_DRIVER", driver.c_str(), 1);
+    unsetenv("EXPANSE_CONF");
+    execl("/proc/self/exe", "ipc_child", filter.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+// Runs child() in a child forked from this process (no exec), which _exit()s with its result.
+pid_t fork_only(const std::function<int()>& child) {
   const pid_t pid = fork();
   if (pid == 0) {
     int code = 100;
@@ -120,9 +139,10 @@ class Ipc : public ::testing::TestWithParam<std::string> {
   void* lib_ = nullptr;
 };
 
-// The parent allocates, writes a pattern, exports and sends; the child imports, checks every
-// byte, writes another pattern and closes; the parent sees it.
-TEST_P(Ipc, ForkedChildImportsChecksWritesAndCloses) {
+// The parent allocates, writes a pattern, exports and sends; the child (a fresh process:
+// IpcChild.ImportsChecksWritesAndCloses) imports, checks every byte, writes another pattern and
+// closes; the parent sees it.
+TEST_P(Ipc, ChildProcessImportsChecksWritesAndCloses) {
   start("sim_capacity:1GiB");
   const expanse_pool_id pool = registrable_pool();
   const size_t n = 3 * MiB + 100;  // not a whole number of pages
@@ -134,35 +154,41 @@ TEST_P(Ipc, ForkedChildImportsChecksWritesAndCloses) {
   EXPECT_EQ(expanse_ipc_handle_size(&h), n);
   int sv[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-  const pid_t child = spawn([&] {
-    close(sv[0]);
-    expanse_ipc_handle got;
-    if (expanse_ipc_recv(sv[1], &got) != EXPANSE_OK) return 2;
-    void* q = nullptr;
-    if (expanse_ipc_import(&got, 0, &q) != EXPANSE_OK || q == nullptr) return 3;
-    if (q == p) return 4;  // a fresh address range in this process, not the parent's
-    if (first_mismatch(q, n, pattern_a) != n) return 5;
-    fill(q, n, pattern_b);
-    if (expanse_ipc_close(q) != EXPANSE_OK) {
-      std::fprintf(stderr, "child: %s\n", expanse_last_error());
-      return 6;
-    }
-    if (expanse_ipc_handle_release(&got) != EXPANSE_OK) return 7;
-    const char done = 'k';
-    return write(sv[1], &done, 1) == 1 ? 0 : 8;
-  });
+  const pid_t child = spawn_child("ImportsChecksWritesAndCloses", sv[1], GetParam());
   close(sv[1]);
   ASSERT_GT(child, 0);
   EXPECT_EQ(expanse_ipc_send(sv[0], &h), EXPANSE_OK) << expanse_last_error();
   char done = 0;
   EXPECT_EQ(read(sv[0], &done, 1), 1);
   const int status = wait_child(child);
-  ASSERT_EQ(status, 0) << "the child failed at step " << status;
+  ASSERT_EQ(status, 0) << "the child process failed (its output is above)";
   close(sv[0]);
   ASSERT_EQ(expanse_ipc_handle_release(&h), EXPANSE_OK);
   EXPECT_EQ(first_mismatch(p, n, pattern_b), n) << "the parent does not see the child's bytes";
   expanse_free(p, 0, 0, nullptr);
   EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
+}
+
+// A child forked (no exec) after the parent initialized the driver may not use it: the real
+// driver answers CUDA_ERROR_NOT_INITIALIZED to every call there, cuInit included, and the sim
+// does the same, so an allocation in such a child fails instead of touching the parent's books.
+TEST_P(Ipc, ForkedChildCannotUseTheDriver) {
+  start("sim_capacity:1GiB");
+  void* keep = expanse_malloc(2 * MiB, 0, nullptr);
+  ASSERT_NE(keep, nullptr) << expanse_last_error();
+  const expanse::driver::DriverTable* table = &t();
+  const pid_t child = fork_only([&] {
+    if (table->init(0) != CUDA_ERROR_NOT_INITIALIZED) return 2;
+    int count = 0;
+    if (table->device_get_count(&count) != CUDA_ERROR_NOT_INITIALIZED) return 3;
+    void* q = expanse_malloc(8 * MiB, 0, nullptr);
+    return q == nullptr ? 0 : 4;
+  });
+  const int status = wait_child(child);
+  EXPECT_EQ(status, 0) << "the forked child used the driver (step " << status << ")";
+  int count = 0;
+  EXPECT_EQ(t().device_get_count(&count), CUDA_SUCCESS) << "the parent lost its driver";
+  expanse_free(keep, 0, 0, nullptr);
 }
 
 // The exporter frees an exported block and allocates again: the importer still reads its own
@@ -465,5 +491,48 @@ TEST_P(Ipc, TenThousandImportsReserveOnlyTheirExtent) {
 
 INSTANTIATE_TEST_SUITE_P(Drivers, Ipc, ::testing::Values("sim", "simcuda"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
+// ---- the child processes' side (skipped unless this binary runs as a child) ----------------
+
+// Starts expanse in a child process on the driver variant the parent named; *lib gets the
+// simcuda library when it was loaded.
+bool start_child(const std::string& driver, void** lib) {
+  const char* conf = "sim_capacity:1GiB";
+  if (driver == "simcuda") {
+    *lib = dlopen(EXPANSE_SIMCUDA_PATH, RTLD_NOW | RTLD_LOCAL);
+    if (*lib == nullptr) return false;
+    auto configure = reinterpret_cast<int (*)(const char*)>(dlsym(*lib, "expanse_sim_configure"));
+    if (configure == nullptr || configure(conf) != 0) return false;
+    const std::string full =
+        "driver:cuda,driver_library:" + std::string(EXPANSE_SIMCUDA_PATH) + "," + conf;
+    return expanse_init(full.c_str()) == EXPANSE_OK;
+  }
+  return expanse_init((std::string("driver:sim,") + conf).c_str()) == EXPANSE_OK;
+}
+
+// Receives a handle on the inherited socket, imports it, checks the parent's pattern over the
+// whole block, writes the other pattern, closes, releases and says done.
+TEST(IpcChild, ImportsChecksWritesAndCloses) {
+  const char* fd_text = std::getenv("EXPANSE_IPC_CHILD_FD");
+  if (fd_text == nullptr) GTEST_SKIP() << "runs in a child process the parent test starts";
+  const int fd = std::atoi(fd_text);
+  void* lib = nullptr;
+  ASSERT_TRUE(start_child(std::getenv("EXPANSE_IPC_CHILD_DRIVER"), &lib)) << expanse_last_error();
+  expanse_ipc_handle got;
+  ASSERT_EQ(expanse_ipc_recv(fd, &got), EXPANSE_OK) << expanse_last_error();
+  const size_t n = expanse_ipc_handle_size(&got);
+  ASSERT_GT(n, 0u);
+  void* q = nullptr;
+  ASSERT_EQ(expanse_ipc_import(&got, 0, &q), EXPANSE_OK) << expanse_last_error();
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(first_mismatch(q, n, pattern_a), n);
+  fill(q, n, pattern_b);
+  EXPECT_EQ(expanse_ipc_close(q), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(expanse_ipc_handle_release(&got), EXPANSE_OK);
+  const char done = 'k';
+  EXPECT_EQ(write(fd, &done, 1), 1);
+  EXPECT_EQ(expanse_shutdown(), EXPANSE_OK) << expanse_last_error();
+  if (lib != nullptr) dlclose(lib);
+}
 
 }  // namespace
