@@ -102,6 +102,7 @@ DeviceDriver::~DeviceDriver() {
   // The CUdevice from cuDeviceGet, not the ordinal: the driver promises nothing about their
   // relation.
   if (ctx_ != nullptr) t_.device_primary_ctx_release(dev_);
+  for (CUdevice d : peer_devs_) t_.device_primary_ctx_release(d);
 }
 
 // Start-up queries (device count, attributes, granularity) are not counted: stats describe the
@@ -200,6 +201,12 @@ bool DeviceDriver::can_access_peer(int peer) {
 
 void DeviceDriver::add_peer(int peer) {
   if (has_peer(peer)) return;
+  CUdevice pd = 0;
+  CUcontext pctx = nullptr;
+  check(t_.device_get(&pd, peer), EntryPoint::device_get);
+  check(t_.device_primary_ctx_retain(&pctx, pd), EntryPoint::device_primary_ctx_retain);
+  peer_devs_.push_back(pd);
+  peer_ctxs_.push_back(pctx);
   CUmemAccessDesc d{};
   d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   d.location.id = peer;  // an ordinal, as in every CUmemLocation

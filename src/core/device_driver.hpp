@@ -118,10 +118,14 @@ class DeviceDriver {
 
   // Peer access. Whether device `peer` (an ordinal) may be given access to this device's memory
   // (cuDeviceCanAccessPeer); adds it to the devices set_access() grants. False when it may not.
+  // add_peer retains the peer's primary context (work there may use this device's memory, so an
+  // unmap waits for it too); throws driver_error when that fails, nothing added.
   bool can_access_peer(int peer);
   void add_peer(int peer);
   bool has_peer(int peer) const;
   std::vector<int> peers() const { return peers_; }
+  // The primary contexts of the peers added so far (in peers() order).
+  const std::vector<CUcontext>& peer_contexts() const noexcept { return peer_ctxs_; }
 
   // Stream identity (cheap read-only queries, counted apart as stream_queries, not driver_calls).
   // identify(): one cuStreamGetId (more when no context is current and s is NULL or
@@ -168,6 +172,8 @@ class DeviceDriver {
   CUmemAllocationProp prop_{};
   std::vector<CUmemAccessDesc> access_;  // this device first, then the peers
   std::vector<int> peers_;
+  std::vector<CUdevice> peer_devs_;    // retained primary contexts of the peers, released at
+  std::vector<CUcontext> peer_ctxs_;   // destruction
   std::array<uint64_t, driver::kEntryPointCount> calls_{};
   double modeled_ns_ = 0;
   uint64_t stream_queries_ = 0;

@@ -82,11 +82,23 @@ void DeviceAllocator::sync_for_unmap(const std::string& what, CUstream stream) {
                       "after the device's work; do it after the capture ends; nothing was "
                       "changed");
   }
-  if (!streams_.sync_context(drv_.primary())) {
-    throw usage_error("expanse: " + what + " on device " + std::to_string(device()) +
-                      ": the device's work cannot be waited for now (a capture is announced "
-                      "in its context, or the synchronize failed); try again after the capture "
-                      "ends; nothing was changed");
+  // Every context that may use the memory: this device's, every peer's granted access (a kernel
+  // there may read it), and those of the streams known here (record_stream).
+  std::vector<CUcontext> contexts{drv_.primary()};
+  for (CUcontext c : drv_.peer_contexts()) contexts.push_back(c);
+  for (CUcontext c : streams_.contexts()) {
+    if (std::find(contexts.begin(), contexts.end(), c) == contexts.end()) contexts.push_back(c);
+  }
+  for (CUcontext c : contexts) {
+    if (!streams_.sync_context(c)) {
+      throw usage_error("expanse: " + what + " on device " + std::to_string(device()) +
+                        ": the work of " +
+                        (c == drv_.primary() ? std::string("the device")
+                                             : std::string("a peer device or a recorded stream")) +
+                        " cannot be waited for now (a capture is announced in its context, or "
+                        "the synchronize failed); try again after the capture ends; nothing was "
+                        "changed");
+    }
   }
 }
 

@@ -443,6 +443,53 @@ TEST_P(Ipc, RegistrableFreeWaitsForPendingWork) {
   EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
 }
 
+// A peer device granted access (peer_access:auto) may run work on a registrable block: a held
+// memset on a device-1 stream, named with record_stream, is done before the free unmaps the
+// handle; while a capture is announced in device 1's context the free is refused, the block
+// live and intact.
+TEST_P(Ipc, RegistrableFreeWaitsForPeerDeviceWork) {
+  if (dlopened()) GTEST_SKIP() << "holds streams through the in-process sim's controls";
+  start("sim_devices:2,sim_capacity:1GiB");
+  const expanse_pool_id pool = registrable_pool();
+  void* p = expanse_pool_malloc(pool, 2 * MiB, nullptr);
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  fill(p, 2 * MiB, pattern_a);
+  CUdevice d1 = 0;
+  CUcontext c1 = nullptr, popped = nullptr;
+  ASSERT_EQ(t().device_get(&d1, 1), CUDA_SUCCESS);
+  ASSERT_EQ(t().device_primary_ctx_retain(&c1, d1), CUDA_SUCCESS);
+  // A capture announced in device 1's context: the free cannot wait for its work.
+  ASSERT_EQ(t().ctx_push_current(c1), CUDA_SUCCESS);
+  ASSERT_EQ(expanse_capture_begin(nullptr), EXPANSE_OK);
+  ASSERT_EQ(t().ctx_pop_current(&popped), CUDA_SUCCESS);
+  EXPECT_EQ(expanse_free_checked(p, 0, 0, nullptr), EXPANSE_EINVAL);
+  EXPECT_NE(std::string(expanse_last_error()).find("capture"), std::string::npos)
+      << expanse_last_error();
+  expanse_pool_id of = 0;
+  EXPECT_EQ(expanse_pool_of(p, &of), EXPANSE_OK) << "the refused free changed the block";
+  EXPECT_EQ(first_mismatch(p, 2 * MiB, pattern_a), 2 * MiB);
+  ASSERT_EQ(t().ctx_push_current(c1), CUDA_SUCCESS);
+  ASSERT_EQ(expanse_capture_end(nullptr), EXPANSE_OK);
+  // Work of device 1 on the block, held, then the free.
+  CUstream s1 = nullptr;
+  ASSERT_EQ(t().stream_create(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const uint64_t faults = expanse::sim::async_faults();
+  expanse::sim::hold_stream(s1);
+  ASSERT_EQ(t().memset_d8_async(reinterpret_cast<CUdeviceptr>(p), 0x11, 2 * MiB, s1),
+            CUDA_SUCCESS);
+  EXPECT_EQ(expanse_record_stream(p, reinterpret_cast<CUstream_st*>(s1)), EXPANSE_OK)
+      << expanse_last_error();
+  ASSERT_EQ(t().ctx_pop_current(&popped), CUDA_SUCCESS);
+  EXPECT_EQ(expanse_free_checked(p, 0, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  expanse::sim::release_all();
+  EXPECT_EQ(expanse::sim::async_faults(), faults) << "device 1's memset ran after the unmap";
+  ASSERT_EQ(t().ctx_push_current(c1), CUDA_SUCCESS);
+  EXPECT_EQ(t().stream_destroy(s1), CUDA_SUCCESS);
+  ASSERT_EQ(t().ctx_pop_current(&popped), CUDA_SUCCESS);
+  t().device_primary_ctx_release(d1);
+  EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
+}
+
 // 10,000 imports of 2 MiB blocks reserve about the bytes imported (1.05x at most), not a
 // device's worth each; closing them gives it all back.
 TEST_P(Ipc, TenThousandImportsReserveOnlyTheirExtent) {
