@@ -174,10 +174,21 @@ DeviceAllocator::Export DeviceAllocator::export_block(const void* ptr) {
   return out;
 }
 
-void* DeviceAllocator::import_block(const std::vector<int>& fds, const std::vector<size_t>& sizes) {
+void* DeviceAllocator::import_block(const std::vector<int>& fds, const std::vector<size_t>& sizes,
+                                    size_t offset) {
   std::lock_guard<std::mutex> lock(mu_);
+  const size_t g = drv_.granularity();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 0 || sizes[i] % g != 0) {
+      throw usage_error("expanse: ipc import on device " + std::to_string(device()) +
+                        ": handle_bytes[" + std::to_string(i) + "] of the handle is " +
+                        std::to_string(sizes[i]) + ", not a whole number of the device's " +
+                        std::to_string(g) + "-byte granules: a damaged expanse_ipc_handle; "
+                        "nothing was changed");
+    }
+  }
   try {
-    const CUdeviceptr va = imports_.import(fds, sizes);
+    const CUdeviceptr va = imports_.import(fds, sizes, offset);
     stats_.peak_va_reserved_bytes =
         std::max<uint64_t>(stats_.peak_va_reserved_bytes,
                            placement_.va_reserved() + registrable_.bytes() + imports_.bytes());

@@ -9,6 +9,7 @@
 // a child forked from a process that initialized CUDA may not use the driver before exec (the
 // real driver answers CUDA_ERROR_NOT_INITIALIZED there, and so does the sim; the test
 // ForkedChildCannotUseTheDriver checks it).
+#include "api/ipc_wire.hpp"
 #include "api/runtime.hpp"
 #include "expanse/expanse.h"
 #include "sim/sim.hpp"
@@ -24,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <dirent.h>
 #include <functional>
 #include <string>
 #include <vector>
@@ -380,6 +382,75 @@ TEST_P(Ipc, BadInputIsAClearErrorAndLeaksNothing) {
   // The block itself was never harmed.
   expanse_free(p, 2 * MiB, 0, nullptr);
   expanse_free(plain, MiB, 0, nullptr);
+  EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
+}
+
+// The open file descriptors of this process.
+int open_fds() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/fd");
+  while (readdir(d) != nullptr) ++n;
+  closedir(d);
+  return n;
+}
+
+// A handle whose sizes were damaged (or forged) is refused by import, naming the field, with
+// nothing reserved, imported or kept open; an offset inside the first handle is honoured and
+// close takes the address import returned.
+TEST_P(Ipc, ImportChecksTheHandlesSizesAndOffset) {
+  start("sim_capacity:1GiB");
+  const expanse_pool_id pool = registrable_pool();
+  void* p = expanse_pool_malloc(pool, 2 * MiB, nullptr);
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  fill(p, 2 * MiB, pattern_a);
+  expanse_ipc_handle h;
+  ASSERT_EQ(expanse_ipc_export(p, &h), EXPANSE_OK) << expanse_last_error();
+  auto* w = reinterpret_cast<expanse::api::IpcWire*>(&h);
+  const expanse::api::IpcWire good = *w;
+  expanse_stats before{};
+  before.struct_size = sizeof before;
+  ASSERT_EQ(expanse_get_stats(0, &before), EXPANSE_OK);
+  const int fds = open_fds();
+  auto refused = [&](const char* field) {
+    void* q = nullptr;
+    EXPECT_EQ(expanse_ipc_import(&h, 0, &q), EXPANSE_EINVAL) << field;
+    EXPECT_EQ(q, nullptr) << field;
+    EXPECT_NE(std::string(expanse_last_error()).find(field), std::string::npos)
+        << expanse_last_error();
+    expanse_stats st{};
+    st.struct_size = sizeof st;
+    ASSERT_EQ(expanse_get_stats(0, &st), EXPANSE_OK);
+    EXPECT_EQ(st.va_reserved_bytes, before.va_reserved_bytes) << field;
+    EXPECT_EQ(open_fds(), fds) << field;
+    *w = good;
+  };
+  w->offset = 64 * MiB;
+  refused("offset");
+  w->offset = 2 * MiB;  // one past the handle
+  refused("offset");
+  w->size = uint64_t{1} << 40;
+  refused("size");
+  w->size = 0;
+  refused("size");
+  w->handle_bytes[0] = 4 * MiB;  // more than the handle holds: the driver will not map it
+  w->size = 4 * MiB;
+  refused("handle_bytes[0]");
+  w->handle_bytes[0] = MiB + 4096;  // not whole granules
+  w->size = 4096;
+  refused("handle_bytes[0]");
+  w->handle_bytes[0] = 0;
+  refused("handle_bytes[0]");
+  // An offset inside the first handle: the address is base + offset, and close takes it.
+  w->offset = 4096;
+  w->size = 2 * MiB - 4096;
+  void* q = nullptr;
+  ASSERT_EQ(expanse_ipc_import(&h, 0, &q), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(static_cast<unsigned char*>(q)[0], pattern_a(4096));
+  EXPECT_EQ(expanse_ipc_close(static_cast<char*>(q) - 4096), EXPANSE_EINVAL);
+  EXPECT_EQ(expanse_ipc_close(q), EXPANSE_OK) << expanse_last_error();
+  *w = good;
+  EXPECT_EQ(expanse_ipc_handle_release(&h), EXPANSE_OK);
+  expanse_free(p, 0, 0, nullptr);
   EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
 }
 
