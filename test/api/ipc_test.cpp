@@ -309,6 +309,39 @@ TEST_P(Ipc, RegistrableBlockIsOneAllocationForNccl) {
   EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
 }
 
+// An import in the exporting process keeps the memory allocated after the exporter frees its
+// block, as on a GPU (the memory goes with its last handle and mapping): cuMemGetInfo still
+// counts it and a device-sized allocation does not fit; closing the import gives it back.
+TEST_P(Ipc, ImportKeepsExportedMemoryCountedAfterTheExporterFrees) {
+  start("sim_capacity:64MiB");
+  const expanse_pool_id pool = registrable_pool();
+  void* p = expanse_pool_malloc(pool, 32 * MiB, nullptr);
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  expanse_ipc_handle h;
+  ASSERT_EQ(expanse_ipc_export(p, &h), EXPANSE_OK) << expanse_last_error();
+  void* q = nullptr;
+  ASSERT_EQ(expanse_ipc_import(&h, 0, &q), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_ipc_handle_release(&h), EXPANSE_OK);
+  expanse_free(p, 0, 0, nullptr);
+  CUcontext ctx = nullptr, popped = nullptr;
+  CUdevice d = 0;
+  ASSERT_EQ(t().device_get(&d, 0), CUDA_SUCCESS);
+  ASSERT_EQ(t().device_primary_ctx_retain(&ctx, d), CUDA_SUCCESS);
+  ASSERT_EQ(t().ctx_push_current(ctx), CUDA_SUCCESS);
+  size_t free_bytes = 0, total = 0;
+  ASSERT_EQ(t().mem_get_info(&free_bytes, &total), CUDA_SUCCESS);
+  EXPECT_LE(free_bytes, total - 32 * MiB) << "the import's 32 MiB counted as free";
+  void* r = expanse_pool_malloc(pool, 64 * MiB, nullptr);
+  EXPECT_EQ(r, nullptr) << "64 MiB fit on a 64 MiB device that still holds 32 MiB";
+  if (r != nullptr) expanse_free(r, 0, 0, nullptr);
+  EXPECT_EQ(expanse_ipc_close(q), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(t().mem_get_info(&free_bytes, &total), CUDA_SUCCESS);
+  EXPECT_EQ(free_bytes, total) << "the last handle went, the memory did not";
+  ASSERT_EQ(t().ctx_pop_current(&popped), CUDA_SUCCESS);
+  t().device_primary_ctx_release(d);
+  EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
+}
+
 // EXPANSE_CONF registrable:on: every default-pool block is registrable, so any of them exports.
 TEST_P(Ipc, RegistrableConfExportsDefaultPoolBlocks) {
   start("sim_capacity:1GiB,registrable:on");
