@@ -126,7 +126,8 @@ void DeviceAllocator::free_registrable(CUdeviceptr addr, CUstream stream, size_t
   try {
     registrable_.free(addr);
   } catch (const driver::driver_error& e) {
-    books();
+    // A failed unmap keeps the block live (a later free may succeed); after it, the block is gone.
+    if (registrable_.find(addr) == nullptr) books();
     throw driver_failure("expanse: free of the registrable block " + hex(addr) + " on device " +
                              std::to_string(device()) + ": " + e.what(),
                          static_cast<int>(e.code()));

@@ -82,10 +82,11 @@ CUdeviceptr ImportedBlocks::import(const std::vector<int>& fds,
 
 void ImportedBlocks::close(CUdeviceptr ptr) {
   auto it = blocks_.find(ptr);
+  // A failed unmap leaves the import as it was (mapped, its handles held): it stays in the books.
+  drv_.unmap(it->second.base, it->second.extent, it->second.handles.size());
   const ImportedBlock b = std::move(it->second);
   blocks_.erase(it);
   bytes_ -= b.extent;
-  drv_.unmap(b.base, b.extent, b.handles.size());
   for (const auto& [h, size] : b.handles) drv_.release(h, size);
   drv_.address_free(b.base, b.extent);
 }
@@ -96,9 +97,14 @@ void ImportedBlocks::grant_all() {
 
 void ImportedBlocks::close_all_quietly() noexcept {
   while (!blocks_.empty()) {
+    const CUdeviceptr ptr = blocks_.begin()->first;
     try {
-      close(blocks_.begin()->first);
+      close(ptr);
     } catch (...) {
+      if (has(ptr)) {  // the unmap failed: forget it (shutdown cannot wait)
+        bytes_ -= blocks_.begin()->second.extent;
+        blocks_.erase(blocks_.begin());
+      }
     }
   }
 }

@@ -38,7 +38,8 @@ class ImportedBlocks {
                      size_t offset);
   // Whether ptr is an address import() returned here.
   bool has(CUdeviceptr ptr) const { return blocks_.count(ptr) != 0; }
-  // Unmaps, releases, frees the VA (ptr: what import() returned). The books forget it either way.
+  // Unmaps, releases, frees the VA (ptr: what import() returned). A failed unmap leaves the
+  // import as it was (in the books); after the unmap the books forget it either way.
   void close(CUdeviceptr ptr);
   void grant_all();
   void close_all_quietly() noexcept;

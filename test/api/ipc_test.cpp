@@ -256,6 +256,7 @@ TEST_P(Ipc, RegistrableBlockIsOneAllocationForNccl) {
   void* a = expanse_pool_malloc(pool, 5 * MiB + 3, nullptr);
   void* b = expanse_pool_malloc(pool, 1000, nullptr);
   ASSERT_TRUE(a != nullptr && b != nullptr) << expanse_last_error();
+  fill(a, 5 * MiB + 3, pattern_a);
   CUcontext ctx = nullptr;
   CUdevice d = 0;
   ASSERT_EQ(t().device_get(&d, 0), CUDA_SUCCESS);
@@ -280,6 +281,11 @@ TEST_P(Ipc, RegistrableBlockIsOneAllocationForNccl) {
   EXPECT_NE(prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
   EXPECT_EQ(prop.allocFlags.gpuDirectRDMACapable, 1);
   for (auto h : {h0, h1, hb}) EXPECT_EQ(t().mem_release(h), CUDA_SUCCESS);
+  // Each retain had its own release; the block's own reference keeps it mapped and intact.
+  EXPECT_EQ(first_mismatch(a, 5 * MiB + 3, pattern_a), 5 * MiB + 3);
+  CUdeviceptr base_after = 0;
+  EXPECT_EQ(t().mem_get_address_range(&base_after, nullptr, base_a + 4096), CUDA_SUCCESS);
+  EXPECT_EQ(base_after, base_a);
   CUcontext popped = nullptr;
   t().ctx_pop_current(&popped);
   t().device_primary_ctx_release(d);
@@ -591,6 +597,43 @@ TEST_P(Ipc, RegistrableFreeWaitsForPeerDeviceWork) {
   EXPECT_EQ(t().stream_destroy(s1), CUDA_SUCCESS);
   ASSERT_EQ(t().ctx_pop_current(&popped), CUDA_SUCCESS);
   t().device_primary_ctx_release(d1);
+  EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
+}
+
+// A failed unmap at a registrable block's free or an import's close keeps the books right: the
+// block (or import) stays live and intact with its handle, the error is returned, and a later
+// free (close) succeeds; nothing leaks (TearDown: the sim holds nothing after shutdown).
+TEST_P(Ipc, FailedUnmapKeepsTheBlockAndTheImport) {
+  if (dlopened()) GTEST_SKIP() << "injects failures through the in-process sim";
+  start("sim_capacity:1GiB");
+  const expanse_pool_id pool = registrable_pool();
+  void* p = expanse_pool_malloc(pool, 2 * MiB, nullptr);
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  fill(p, 2 * MiB, pattern_a);
+  expanse_ipc_handle h;
+  ASSERT_EQ(expanse_ipc_export(p, &h), EXPANSE_OK) << expanse_last_error();
+  void* q = nullptr;
+  ASSERT_EQ(expanse_ipc_import(&h, 0, &q), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_ipc_handle_release(&h), EXPANSE_OK);
+  using expanse::driver::EntryPoint;
+  expanse::sim::inject_failure(EntryPoint::mem_unmap, 1, CUDA_ERROR_UNKNOWN);
+  EXPECT_NE(expanse_free_checked(p, 0, 0, nullptr), EXPANSE_OK);
+  expanse_pool_id of = 0;
+  EXPECT_EQ(expanse_pool_of(p, &of), EXPANSE_OK) << "the block was forgotten";
+  EXPECT_EQ(first_mismatch(p, 2 * MiB, pattern_a), 2 * MiB);
+  expanse_stats st{};
+  st.struct_size = sizeof st;
+  ASSERT_EQ(expanse_get_stats(0, &st), EXPANSE_OK);
+  EXPECT_EQ(st.live_blocks, 1u);
+  expanse::sim::inject_failure(EntryPoint::mem_unmap, 1, CUDA_ERROR_UNKNOWN);
+  EXPECT_NE(expanse_ipc_close(q), EXPANSE_OK);
+  EXPECT_EQ(first_mismatch(q, 2 * MiB, pattern_a), 2 * MiB) << "the import was unmapped";
+  EXPECT_EQ(expanse_ipc_close(q), EXPANSE_OK) << "the import was forgotten: "
+                                               << expanse_last_error();
+  EXPECT_EQ(expanse_free_checked(p, 0, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_get_stats(0, &st), EXPANSE_OK);
+  EXPECT_EQ(st.live_blocks, 0u);
+  EXPECT_EQ(st.physical_bytes, 0u);
   EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
 }
 
