@@ -49,6 +49,7 @@ void* DeviceAllocator::allocate_registrable(size_t bytes, uint64_t pool, CUstrea
     }
     if (va == 0) oom("cuMemCreate answered CUDA_ERROR_OUT_OF_MEMORY with every cached page given back");
     supply_.add_outside_pages(pages);
+    if (pool != 0) ++pools_.at(pools_.slot_of(pool)).registrable_blocks;
     stats_.requested_bytes += bytes;
     stats_.allocated_bytes += extent;
     ++stats_.live_blocks;
@@ -115,7 +116,18 @@ void DeviceAllocator::free_registrable(CUdeviceptr addr, CUstream stream, size_t
   sync_for_unmap("free of the registrable block " + hex(addr), stream);
   const size_t extent = b.extent;
   const size_t requested = b.requested;
+  const uint64_t pool = b.pool;
   auto books = [&] {
+    if (pool != 0) {
+      const PoolSlot s = pools_.slot_of(pool);
+      PoolState& p = pools_.at(s);
+      --p.registrable_blocks;
+      // Released with this block live: forgotten with its last block, as plain pools are.
+      if (p.use_count == 0 && p.registrable_blocks == 0 && p.live_blocks == 0) {
+        p.returned = true;
+        forget_pool(s);
+      }
+    }
     supply_.remove_outside_pages(extent / page_);
     stats_.requested_bytes -= requested;
     stats_.allocated_bytes -= extent;

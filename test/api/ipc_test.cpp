@@ -348,6 +348,33 @@ TEST_P(Ipc, ImportKeepsExportedMemoryCountedAfterTheExporterFrees) {
   EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
 }
 
+// A registrable pool released with live blocks waits for them, as a plain pool does: its stats
+// count its blocks, not returned, until the last block is freed; then it is forgotten.
+TEST_P(Ipc, ReleasedRegistrablePoolWaitsForItsBlocks) {
+  start("sim_capacity:1GiB");
+  const expanse_pool_id pool = registrable_pool();
+  void* a = expanse_pool_malloc(pool, MiB, nullptr);
+  void* b = expanse_pool_malloc(pool, 3 * MiB, nullptr);
+  ASSERT_TRUE(a != nullptr && b != nullptr) << expanse_last_error();
+  ASSERT_EQ(expanse_pool_release(pool), EXPANSE_OK) << expanse_last_error();
+  expanse_pool_stats ps{};
+  ps.struct_size = sizeof ps;
+  ASSERT_EQ(expanse_pool_get_stats(pool, &ps), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(ps.released, 1);
+  EXPECT_EQ(ps.returned, 0) << "forgotten with live blocks";
+  EXPECT_EQ(ps.live_blocks, 2u);
+  expanse_free(a, 0, 0, nullptr);
+  ASSERT_EQ(expanse_pool_get_stats(pool, &ps), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(ps.live_blocks, 1u);
+  expanse_pool_id of = 0;
+  EXPECT_EQ(expanse_pool_of(b, &of), EXPANSE_OK);
+  EXPECT_EQ(of, pool);
+  expanse_free(b, 0, 0, nullptr);
+  ASSERT_EQ(expanse_pool_get_stats(pool, &ps), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(ps.returned, 1) << "not forgotten after its last block";
+  EXPECT_EQ(ps.live_blocks, 0u);
+}
+
 // EXPANSE_CONF registrable:on: every default-pool block is registrable, so any of them exports.
 TEST_P(Ipc, RegistrableConfExportsDefaultPoolBlocks) {
   start("sim_capacity:1GiB,registrable:on");
