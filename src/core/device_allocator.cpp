@@ -95,8 +95,8 @@ void DeviceAllocator::enable_peer_access(int peer) {
                       std::to_string(peer) + " cannot access device " +
                       std::to_string(device()) + "'s memory (cuDeviceCanAccessPeer)");
   }
+  drv_.add_peer(peer);
   try {
-    drv_.add_peer(peer);
     grant_peer(peer);
     registrable_.grant_all();
     imports_.grant_all();

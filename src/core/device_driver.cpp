@@ -201,18 +201,24 @@ bool DeviceDriver::can_access_peer(int peer) {
 
 void DeviceDriver::add_peer(int peer) {
   if (has_peer(peer)) return;
-  CUdevice pd = 0;
-  CUcontext pctx = nullptr;
-  check(t_.device_get(&pd, peer), EntryPoint::device_get);
-  check(t_.device_primary_ctx_retain(&pctx, pd), EntryPoint::device_primary_ctx_retain);
-  peer_devs_.push_back(pd);
-  peer_ctxs_.push_back(pctx);
   CUmemAccessDesc d{};
   d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   d.location.id = peer;  // an ordinal, as in every CUmemLocation
   d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   access_.push_back(d);
   peers_.push_back(peer);
+}
+
+const std::vector<CUcontext>& DeviceDriver::peer_contexts() {
+  while (peer_ctxs_.size() < peers_.size()) {
+    CUdevice pd = 0;
+    CUcontext pctx = nullptr;
+    check(t_.device_get(&pd, peers_[peer_ctxs_.size()]), EntryPoint::device_get);
+    check(t_.device_primary_ctx_retain(&pctx, pd), EntryPoint::device_primary_ctx_retain);
+    peer_devs_.push_back(pd);
+    peer_ctxs_.push_back(pctx);
+  }
+  return peer_ctxs_;
 }
 
 bool DeviceDriver::has_peer(int peer) const {

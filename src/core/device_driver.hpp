@@ -118,14 +118,15 @@ class DeviceDriver {
 
   // Peer access. Whether device `peer` (an ordinal) may be given access to this device's memory
   // (cuDeviceCanAccessPeer); adds it to the devices set_access() grants. False when it may not.
-  // add_peer retains the peer's primary context (work there may use this device's memory, so an
-  // unmap waits for it too); throws driver_error when that fails, nothing added.
   bool can_access_peer(int peer);
   void add_peer(int peer);
   bool has_peer(int peer) const;
   std::vector<int> peers() const { return peers_; }
-  // The primary contexts of the peers added so far (in peers() order).
-  const std::vector<CUcontext>& peer_contexts() const noexcept { return peer_ctxs_; }
+  // The primary contexts of the peers added so far (work there may use this device's memory, so
+  // an unmap of memory that outlives the page books waits for them too). Each is retained at the
+  // first ask (not at add_peer: allocators that never need them make no extra calls) and
+  // released at destruction. Throws driver_error when a retain fails.
+  const std::vector<CUcontext>& peer_contexts();
 
   // Stream identity (cheap read-only queries, counted apart as stream_queries, not driver_calls).
   // identify(): one cuStreamGetId (more when no context is current and s is NULL or
