@@ -14,10 +14,15 @@ processes").
 Pointers are ints. torch.multiprocessing's CUDA tensor sharing does not go through this yet.
 """
 import ctypes
+import weakref
 
 from ._lib import IpcHandle, check, library
 
 __all__ = ["Handle", "export", "send", "recv", "open", "close"]
+
+
+def _release_quietly(h):
+    library().expanse_ipc_handle_release(ctypes.byref(h))
 
 
 def _fd(sock):
@@ -25,10 +30,13 @@ def _fd(sock):
 
 
 class Handle:
-    """An expanse_ipc_handle and the fds it holds in this process (release() closes them)."""
+    """An expanse_ipc_handle and the fds it holds in this process (release() closes them; a
+    handle never released closes them when it is collected)."""
 
     def __init__(self):
         self._h = IpcHandle()
+        # Holds the record, not self: closing the fds twice is harmless.
+        self._finalizer = weakref.finalize(self, _release_quietly, self._h)
 
     @property
     def size(self):

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -48,6 +49,28 @@ void ipc_check(const IpcWire& h, const char* what) {
                         std::to_string(h.exporter_pid) +
                         ") is not open in this process; nothing was changed");
     }
+  }
+}
+
+void ipc_check_extent(const IpcWire& h, const char* what) {
+  const std::string at = std::string("expanse: ") + what + ": a damaged expanse_ipc_handle: ";
+  uint64_t extent = 0;
+  for (uint32_t i = 0; i < h.num_handles; ++i) {
+    if (h.handle_bytes[i] == 0 || h.handle_bytes[i] > UINT64_MAX - extent) {
+      throw usage_error(at + "handle_bytes[" + std::to_string(i) + "] is " +
+                        std::to_string(h.handle_bytes[i]) + "; nothing was changed");
+    }
+    extent += h.handle_bytes[i];
+  }
+  if (h.offset >= h.handle_bytes[0]) {
+    throw usage_error(at + "offset " + std::to_string(h.offset) +
+                      " is not inside the first handle (handle_bytes[0] = " +
+                      std::to_string(h.handle_bytes[0]) + "); nothing was changed");
+  }
+  if (h.size == 0 || h.size > extent - h.offset) {
+    throw usage_error(at + "size " + std::to_string(h.size) + " does not fit the " +
+                      std::to_string(extent - h.offset) + " bytes of its handles after offset " +
+                      std::to_string(h.offset) + "; nothing was changed");
   }
 }
 
@@ -197,11 +220,11 @@ EXPANSE_C_API int expanse_ipc_import(const expanse_ipc_handle* h, int device, vo
   return guarded([&] {
     const IpcWire& w = *wire(h);
     expanse::api::ipc_check(w, "expanse_ipc_import");
+    expanse::api::ipc_check_extent(w, "expanse_ipc_import");
     std::vector<int> fds(w.fds, w.fds + w.num_handles);
     std::vector<size_t> sizes(w.handle_bytes, w.handle_bytes + w.num_handles);
-    char* base = static_cast<char*>(
-        expanse::api::Runtime::get().device(device).import_block(fds, sizes));
-    *ptr = base + w.offset;
+    *ptr = expanse::api::Runtime::get().device(device).import_block(fds, sizes,
+                                                                     static_cast<size_t>(w.offset));
   });
 }
 

@@ -42,5 +42,8 @@ void ipc_send(int sock, const IpcWire& h);
 void ipc_recv(int sock, IpcWire* out);
 // Throws usage_error naming `what` unless h is a filled, unreleased handle whose fds are open.
 void ipc_check(const IpcWire& h, const char* what);
+// Throws usage_error naming the field unless h's sizes are coherent: every handle_bytes nonzero,
+// offset inside the first handle, 0 < size <= the handles' bytes after offset.
+void ipc_check_extent(const IpcWire& h, const char* what);
 
 }  // namespace expanse::api

@@ -157,11 +157,14 @@ class DeviceAllocator {
   // pointer (naming it and what to do), driver_failure when the driver refuses.
   Export export_block(const void* ptr);
   // Maps the exported handles (fds, with their sizes) in a reservation of their extent only;
-  // the address. usage_error for an fd the driver refuses or memory of another device.
-  void* import_block(const std::vector<int>& fds, const std::vector<size_t>& sizes);
-  // Unmaps, releases and frees the VA of an import, after the device's work is done (a context
-  // synchronize; refused with usage_error while a capture is announced). usage_error for a
-  // pointer that is not an import's base here.
+  // returns the block's address (the mapping's base + offset into the first handle).
+  // usage_error for sizes that are not whole granules, an fd the driver refuses, a handle
+  // smaller than its size says, or memory of another device.
+  void* import_block(const std::vector<int>& fds, const std::vector<size_t>& sizes,
+                     size_t offset);
+  // Unmaps, releases and frees the VA of an import, after the work of every context that may use
+  // it is done (refused with usage_error while a capture is announced). ptr is what
+  // import_block returned; usage_error for any other pointer.
   void close_import(void* ptr);
   bool is_import(const void* ptr) const;
   bool is_registrable(const void* ptr) const;

@@ -102,6 +102,7 @@ DeviceDriver::~DeviceDriver() {
   // The CUdevice from cuDeviceGet, not the ordinal: the driver promises nothing about their
   // relation.
   if (ctx_ != nullptr) t_.device_primary_ctx_release(dev_);
+  for (CUdevice d : peer_devs_) t_.device_primary_ctx_release(d);
 }
 
 // Start-up queries (device count, attributes, granularity) are not counted: stats describe the
@@ -215,6 +216,18 @@ void DeviceDriver::add_peer(int peer) {
   d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   access_.push_back(d);
   peers_.push_back(peer);
+}
+
+const std::vector<CUcontext>& DeviceDriver::peer_contexts() {
+  while (peer_ctxs_.size() < peers_.size()) {
+    CUdevice pd = 0;
+    CUcontext pctx = nullptr;
+    check(t_.device_get(&pd, peers_[peer_ctxs_.size()]), EntryPoint::device_get);
+    check(t_.device_primary_ctx_retain(&pctx, pd), EntryPoint::device_primary_ctx_retain);
+    peer_devs_.push_back(pd);
+    peer_ctxs_.push_back(pctx);
+  }
+  return peer_ctxs_;
 }
 
 bool DeviceDriver::has_peer(int peer) const {

@@ -124,6 +124,11 @@ class DeviceDriver {
   void add_peer(int peer);
   bool has_peer(int peer) const;
   std::vector<int> peers() const { return peers_; }
+  // The primary contexts of the peers added so far (work there may use this device's memory, so
+  // an unmap of memory that outlives the page books waits for them too). Each is retained at the
+  // first ask (not at add_peer: allocators that never need them make no extra calls) and
+  // released at destruction. Throws driver_error when a retain fails.
+  const std::vector<CUcontext>& peer_contexts();
 
   // Stream identity (cheap read-only queries, counted apart as stream_queries, not driver_calls).
   // identify(): one cuStreamGetId (more when no context is current and s is NULL or
@@ -170,6 +175,8 @@ class DeviceDriver {
   CUmemAllocationProp prop_{};
   std::vector<CUmemAccessDesc> access_;  // this device first, then the peers
   std::vector<int> peers_;
+  std::vector<CUdevice> peer_devs_;    // retained primary contexts of the peers, released at
+  std::vector<CUcontext> peer_ctxs_;   // destruction
   std::array<uint64_t, driver::kEntryPointCount> calls_{};
   double modeled_ns_ = 0;
   uint64_t stream_queries_ = 0;

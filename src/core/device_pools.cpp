@@ -32,7 +32,7 @@ void DeviceAllocator::release_pool(PoolId id) {
   // Its staging is freed later, where freeing pinned memory (which synchronizes) cannot run
   // beside a capture: an asleep pool's backup holds its live blocks' bytes until they wake.
   // Nothing of it left to prove done: forgotten at once.
-  if (p.live_blocks == 0 && !placement_.index().pool_has_free(s)) {
+  if (p.live_blocks == 0 && p.registrable_blocks == 0 && !placement_.index().pool_has_free(s)) {
     bool pending = false;
     for (const auto& [addr, b] : placement_.index().blocks()) {
       if (b.pool == s) {
@@ -111,7 +111,7 @@ void DeviceAllocator::return_pool(PoolSlot s) {
   }
   PoolState& p = pools_.at(s);
   p.returned = true;
-  if (p.live_blocks == 0) forget_pool(s);
+  if (p.live_blocks == 0 && p.registrable_blocks == 0) forget_pool(s);
 }
 
 bool DeviceAllocator::trim_pool(PoolId id) {

@@ -49,6 +49,7 @@ void* DeviceAllocator::allocate_registrable(size_t bytes, uint64_t pool, CUstrea
     }
     if (va == 0) oom("cuMemCreate answered CUDA_ERROR_OUT_OF_MEMORY with every cached page given back");
     supply_.add_outside_pages(pages);
+    if (pool != 0) ++pools_.at(pools_.slot_of(pool)).registrable_blocks;
     stats_.requested_bytes += bytes;
     stats_.allocated_bytes += extent;
     ++stats_.live_blocks;
@@ -82,11 +83,23 @@ void DeviceAllocator::sync_for_unmap(const std::string& what, CUstream stream) {
                       "after the device's work; do it after the capture ends; nothing was "
                       "changed");
   }
-  if (!streams_.sync_context(drv_.primary())) {
-    throw usage_error("expanse: " + what + " on device " + std::to_string(device()) +
-                      ": the device's work cannot be waited for now (a capture is announced "
-                      "in its context, or the synchronize failed); try again after the capture "
-                      "ends; nothing was changed");
+  // Every context that may use the memory: this device's, every peer's granted access (a kernel
+  // there may read it), and those of the streams known here (record_stream).
+  std::vector<CUcontext> contexts{drv_.primary()};
+  for (CUcontext c : drv_.peer_contexts()) contexts.push_back(c);
+  for (CUcontext c : streams_.contexts()) {
+    if (std::find(contexts.begin(), contexts.end(), c) == contexts.end()) contexts.push_back(c);
+  }
+  for (CUcontext c : contexts) {
+    if (!streams_.sync_context(c)) {
+      throw usage_error("expanse: " + what + " on device " + std::to_string(device()) +
+                        ": the work of " +
+                        (c == drv_.primary() ? std::string("the device")
+                                             : std::string("a peer device or a recorded stream")) +
+                        " cannot be waited for now (a capture is announced in its context, or "
+                        "the synchronize failed); try again after the capture ends; nothing was "
+                        "changed");
+    }
   }
 }
 
@@ -103,7 +116,18 @@ void DeviceAllocator::free_registrable(CUdeviceptr addr, CUstream stream, size_t
   sync_for_unmap("free of the registrable block " + hex(addr), stream);
   const size_t extent = b.extent;
   const size_t requested = b.requested;
+  const uint64_t pool = b.pool;
   auto books = [&] {
+    if (pool != 0) {
+      const PoolSlot s = pools_.slot_of(pool);
+      PoolState& p = pools_.at(s);
+      --p.registrable_blocks;
+      // Released with this block live: forgotten with its last block, as plain pools are.
+      if (p.use_count == 0 && p.registrable_blocks == 0 && p.live_blocks == 0) {
+        p.returned = true;
+        forget_pool(s);
+      }
+    }
     supply_.remove_outside_pages(extent / page_);
     stats_.requested_bytes -= requested;
     stats_.allocated_bytes -= extent;
@@ -114,7 +138,8 @@ void DeviceAllocator::free_registrable(CUdeviceptr addr, CUstream stream, size_t
   try {
     registrable_.free(addr);
   } catch (const driver::driver_error& e) {
-    books();
+    // A failed unmap keeps the block live (a later free may succeed); after it, the block is gone.
+    if (registrable_.find(addr) == nullptr) books();
     throw driver_failure("expanse: free of the registrable block " + hex(addr) + " on device " +
                              std::to_string(device()) + ": " + e.what(),
                          static_cast<int>(e.code()));
@@ -162,10 +187,21 @@ DeviceAllocator::Export DeviceAllocator::export_block(const void* ptr) {
   return out;
 }
 
-void* DeviceAllocator::import_block(const std::vector<int>& fds, const std::vector<size_t>& sizes) {
+void* DeviceAllocator::import_block(const std::vector<int>& fds, const std::vector<size_t>& sizes,
+                                    size_t offset) {
   std::lock_guard<std::mutex> lock(mu_);
+  const size_t g = drv_.granularity();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 0 || sizes[i] % g != 0) {
+      throw usage_error("expanse: ipc import on device " + std::to_string(device()) +
+                        ": handle_bytes[" + std::to_string(i) + "] of the handle is " +
+                        std::to_string(sizes[i]) + ", not a whole number of the device's " +
+                        std::to_string(g) + "-byte granules: a damaged expanse_ipc_handle; "
+                        "nothing was changed");
+    }
+  }
   try {
-    const CUdeviceptr va = imports_.import(fds, sizes);
+    const CUdeviceptr va = imports_.import(fds, sizes, offset);
     stats_.peak_va_reserved_bytes =
         std::max<uint64_t>(stats_.peak_va_reserved_bytes,
                            placement_.va_reserved() + registrable_.bytes() + imports_.bytes());

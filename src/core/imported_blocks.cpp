@@ -16,7 +16,7 @@ std::string code_name(CUresult r) {
 }  // namespace
 
 CUdeviceptr ImportedBlocks::import(const std::vector<int>& fds,
-                                   const std::vector<size_t>& handle_sizes) {
+                                   const std::vector<size_t>& handle_sizes, size_t offset) {
   size_t extent = 0;
   for (size_t s : handle_sizes) extent += s;
   ImportedBlock b;
@@ -53,7 +53,18 @@ CUdeviceptr ImportedBlocks::import(const std::vector<int>& fds,
                           std::to_string(dev) + " (import it with that device); nothing was "
                           "changed");
       }
-      drv_.map(va + mapped, handle_sizes[i], h);
+      try {
+        drv_.map(va + mapped, handle_sizes[i], h);
+      } catch (const driver::driver_error& e) {
+        // A size other than the handle's: NOT_SUPPORTED (only whole handles map) or INVALID_VALUE.
+        if (e.code() != CUDA_ERROR_INVALID_VALUE && e.code() != CUDA_ERROR_NOT_SUPPORTED) throw;
+        undo();
+        throw usage_error("expanse: ipc import on device " + std::to_string(drv_.device()) +
+                          ": handle_bytes[" + std::to_string(i) + "] of the handle says " +
+                          std::to_string(handle_sizes[i]) + " bytes, but the driver will not "
+                          "map fd " + std::to_string(fds[i]) + " at that size (" + e.what() +
+                          "): a damaged expanse_ipc_handle; nothing was changed");
+      }
       mapped += handle_sizes[i];
     }
     drv_.set_access(va, extent, b.handles.size());
@@ -64,29 +75,36 @@ CUdeviceptr ImportedBlocks::import(const std::vector<int>& fds,
     throw;
   }
   bytes_ += extent;
-  blocks_.emplace(va, std::move(b));
-  return va;
+  b.base = va;
+  blocks_.emplace(va + offset, std::move(b));
+  return va + offset;
 }
 
-void ImportedBlocks::close(CUdeviceptr va) {
-  auto it = blocks_.find(va);
+void ImportedBlocks::close(CUdeviceptr ptr) {
+  auto it = blocks_.find(ptr);
+  // A failed unmap leaves the import as it was (mapped, its handles held): it stays in the books.
+  drv_.unmap(it->second.base, it->second.extent, it->second.handles.size());
   const ImportedBlock b = std::move(it->second);
   blocks_.erase(it);
   bytes_ -= b.extent;
-  drv_.unmap(va, b.extent, b.handles.size());
   for (const auto& [h, size] : b.handles) drv_.release(h, size);
-  drv_.address_free(va, b.extent);
+  drv_.address_free(b.base, b.extent);
 }
 
 void ImportedBlocks::grant_all() {
-  for (const auto& [va, b] : blocks_) drv_.set_access(va, b.extent, b.handles.size());
+  for (const auto& [ptr, b] : blocks_) drv_.set_access(b.base, b.extent, b.handles.size());
 }
 
 void ImportedBlocks::close_all_quietly() noexcept {
   while (!blocks_.empty()) {
+    const CUdeviceptr ptr = blocks_.begin()->first;
     try {
-      close(blocks_.begin()->first);
+      close(ptr);
     } catch (...) {
+      if (has(ptr)) {  // the unmap failed: forget it (shutdown cannot wait)
+        bytes_ -= blocks_.begin()->second.extent;
+        blocks_.erase(blocks_.begin());
+      }
     }
   }
 }

@@ -18,7 +18,8 @@
 namespace expanse::core {
 
 struct ImportedBlock {
-  size_t extent = 0;  // VA reserved and mapped
+  CUdeviceptr base = 0;  // the reservation (the books key a block by base + offset)
+  size_t extent = 0;     // VA reserved and mapped
   std::vector<std::pair<CUmemGenericAllocationHandle, size_t>> handles;  // with their sizes
 };
 
@@ -29,13 +30,17 @@ class ImportedBlocks {
   ImportedBlocks& operator=(const ImportedBlocks&) = delete;
 
   // Imports fds (one per handle, of handle_sizes bytes each, in address order) and maps them;
-  // returns the base of the mapping. Throws expanse::usage_error for an fd the driver refuses or
-  // memory of another device, driver::driver_error for other failures; nothing is left behind.
-  CUdeviceptr import(const std::vector<int>& fds, const std::vector<size_t>& handle_sizes);
-  // Whether va is the base of an import here.
-  bool has(CUdeviceptr va) const { return blocks_.count(va) != 0; }
-  // Unmaps, releases, frees the VA (va must be an import's base). The books forget it either way.
-  void close(CUdeviceptr va);
+  // returns the block's address: the mapping's base + offset (offset < handle_sizes[0]). Throws
+  // expanse::usage_error for an fd the driver refuses, a handle the driver will not map at its
+  // stated size, or memory of another device, driver::driver_error for other failures; nothing
+  // is left behind.
+  CUdeviceptr import(const std::vector<int>& fds, const std::vector<size_t>& handle_sizes,
+                     size_t offset);
+  // Whether ptr is an address import() returned here.
+  bool has(CUdeviceptr ptr) const { return blocks_.count(ptr) != 0; }
+  // Unmaps, releases, frees the VA (ptr: what import() returned). A failed unmap leaves the
+  // import as it was (in the books); after the unmap the books forget it either way.
+  void close(CUdeviceptr ptr);
   void grant_all();
   void close_all_quietly() noexcept;
   size_t count() const noexcept { return blocks_.size(); }
@@ -43,7 +48,7 @@ class ImportedBlocks {
 
  private:
   DeviceDriver& drv_;
-  std::map<CUdeviceptr, ImportedBlock> blocks_;
+  std::map<CUdeviceptr, ImportedBlock> blocks_;  // by the address import() returned
   size_t bytes_ = 0;
 };
 

@@ -48,6 +48,9 @@ struct PoolState {
   // Its blocks are registrable blocks (registrable_blocks.hpp), outside the page books.
   bool registrable = false;
   size_t live_blocks = 0;
+  // Its live registrable blocks (outside the page books and live_blocks): the pool is forgotten
+  // only once they are freed too.
+  size_t registrable_blocks = 0;
   size_t requested_bytes = 0;  // live, as asked for
   size_t allocated_bytes = 0;  // live, as carved
   // Sleep (pool_sleep.cpp): its pages given back, its addresses and blocks kept.
@@ -75,6 +78,11 @@ class PoolTable {
   PoolSlot live_slot(PoolId id) const noexcept {
     auto it = by_id_.find(id);
     return it != by_id_.end() && slots_[it->second].use_count > 0 ? it->second : kDefaultPool;
+  }
+  // The slot of pool `id` while it is in the table (whatever its use count), else kDefaultPool.
+  PoolSlot slot_of(PoolId id) const noexcept {
+    auto it = by_id_.find(id);
+    return it != by_id_.end() ? it->second : kDefaultPool;
   }
   PoolState& at(PoolSlot s) noexcept { return slots_[s]; }
   const PoolState& at(PoolSlot s) const noexcept { return slots_[s]; }

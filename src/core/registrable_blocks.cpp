@@ -66,10 +66,11 @@ const RegistrableBlock* RegistrableBlocks::containing(CUdeviceptr va, CUdevicept
 void RegistrableBlocks::free(CUdeviceptr va) {
   auto it = blocks_.find(va);
   const RegistrableBlock b = it->second;
+  // A failed unmap leaves the block as it was (mapped, its handle held): it stays in the books.
+  drv_.unmap(va, b.extent, 1);
   blocks_.erase(it);
   bytes_ -= b.extent;
   requested_ -= b.requested;
-  drv_.unmap(va, b.extent, 1);
   drv_.release(b.handle, b.extent);
   drv_.address_free(va, b.extent);
 }
@@ -80,9 +81,15 @@ void RegistrableBlocks::grant_all() {
 
 void RegistrableBlocks::free_all_quietly() noexcept {
   while (!blocks_.empty()) {
+    const CUdeviceptr va = blocks_.begin()->first;
     try {
-      free(blocks_.begin()->first);
+      free(va);
     } catch (...) {
+      if (find(va) != nullptr) {  // the unmap failed: forget it (shutdown cannot wait)
+        bytes_ -= blocks_.begin()->second.extent;
+        requested_ -= blocks_.begin()->second.requested;
+        blocks_.erase(blocks_.begin());
+      }
     }
   }
 }

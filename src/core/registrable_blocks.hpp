@@ -45,8 +45,9 @@ class RegistrableBlocks {
   // The block holding va anywhere in its extent (its start into *base), or nullptr.
   const RegistrableBlock* containing(CUdeviceptr va, CUdeviceptr* base) const;
   // Unmaps, releases and frees the VA of the block at va (which must exist). The caller has
-  // made sure no work on it is pending. Throws driver::driver_error; the books forget the block
-  // either way (what failed cannot be retried).
+  // made sure no work on it is pending. Throws driver::driver_error: when the unmap failed the
+  // block stays as it was (mapped, in the books: a later free may succeed); after the unmap the
+  // books forget it either way (a failed release or VA free cannot be retried).
   void free(CUdeviceptr va);
   // Grants every block's extent to the devices DeviceDriver grants (a peer was added).
   void grant_all();

@@ -31,6 +31,7 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -156,6 +157,15 @@ class StreamOrder {
   // Synchronizes ctx (unless a known stream of it captures, or the application announced a
   // capture in it) and marks every stream of it done up to now. Returns whether it did.
   bool sync_context(CUcontext ctx);
+  // The distinct contexts of the streams known here (a peer device's streams included).
+  std::vector<CUcontext> contexts() const {
+    std::vector<CUcontext> out;
+    for (const auto& [k, st] : streams_) {
+      if (st.ctx != nullptr && std::find(out.begin(), out.end(), st.ctx) == out.end())
+        out.push_back(st.ctx);
+    }
+    return out;
+  }
   // Freed memory that some stream's work may still use (pending or owned free blocks).
   bool has_unfinished_frees() const noexcept {
     return !pending_.empty() || placement_.index().any_unsafe();

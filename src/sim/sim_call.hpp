@@ -20,6 +20,20 @@ struct CallSize {
   double times = 1;
 };
 
+// This process's id, kept by a fork handler (no system call per entry point).
+pid_t this_process() noexcept;
+
+// Whether s was initialized by cuInit in this process. A child forked after cuInit inherits the
+// State but not the device: the real driver answers CUDA_ERROR_NOT_INITIALIZED to every call
+// there, cuInit included (triton-lang/triton PR #10443: "a process that was fork()ed after its
+// parent already initialized CUDA gets CUDA_ERROR_NOT_INITIALIZED (rc=3) from cuInit", and
+// cuDeviceGetCount the same; tensorflow issue #57877: "Failed setting context:
+// CUDA_ERROR_NOT_INITIALIZED" in a multiprocessing fork child; NVIDIA: no CUDA use in a forked
+// child before exec). Only a fresh process (exec, posix_spawn) may use the driver again.
+inline bool initialized_here(const State& s) noexcept {
+  return s.initialized && s.init_pid == this_process();
+}
+
 template <class Body>
 CUresult run(EntryPoint e, bool needs_init, Body&& body) {
   std::lock_guard<std::mutex> lock(detail::state_mutex());
@@ -38,7 +52,7 @@ CUresult run(EntryPoint e, bool needs_init, Body&& body) {
       return code;
     }
   }
-  if (needs_init && !s.initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  if (needs_init && !initialized_here(s)) return CUDA_ERROR_NOT_INITIALIZED;
   CallSize size;
   // Names the call for capture invalidation records (invalidate()).
   struct CallScope {

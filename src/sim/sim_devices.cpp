@@ -8,7 +8,11 @@
 #include "sim/sim_entry.hpp"
 #include "driver_api/error_names.hpp"
 
+#include <pthread.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -130,6 +134,25 @@ int context_device(State& s, CUcontext ctx) {
 
 }  // namespace
 
+namespace detail {
+
+namespace {
+std::atomic<pid_t> g_pid{0};
+void note_fork_child() noexcept { g_pid.store(getpid()); }
+}  // namespace
+
+pid_t this_process() noexcept {
+  static const bool registered = [] {
+    g_pid.store(getpid());
+    pthread_atfork(nullptr, nullptr, note_fork_child);
+    return true;
+  }();
+  (void)registered;
+  return g_pid.load(std::memory_order_relaxed);
+}
+
+}  // namespace detail
+
 // ---- errors, init, version ----------------------------------------------------------------------
 
 CUresult sim_get_error_name(CUresult error, const char** str) {
@@ -152,7 +175,10 @@ CUresult sim_init(unsigned int flags) {
   return run(EntryPoint::init, false, [&](State& s, CallSize&) {
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (s.devices.empty()) return CUDA_ERROR_NO_DEVICE;
+    // Initialized by the parent of a fork: this child may not use the driver (run()).
+    if (s.initialized && !detail::initialized_here(s)) return CUDA_ERROR_NOT_INITIALIZED;
     s.initialized = true;
+    s.init_pid = detail::this_process();
     return CUDA_SUCCESS;
   });
 }

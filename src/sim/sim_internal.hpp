@@ -2,6 +2,8 @@
 // Every access happens with state_mutex() held.
 #pragma once
 
+#include <sys/types.h>
+
 #include <type_traits>
 
 #include <array>
@@ -15,6 +17,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "sim/host_backing.hpp"
@@ -59,6 +62,15 @@ struct AccessBits {
   int host_flags() const noexcept { return write != 0 ? 3 : (read != 0 ? 1 : 0); }
 };
 
+// The device memory behind an exported allocation, counted once in its device's physical_used
+// while any handle of it lives in this process: the creator's and every import of its fd here
+// share one record (the driver frees memory when its last handle and mapping go, whichever).
+struct MemoryRecord {
+  int device = 0;
+  size_t size = 0;
+  std::pair<uint64_t, uint64_t> file;  // the memfd's (st_dev, st_ino): State::exported's key
+};
+
 struct Allocation {
   Allocation() = default;
   ~Allocation();  // closes own_fd
@@ -76,8 +88,11 @@ struct Allocation {
   // its bytes live there from then on, at offset 0, whatever the backing.
   int own_fd = -1;
   // Imported (cuMemImportFromShareableHandle): the memory is counted by the process that created
-  // it, not in this device's physical_used.
+  // it, not in this device's physical_used (unless that is this process: see memory).
   bool imported = false;
+  // Exported, or imported from an fd this process exported: physical_used counts the record,
+  // released with its last holder (maybe_free).
+  std::shared_ptr<MemoryRecord> memory;
 };
 
 struct Mapping {
@@ -191,12 +206,15 @@ struct State {
   Policy policy;
   CostTable costs;
   bool initialized = false;
+  pid_t init_pid = 0;  // the process whose cuInit initialized this State (fork: see run())
   uint64_t generation = 0;  // identifies this State to thread-local context stacks
 
   std::vector<std::unique_ptr<Device>> devices;
   std::map<uintptr_t, Reservation> reservations;
   std::map<uintptr_t, Mapping> mappings;
   std::unordered_map<CUmemGenericAllocationHandle, std::unique_ptr<Allocation>> allocations;
+  // The memory records of allocations exported from this process, by their memfd's identity.
+  std::map<std::pair<uint64_t, uint64_t>, std::weak_ptr<MemoryRecord>> exported;
   size_t mapped_bytes = 0;
   std::map<uintptr_t, HostAllocation> host_allocations;  // by base address
   size_t host_used = 0;       // bytes of host_allocations, against cfg.host_capacity

@@ -10,8 +10,11 @@
 #include "sim/sim_entry.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <memory>
+#include <utility>
 #include <vector>
 
 namespace expanse::sim {
@@ -53,6 +56,27 @@ bool give_own_memfd(State& s, Allocation& a) {
   return true;
 }
 
+// The (st_dev, st_ino) of fd's file; false when fstat fails.
+bool file_identity(int fd, std::pair<uint64_t, uint64_t>* id) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return false;
+  *id = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+  return true;
+}
+
+// Gives a (just moved to its own memfd) the memory record its imports here will share.
+bool give_memory_record(State& s, Allocation& a) {
+  if (a.memory != nullptr) return true;
+  std::pair<uint64_t, uint64_t> id;
+  if (!file_identity(a.own_fd, &id)) return false;
+  a.memory = std::make_shared<detail::MemoryRecord>();
+  a.memory->device = a.device;
+  a.memory->size = a.size;
+  a.memory->file = id;
+  s.exported[id] = a.memory;
+  return true;
+}
+
 }  // namespace
 
 // cuMemExportToShareableHandle. Checks, in order: a NULL output, flags other than 0, a handle
@@ -73,7 +97,7 @@ CUresult sim_mem_export_to_shareable_handle(void* shareable, CUmemGenericAllocat
     const auto requested = static_cast<unsigned>(detail::bits(a->prop.requestedHandleTypes));
     if (t != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || (requested & t) == 0)
       return CUDA_ERROR_INVALID_VALUE;
-    if (!give_own_memfd(s, *a)) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!give_own_memfd(s, *a) || !give_memory_record(s, *a)) return CUDA_ERROR_OUT_OF_MEMORY;
     const int fd = fcntl(a->own_fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;  // the process is out of file descriptors
     *static_cast<int*>(shareable) = fd;
@@ -88,7 +112,8 @@ CUresult sim_mem_export_to_shareable_handle(void* shareable, CUmemGenericAllocat
 // an fd that is not one the sim exported (closed, another file) or names a device this sim
 // lacks → INVALID_VALUE [INF]. The new handle (never the exporter's value) has one user
 // reference, to be released with cuMemRelease; its memory is counted by the exporter, not in
-// this device's cuMemGetInfo.
+// this device's cuMemGetInfo, unless the exporter is this process: then the creator's handle
+// and the imports share one record, counted until the last of them goes.
 CUresult sim_mem_import_from_shareable_handle(CUmemGenericAllocationHandle* handle,
                                               void* os_handle, CUmemAllocationHandleType type) {
   return run(EntryPoint::mem_import_from_shareable_handle, true, [&](State& s, CallSize& units) {
@@ -117,6 +142,13 @@ CUresult sim_mem_import_from_shareable_handle(CUmemGenericAllocationHandle* hand
     a->user_refs = 1;
     a->own_fd = own;
     a->imported = true;
+    // Memory this process exported (and still holds): one record with the creator's handle, so
+    // it stays counted until the last handle of it goes.
+    std::pair<uint64_t, uint64_t> id;
+    if (file_identity(own, &id)) {
+      auto it = s.exported.find(id);
+      if (it != s.exported.end()) a->memory = it->second.lock();
+    }
     *handle = a->handle;
     s.allocations.emplace(a->handle, std::move(a));
     units = {size, 1, 1};

@@ -307,7 +307,12 @@ Allocation* live_handle(State& s, CUmemGenericAllocationHandle h) {
 
 void maybe_free(State& s, Allocation* a) {
   if (a->user_refs != 0 || a->map_refs != 0) return;
-  if (!a->imported) {
+  if (a->memory != nullptr) {
+    if (a->memory.use_count() == 1) {  // the last handle of it in this process
+      device(s, a->memory->device).physical_used -= a->memory->size;
+      s.exported.erase(a->memory->file);
+    }
+  } else if (!a->imported) {
     Device& d = device(s, a->device);
     d.physical_used -= a->size;
     if (s.cfg.backing && a->own_fd < 0) d.store.free(a->offset, a->size);

@@ -1,13 +1,15 @@
 // Sharing across processes (expanse_ipc_*) and registrable pools through the C ABI: a block
-// exported, sent over a socketpair to a forked child, imported, checked and written there; the
+// exported, sent over a socketpair to a child process, imported, checked and written there; the
 // exporter freeing an exported block; 10,000 imports and the VA they reserve; what NCCL asks of
 // a registrable block (cuMemGetAddressRange, cuMemRetainAllocationHandle); and bad input. Each
 // case runs on the in-process sim (driver:sim) and on libexpanse_simcuda.so loaded as the CUDA
 // driver (driver:cuda,driver_library:...).
 //
-// Forking in a gtest process: the child does only what its lambda says with the state it
-// inherited (one thread: gtest runs these tests on the main thread, and nothing here starts
-// another), then _exit()s with a code the parent checks; it never returns into gtest.
+// The child is a fresh process (fork, then exec of this test binary with a child-only filter):
+// a child forked from a process that initialized CUDA may not use the driver before exec (the
+// real driver answers CUDA_ERROR_NOT_INITIALIZED there, and so does the sim; the test
+// ForkedChildCannotUseTheDriver checks it).
+#include "api/ipc_wire.hpp"
 #include "api/runtime.hpp"
 #include "expanse/expanse.h"
 #include "sim/sim.hpp"
@@ -21,7 +23,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <dirent.h>
 #include <functional>
 #include <string>
 #include <vector>
@@ -47,8 +51,25 @@ size_t first_mismatch(const void* p, size_t n, unsigned char (*pat)(size_t)) {
   return n;
 }
 
-// Runs child() in a forked child, which _exit()s with its result (the parent goes on).
-pid_t spawn(const std::function<int()>& child) {
+// Runs this test binary again as a fresh process with only the child test `test` of the
+// IpcChild suite; `fd` (a socket end) stays open across the exec and its number travels in
+// EXPANSE_IPC_CHILD_FD, the driver variant in EXPANSE_IPC_CHILD_DRIVER.
+pid_t spawn_child(const char* test, int fd, const std::string& driver) {
+  const std::string filter = std::string("--gtest_filter=IpcChild.") + test;
+  const std::string fd_text = std::to_string(fd);
+  const pid_t pid = fork();
+  if (pid == 0) {  // only exec-safe work until the exec
+    setenv("EXPANSE_IPC_CHILD_FD", fd_text.c_str(), 1);
+    setenv("EXPANSE_IPC_CHILD_DRIVER", driver.c_str(), 1);
+    unsetenv("EXPANSE_CONF");
+    execl("/proc/self/exe", "ipc_child", filter.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+// Runs child() in a child forked from this process (no exec), which _exit()s with its result.
+pid_t fork_only(const std::function<int()>& child) {
   const pid_t pid = fork();
   if (pid == 0) {
     int code = 100;
@@ -120,9 +141,10 @@ class Ipc : public ::testing::TestWithParam<std::string> {
   void* lib_ = nullptr;
 };
 
-// The parent allocates, writes a pattern, exports and sends; the child imports, checks every
-// byte, writes another pattern and closes; the parent sees it.
-TEST_P(Ipc, ForkedChildImportsChecksWritesAndCloses) {
+// The parent allocates, writes a pattern, exports and sends; the child (a fresh process:
+// IpcChild.ImportsChecksWritesAndCloses) imports, checks every byte, writes another pattern and
+// closes; the parent sees it.
+TEST_P(Ipc, ChildProcessImportsChecksWritesAndCloses) {
   start("sim_capacity:1GiB");
   const expanse_pool_id pool = registrable_pool();
   const size_t n = 3 * MiB + 100;  // not a whole number of pages
@@ -134,35 +156,41 @@ TEST_P(Ipc, ForkedChildImportsChecksWritesAndCloses) {
   EXPECT_EQ(expanse_ipc_handle_size(&h), n);
   int sv[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-  const pid_t child = spawn([&] {
-    close(sv[0]);
-    expanse_ipc_handle got;
-    if (expanse_ipc_recv(sv[1], &got) != EXPANSE_OK) return 2;
-    void* q = nullptr;
-    if (expanse_ipc_import(&got, 0, &q) != EXPANSE_OK || q == nullptr) return 3;
-    if (q == p) return 4;  // a fresh address range in this process, not the parent's
-    if (first_mismatch(q, n, pattern_a) != n) return 5;
-    fill(q, n, pattern_b);
-    if (expanse_ipc_close(q) != EXPANSE_OK) {
-      std::fprintf(stderr, "child: %s\n", expanse_last_error());
-      return 6;
-    }
-    if (expanse_ipc_handle_release(&got) != EXPANSE_OK) return 7;
-    const char done = 'k';
-    return write(sv[1], &done, 1) == 1 ? 0 : 8;
-  });
+  const pid_t child = spawn_child("ImportsChecksWritesAndCloses", sv[1], GetParam());
   close(sv[1]);
   ASSERT_GT(child, 0);
   EXPECT_EQ(expanse_ipc_send(sv[0], &h), EXPANSE_OK) << expanse_last_error();
   char done = 0;
   EXPECT_EQ(read(sv[0], &done, 1), 1);
   const int status = wait_child(child);
-  ASSERT_EQ(status, 0) << "the child failed at step " << status;
+  ASSERT_EQ(status, 0) << "the child process failed (its output is above)";
   close(sv[0]);
   ASSERT_EQ(expanse_ipc_handle_release(&h), EXPANSE_OK);
   EXPECT_EQ(first_mismatch(p, n, pattern_b), n) << "the parent does not see the child's bytes";
   expanse_free(p, 0, 0, nullptr);
   EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
+}
+
+// A child forked (no exec) after the parent initialized the driver may not use it: the real
+// driver answers CUDA_ERROR_NOT_INITIALIZED to every call there, cuInit included, and the sim
+// does the same, so an allocation in such a child fails instead of touching the parent's books.
+TEST_P(Ipc, ForkedChildCannotUseTheDriver) {
+  start("sim_capacity:1GiB");
+  void* keep = expanse_malloc(2 * MiB, 0, nullptr);
+  ASSERT_NE(keep, nullptr) << expanse_last_error();
+  const expanse::driver::DriverTable* table = &t();
+  const pid_t child = fork_only([&] {
+    if (table->init(0) != CUDA_ERROR_NOT_INITIALIZED) return 2;
+    int count = 0;
+    if (table->device_get_count(&count) != CUDA_ERROR_NOT_INITIALIZED) return 3;
+    void* q = expanse_malloc(8 * MiB, 0, nullptr);
+    return q == nullptr ? 0 : 4;
+  });
+  const int status = wait_child(child);
+  EXPECT_EQ(status, 0) << "the forked child used the driver (step " << status << ")";
+  int count = 0;
+  EXPECT_EQ(t().device_get_count(&count), CUDA_SUCCESS) << "the parent lost its driver";
+  expanse_free(keep, 0, 0, nullptr);
 }
 
 // The exporter frees an exported block and allocates again: the importer still reads its own
@@ -228,6 +256,7 @@ TEST_P(Ipc, RegistrableBlockIsOneAllocationForNccl) {
   void* a = expanse_pool_malloc(pool, 5 * MiB + 3, nullptr);
   void* b = expanse_pool_malloc(pool, 1000, nullptr);
   ASSERT_TRUE(a != nullptr && b != nullptr) << expanse_last_error();
+  fill(a, 5 * MiB + 3, pattern_a);
   CUcontext ctx = nullptr;
   CUdevice d = 0;
   ASSERT_EQ(t().device_get(&d, 0), CUDA_SUCCESS);
@@ -252,6 +281,11 @@ TEST_P(Ipc, RegistrableBlockIsOneAllocationForNccl) {
   EXPECT_NE(prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
   EXPECT_EQ(prop.allocFlags.gpuDirectRDMACapable, 1);
   for (auto h : {h0, h1, hb}) EXPECT_EQ(t().mem_release(h), CUDA_SUCCESS);
+  // Each retain had its own release; the block's own reference keeps it mapped and intact.
+  EXPECT_EQ(first_mismatch(a, 5 * MiB + 3, pattern_a), 5 * MiB + 3);
+  CUdeviceptr base_after = 0;
+  EXPECT_EQ(t().mem_get_address_range(&base_after, nullptr, base_a + 4096), CUDA_SUCCESS);
+  EXPECT_EQ(base_after, base_a);
   CUcontext popped = nullptr;
   t().ctx_pop_current(&popped);
   t().device_primary_ctx_release(d);
@@ -279,6 +313,66 @@ TEST_P(Ipc, RegistrableBlockIsOneAllocationForNccl) {
   EXPECT_EQ(st.live_blocks, 0u);
   EXPECT_EQ(st.physical_bytes, 0u);
   EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
+}
+
+// An import in the exporting process keeps the memory allocated after the exporter frees its
+// block, as on a GPU (the memory goes with its last handle and mapping): cuMemGetInfo still
+// counts it and a device-sized allocation does not fit; closing the import gives it back.
+TEST_P(Ipc, ImportKeepsExportedMemoryCountedAfterTheExporterFrees) {
+  start("sim_capacity:64MiB");
+  const expanse_pool_id pool = registrable_pool();
+  void* p = expanse_pool_malloc(pool, 32 * MiB, nullptr);
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  expanse_ipc_handle h;
+  ASSERT_EQ(expanse_ipc_export(p, &h), EXPANSE_OK) << expanse_last_error();
+  void* q = nullptr;
+  ASSERT_EQ(expanse_ipc_import(&h, 0, &q), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_ipc_handle_release(&h), EXPANSE_OK);
+  expanse_free(p, 0, 0, nullptr);
+  CUcontext ctx = nullptr, popped = nullptr;
+  CUdevice d = 0;
+  ASSERT_EQ(t().device_get(&d, 0), CUDA_SUCCESS);
+  ASSERT_EQ(t().device_primary_ctx_retain(&ctx, d), CUDA_SUCCESS);
+  ASSERT_EQ(t().ctx_push_current(ctx), CUDA_SUCCESS);
+  size_t free_bytes = 0, total = 0;
+  ASSERT_EQ(t().mem_get_info(&free_bytes, &total), CUDA_SUCCESS);
+  EXPECT_LE(free_bytes, total - 32 * MiB) << "the import's 32 MiB counted as free";
+  void* r = expanse_pool_malloc(pool, 64 * MiB, nullptr);
+  EXPECT_EQ(r, nullptr) << "64 MiB fit on a 64 MiB device that still holds 32 MiB";
+  if (r != nullptr) expanse_free(r, 0, 0, nullptr);
+  EXPECT_EQ(expanse_ipc_close(q), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(t().mem_get_info(&free_bytes, &total), CUDA_SUCCESS);
+  EXPECT_EQ(free_bytes, total) << "the last handle went, the memory did not";
+  ASSERT_EQ(t().ctx_pop_current(&popped), CUDA_SUCCESS);
+  t().device_primary_ctx_release(d);
+  EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
+}
+
+// A registrable pool released with live blocks waits for them, as a plain pool does: its stats
+// count its blocks, not returned, until the last block is freed; then it is forgotten.
+TEST_P(Ipc, ReleasedRegistrablePoolWaitsForItsBlocks) {
+  start("sim_capacity:1GiB");
+  const expanse_pool_id pool = registrable_pool();
+  void* a = expanse_pool_malloc(pool, MiB, nullptr);
+  void* b = expanse_pool_malloc(pool, 3 * MiB, nullptr);
+  ASSERT_TRUE(a != nullptr && b != nullptr) << expanse_last_error();
+  ASSERT_EQ(expanse_pool_release(pool), EXPANSE_OK) << expanse_last_error();
+  expanse_pool_stats ps{};
+  ps.struct_size = sizeof ps;
+  ASSERT_EQ(expanse_pool_get_stats(pool, &ps), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(ps.released, 1);
+  EXPECT_EQ(ps.returned, 0) << "forgotten with live blocks";
+  EXPECT_EQ(ps.live_blocks, 2u);
+  expanse_free(a, 0, 0, nullptr);
+  ASSERT_EQ(expanse_pool_get_stats(pool, &ps), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(ps.live_blocks, 1u);
+  expanse_pool_id of = 0;
+  EXPECT_EQ(expanse_pool_of(b, &of), EXPANSE_OK);
+  EXPECT_EQ(of, pool);
+  expanse_free(b, 0, 0, nullptr);
+  ASSERT_EQ(expanse_pool_get_stats(pool, &ps), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(ps.returned, 1) << "not forgotten after its last block";
+  EXPECT_EQ(ps.live_blocks, 0u);
 }
 
 // EXPANSE_CONF registrable:on: every default-pool block is registrable, so any of them exports.
@@ -357,6 +451,75 @@ TEST_P(Ipc, BadInputIsAClearErrorAndLeaksNothing) {
   EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
 }
 
+// The open file descriptors of this process.
+int open_fds() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/fd");
+  while (readdir(d) != nullptr) ++n;
+  closedir(d);
+  return n;
+}
+
+// A handle whose sizes were damaged (or forged) is refused by import, naming the field, with
+// nothing reserved, imported or kept open; an offset inside the first handle is honoured and
+// close takes the address import returned.
+TEST_P(Ipc, ImportChecksTheHandlesSizesAndOffset) {
+  start("sim_capacity:1GiB");
+  const expanse_pool_id pool = registrable_pool();
+  void* p = expanse_pool_malloc(pool, 2 * MiB, nullptr);
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  fill(p, 2 * MiB, pattern_a);
+  expanse_ipc_handle h;
+  ASSERT_EQ(expanse_ipc_export(p, &h), EXPANSE_OK) << expanse_last_error();
+  auto* w = reinterpret_cast<expanse::api::IpcWire*>(&h);
+  const expanse::api::IpcWire good = *w;
+  expanse_stats before{};
+  before.struct_size = sizeof before;
+  ASSERT_EQ(expanse_get_stats(0, &before), EXPANSE_OK);
+  const int fds = open_fds();
+  auto refused = [&](const char* field) {
+    void* q = nullptr;
+    EXPECT_EQ(expanse_ipc_import(&h, 0, &q), EXPANSE_EINVAL) << field;
+    EXPECT_EQ(q, nullptr) << field;
+    EXPECT_NE(std::string(expanse_last_error()).find(field), std::string::npos)
+        << expanse_last_error();
+    expanse_stats st{};
+    st.struct_size = sizeof st;
+    ASSERT_EQ(expanse_get_stats(0, &st), EXPANSE_OK);
+    EXPECT_EQ(st.va_reserved_bytes, before.va_reserved_bytes) << field;
+    EXPECT_EQ(open_fds(), fds) << field;
+    *w = good;
+  };
+  w->offset = 64 * MiB;
+  refused("offset");
+  w->offset = 2 * MiB;  // one past the handle
+  refused("offset");
+  w->size = uint64_t{1} << 40;
+  refused("size");
+  w->size = 0;
+  refused("size");
+  w->handle_bytes[0] = 4 * MiB;  // more than the handle holds: the driver will not map it
+  w->size = 4 * MiB;
+  refused("handle_bytes[0]");
+  w->handle_bytes[0] = MiB + 4096;  // not whole granules
+  w->size = 4096;
+  refused("handle_bytes[0]");
+  w->handle_bytes[0] = 0;
+  refused("handle_bytes[0]");
+  // An offset inside the first handle: the address is base + offset, and close takes it.
+  w->offset = 4096;
+  w->size = 2 * MiB - 4096;
+  void* q = nullptr;
+  ASSERT_EQ(expanse_ipc_import(&h, 0, &q), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(static_cast<unsigned char*>(q)[0], pattern_a(4096));
+  EXPECT_EQ(expanse_ipc_close(static_cast<char*>(q) - 4096), EXPANSE_EINVAL);
+  EXPECT_EQ(expanse_ipc_close(q), EXPANSE_OK) << expanse_last_error();
+  *w = good;
+  EXPECT_EQ(expanse_ipc_handle_release(&h), EXPANSE_OK);
+  expanse_free(p, 0, 0, nullptr);
+  EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
+}
+
 // A registrable block's handle is unmapped at its free, so the free waits for the device's work
 // (invariant 3); while a capture is announced that wait cannot happen: the free is refused and
 // the block stays live and intact, and frees once the capture has ended.
@@ -417,6 +580,90 @@ TEST_P(Ipc, RegistrableFreeWaitsForPendingWork) {
   EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
 }
 
+// A peer device granted access (peer_access:auto) may run work on a registrable block: a held
+// memset on a device-1 stream, named with record_stream, is done before the free unmaps the
+// handle; while a capture is announced in device 1's context the free is refused, the block
+// live and intact.
+TEST_P(Ipc, RegistrableFreeWaitsForPeerDeviceWork) {
+  if (dlopened()) GTEST_SKIP() << "holds streams through the in-process sim's controls";
+  start("sim_devices:2,sim_capacity:1GiB");
+  const expanse_pool_id pool = registrable_pool();
+  void* p = expanse_pool_malloc(pool, 2 * MiB, nullptr);
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  fill(p, 2 * MiB, pattern_a);
+  CUdevice d1 = 0;
+  CUcontext c1 = nullptr, popped = nullptr;
+  ASSERT_EQ(t().device_get(&d1, 1), CUDA_SUCCESS);
+  ASSERT_EQ(t().device_primary_ctx_retain(&c1, d1), CUDA_SUCCESS);
+  // A capture announced in device 1's context: the free cannot wait for its work.
+  ASSERT_EQ(t().ctx_push_current(c1), CUDA_SUCCESS);
+  ASSERT_EQ(expanse_capture_begin(nullptr), EXPANSE_OK);
+  ASSERT_EQ(t().ctx_pop_current(&popped), CUDA_SUCCESS);
+  EXPECT_EQ(expanse_free_checked(p, 0, 0, nullptr), EXPANSE_EINVAL);
+  EXPECT_NE(std::string(expanse_last_error()).find("capture"), std::string::npos)
+      << expanse_last_error();
+  expanse_pool_id of = 0;
+  EXPECT_EQ(expanse_pool_of(p, &of), EXPANSE_OK) << "the refused free changed the block";
+  EXPECT_EQ(first_mismatch(p, 2 * MiB, pattern_a), 2 * MiB);
+  ASSERT_EQ(t().ctx_push_current(c1), CUDA_SUCCESS);
+  ASSERT_EQ(expanse_capture_end(nullptr), EXPANSE_OK);
+  // Work of device 1 on the block, held, then the free.
+  CUstream s1 = nullptr;
+  ASSERT_EQ(t().stream_create(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const uint64_t faults = expanse::sim::async_faults();
+  expanse::sim::hold_stream(s1);
+  ASSERT_EQ(t().memset_d8_async(reinterpret_cast<CUdeviceptr>(p), 0x11, 2 * MiB, s1),
+            CUDA_SUCCESS);
+  EXPECT_EQ(expanse_record_stream(p, reinterpret_cast<CUstream_st*>(s1)), EXPANSE_OK)
+      << expanse_last_error();
+  ASSERT_EQ(t().ctx_pop_current(&popped), CUDA_SUCCESS);
+  EXPECT_EQ(expanse_free_checked(p, 0, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  expanse::sim::release_all();
+  EXPECT_EQ(expanse::sim::async_faults(), faults) << "device 1's memset ran after the unmap";
+  ASSERT_EQ(t().ctx_push_current(c1), CUDA_SUCCESS);
+  EXPECT_EQ(t().stream_destroy(s1), CUDA_SUCCESS);
+  ASSERT_EQ(t().ctx_pop_current(&popped), CUDA_SUCCESS);
+  t().device_primary_ctx_release(d1);
+  EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
+}
+
+// A failed unmap at a registrable block's free or an import's close keeps the books right: the
+// block (or import) stays live and intact with its handle, the error is returned, and a later
+// free (close) succeeds; nothing leaks (TearDown: the sim holds nothing after shutdown).
+TEST_P(Ipc, FailedUnmapKeepsTheBlockAndTheImport) {
+  if (dlopened()) GTEST_SKIP() << "injects failures through the in-process sim";
+  start("sim_capacity:1GiB");
+  const expanse_pool_id pool = registrable_pool();
+  void* p = expanse_pool_malloc(pool, 2 * MiB, nullptr);
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  fill(p, 2 * MiB, pattern_a);
+  expanse_ipc_handle h;
+  ASSERT_EQ(expanse_ipc_export(p, &h), EXPANSE_OK) << expanse_last_error();
+  void* q = nullptr;
+  ASSERT_EQ(expanse_ipc_import(&h, 0, &q), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_ipc_handle_release(&h), EXPANSE_OK);
+  using expanse::driver::EntryPoint;
+  expanse::sim::inject_failure(EntryPoint::mem_unmap, 1, CUDA_ERROR_UNKNOWN);
+  EXPECT_NE(expanse_free_checked(p, 0, 0, nullptr), EXPANSE_OK);
+  expanse_pool_id of = 0;
+  EXPECT_EQ(expanse_pool_of(p, &of), EXPANSE_OK) << "the block was forgotten";
+  EXPECT_EQ(first_mismatch(p, 2 * MiB, pattern_a), 2 * MiB);
+  expanse_stats st{};
+  st.struct_size = sizeof st;
+  ASSERT_EQ(expanse_get_stats(0, &st), EXPANSE_OK);
+  EXPECT_EQ(st.live_blocks, 1u);
+  expanse::sim::inject_failure(EntryPoint::mem_unmap, 1, CUDA_ERROR_UNKNOWN);
+  EXPECT_NE(expanse_ipc_close(q), EXPANSE_OK);
+  EXPECT_EQ(first_mismatch(q, 2 * MiB, pattern_a), 2 * MiB) << "the import was unmapped";
+  EXPECT_EQ(expanse_ipc_close(q), EXPANSE_OK) << "the import was forgotten: "
+                                               << expanse_last_error();
+  EXPECT_EQ(expanse_free_checked(p, 0, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_get_stats(0, &st), EXPANSE_OK);
+  EXPECT_EQ(st.live_blocks, 0u);
+  EXPECT_EQ(st.physical_bytes, 0u);
+  EXPECT_EQ(expanse_pool_release(pool), EXPANSE_OK);
+}
+
 // 10,000 imports of 2 MiB blocks reserve about the bytes imported (1.05x at most), not a
 // device's worth each; closing them gives it all back.
 TEST_P(Ipc, TenThousandImportsReserveOnlyTheirExtent) {
@@ -465,5 +712,48 @@ TEST_P(Ipc, TenThousandImportsReserveOnlyTheirExtent) {
 
 INSTANTIATE_TEST_SUITE_P(Drivers, Ipc, ::testing::Values("sim", "simcuda"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
+// ---- the child processes' side (skipped unless this binary runs as a child) ----------------
+
+// Starts expanse in a child process on the driver variant the parent named; *lib gets the
+// simcuda library when it was loaded.
+bool start_child(const std::string& driver, void** lib) {
+  const char* conf = "sim_capacity:1GiB";
+  if (driver == "simcuda") {
+    *lib = dlopen(EXPANSE_SIMCUDA_PATH, RTLD_NOW | RTLD_LOCAL);
+    if (*lib == nullptr) return false;
+    auto configure = reinterpret_cast<int (*)(const char*)>(dlsym(*lib, "expanse_sim_configure"));
+    if (configure == nullptr || configure(conf) != 0) return false;
+    const std::string full =
+        "driver:cuda,driver_library:" + std::string(EXPANSE_SIMCUDA_PATH) + "," + conf;
+    return expanse_init(full.c_str()) == EXPANSE_OK;
+  }
+  return expanse_init((std::string("driver:sim,") + conf).c_str()) == EXPANSE_OK;
+}
+
+// Receives a handle on the inherited socket, imports it, checks the parent's pattern over the
+// whole block, writes the other pattern, closes, releases and says done.
+TEST(IpcChild, ImportsChecksWritesAndCloses) {
+  const char* fd_text = std::getenv("EXPANSE_IPC_CHILD_FD");
+  if (fd_text == nullptr) GTEST_SKIP() << "runs in a child process the parent test starts";
+  const int fd = std::atoi(fd_text);
+  void* lib = nullptr;
+  ASSERT_TRUE(start_child(std::getenv("EXPANSE_IPC_CHILD_DRIVER"), &lib)) << expanse_last_error();
+  expanse_ipc_handle got;
+  ASSERT_EQ(expanse_ipc_recv(fd, &got), EXPANSE_OK) << expanse_last_error();
+  const size_t n = expanse_ipc_handle_size(&got);
+  ASSERT_GT(n, 0u);
+  void* q = nullptr;
+  ASSERT_EQ(expanse_ipc_import(&got, 0, &q), EXPANSE_OK) << expanse_last_error();
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(first_mismatch(q, n, pattern_a), n);
+  fill(q, n, pattern_b);
+  EXPECT_EQ(expanse_ipc_close(q), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(expanse_ipc_handle_release(&got), EXPANSE_OK);
+  const char done = 'k';
+  EXPECT_EQ(write(fd, &done, 1), 1);
+  EXPECT_EQ(expanse_shutdown(), EXPANSE_OK) << expanse_last_error();
+  if (lib != nullptr) dlclose(lib);
+}
 
 }  // namespace
