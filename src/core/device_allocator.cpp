@@ -156,11 +156,25 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
   }
   StreamOrder::Call call(streams_);
   StreamOrder::StreamState& ss = streams_.state(stream, id);
-  // Hot path: where this stream freed a block of this size lately, if nothing else took it.
-  BlockIt recent = placement_.reuse_recent(ss.recent, ss.key, sz, a, supply_.pages_left(), slot);
-  if (recent != placement_.index().end()) {
-    make_live(recent, bytes, ss, stream);
-    return reinterpret_cast<void*>(recent->first);
+  // Where this stream's allocation went the last time it was at this point of its workload
+  // (a settled layout repeats), else where this stream freed a block of this size lately.
+  const uint64_t point = ss.echo.point(sz, ss.live_refs, ss.live_bytes);
+  BlockIt reused = placement_.index().end();
+  if (slot == kDefaultPool) {
+    for (CUdeviceptr at : ss.echo.recall(point)) {
+      if (at == 0) break;
+      reused = placement_.place_at(at, ss.key, sz, a, supply_.pages_left());
+      if (reused != placement_.index().end()) break;
+    }
+  }
+  if (reused == placement_.index().end()) {
+    reused = placement_.reuse_recent(ss.recent, ss.key, sz, a, supply_.pages_left(), slot);
+  }
+  if (reused != placement_.index().end()) {
+    make_live(reused, bytes, ss, stream);
+    ss.echo.remember(point, reused->first);
+    ss.echo.note(sz, false);
+    return reinterpret_cast<void*>(reused->first);
   }
 
   StreamOrder::Hold hold(streams_, ss);
@@ -170,6 +184,8 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
   try {
     BlockIt it = place(sz, a, ss.key, req, slot);
     make_live(it, bytes, ss, stream);
+    ss.echo.remember(point, it->first);
+    ss.echo.note(sz, false);
     return reinterpret_cast<void*>(it->first);
   } catch (const out_of_memory&) {
     ++stats_.num_ooms;
@@ -344,6 +360,7 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   StreamOrder::Call call(streams_);
   StreamOrder::StreamState& ss = streams_.state(stream, id);
   StreamOrder::Deps deps = streams_.end_uses(b, ss);
+  ss.echo.note(b.size, true);
   if (asleep) {
     b.state = BlockState::live;  // freed as a live block; its pages are gone (not touched)
   } else {

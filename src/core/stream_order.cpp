@@ -107,6 +107,7 @@ StreamOrder::StreamState& StreamOrder::state(CUstream s, const StreamIdentity& i
 void StreamOrder::on_alloc(Block& b, StreamState& ss) {
   b.stream = ss.key;
   ++ss.live_refs;
+  ss.live_bytes += b.size;
   b.safe = false;
   b.users.clear();
 }
@@ -132,6 +133,8 @@ StreamOrder::Deps StreamOrder::end_uses(const Block& b, StreamState& ss) {
     if (k != ss.key) deps.emplace_back(k, st->second.free_seq = ++seq_clock_);
   };
   depend_on(b.stream);
+  auto owner = streams_.find(b.stream);
+  if (owner != streams_.end()) owner->second.live_bytes -= b.size;
   for (StreamKey u : b.users) depend_on(u);
   return deps;
 }

@@ -28,6 +28,7 @@
 #include "core/event_pool.hpp"
 #include "core/options.hpp"
 #include "core/placement.hpp"
+#include "core/placement_echo.hpp"
 
 #include <cuda.h>
 
@@ -64,6 +65,7 @@ class StreamOrder {
     bool gone = false;          // `handle` no longer names it: only a context sync covers it
     bool capture_over = false;  // capturing kind: a later call saw its handle not capturing
     uint32_t live_refs = 0;     // live blocks allocated on it or recorded with it
+    uint64_t live_bytes = 0;    // bytes of the live blocks allocated on it
     // Free numbers come from one clock for all streams (seq_clock_), so that a state forgotten
     // with everything proven and made again starts at "proven up to now": a pending block's
     // (key, seq) and an unsettled block's seq from before stay satisfied.
@@ -76,6 +78,8 @@ class StreamOrder {
     // so no size holds pages another size needs (measured on the shared traces: parking freed
     // blocks out of the index held up to 8 % of peak live above it).
     std::vector<ReusePlace> recent;
+    // Where its allocations went at each point of its workload (placement_echo.hpp).
+    PlacementEcho echo;
   };
   // Streams a freed block waits for: (stream, its free number at the free).
   using Deps = std::vector<std::pair<StreamKey, uint64_t>>;
