@@ -158,22 +158,16 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
   StreamOrder::StreamState& ss = streams_.state(stream, id);
   // Where this stream's allocation went the last time it was at this point of its workload
   // (a settled layout repeats), else where this stream freed a block of this size lately.
-  const uint64_t point = ss.echo.point(sz, ss.live_refs, ss.live_bytes);
+  const uint64_t point = echo_.point(sz, ss.key, ss.live_refs, ss.live_bytes);
   BlockIt reused = placement_.index().end();
-  if (slot == kDefaultPool) {
-    for (CUdeviceptr at : ss.echo.recall(point)) {
-      if (at == 0) break;
-      reused = placement_.place_at(at, ss.key, sz, a, supply_.pages_left());
-      if (reused != placement_.index().end()) break;
-    }
-  }
+  if (slot == kDefaultPool) reused = place_echoed(point, sz, a, ss);
   if (reused == placement_.index().end()) {
     reused = placement_.reuse_recent(ss.recent, ss.key, sz, a, supply_.pages_left(), slot);
   }
   if (reused != placement_.index().end()) {
     make_live(reused, bytes, ss, stream);
-    ss.echo.remember(point, reused->first);
-    ss.echo.note(sz, false);
+    echo_.remember(point, reused->first);
+    echo_.note(sz, false);
     return reinterpret_cast<void*>(reused->first);
   }
 
@@ -184,8 +178,8 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
   try {
     BlockIt it = place(sz, a, ss.key, req, slot);
     make_live(it, bytes, ss, stream);
-    ss.echo.remember(point, it->first);
-    ss.echo.note(sz, false);
+    echo_.remember(point, it->first);
+    echo_.note(sz, false);
     return reinterpret_cast<void*>(it->first);
   } catch (const out_of_memory&) {
     ++stats_.num_ooms;
@@ -196,6 +190,18 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
                              std::to_string(device()) + ": " + e.what(),
                          static_cast<int>(e.code()));
   }
+}
+
+// The echo (docs/design.md, "Settling on a repeated workload"): a block of sz bytes at one of
+// the addresses the allocation at `point` had lately, where that needs no driver call.
+BlockIt DeviceAllocator::place_echoed(uint64_t point, size_t sz, Arena a,
+                                      const StreamOrder::StreamState& ss) {
+  for (CUdeviceptr at : echo_.recall(point)) {
+    if (at == 0) break;
+    BlockIt it = placement_.place_at(at, ss.key, sz, a, supply_.pages_left());
+    if (it != placement_.index().end()) return it;
+  }
+  return placement_.index().end();
 }
 
 // A block of sz bytes for `stream` in `pool`, carved and backed by mapped, accessible pages (not
@@ -360,7 +366,7 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   StreamOrder::Call call(streams_);
   StreamOrder::StreamState& ss = streams_.state(stream, id);
   StreamOrder::Deps deps = streams_.end_uses(b, ss);
-  ss.echo.note(b.size, true);
+  echo_.note(b.size, true);
   if (asleep) {
     b.state = BlockState::live;  // freed as a live block; its pages are gone (not touched)
   } else {

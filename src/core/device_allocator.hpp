@@ -20,6 +20,7 @@
 #include "core/page_request.hpp"
 #include "core/page_supply.hpp"
 #include "core/placement.hpp"
+#include "core/placement_echo.hpp"
 #include "core/pool_table.hpp"
 #include "core/stats.hpp"
 #include "core/stream_order.hpp"
@@ -147,6 +148,7 @@ class DeviceAllocator {
 
   BlockIt place(size_t sz, Arena a, StreamKey stream, PageRequest& req, PoolSlot pool);
   BlockIt place_once(size_t sz, Arena a, StreamKey stream, PageRequest& req, PoolSlot pool);
+  BlockIt place_echoed(uint64_t point, size_t sz, Arena a, const StreamOrder::StreamState& ss);
   // Released pools whose work a context synchronize now proves done give their free memory to
   // the default pool. False when none did (none waits, or a capture is announced).
   bool return_released_pools();
@@ -189,6 +191,7 @@ class DeviceAllocator {
   Placement placement_;
   StreamOrder streams_;
   PageSupply supply_;
+  PlacementEcho echo_;  // where allocations went at each point of the workload
   PoolTable pools_;
   CUstream copy_stream_ = nullptr;  // sleep and wake copies; made at the first
   std::vector<void*> orphan_backups_;  // host staging of forgotten pools, freed when safe

@@ -1,17 +1,19 @@
-// Where a stream's allocation went the last time the stream was at the same point of its
-// workload: the memory of a settled layout (docs/design.md, "Settling on a repeated workload").
+// Where an allocation went the last times the device's workload was at the same point: the
+// memory of a settled layout (docs/design.md, "Settling on a repeated workload"). One per device.
 //
-// The point is named by what the stream did just before (its last kHistory allocations and frees,
-// by size), the request's size, and how many live blocks of how many bytes the stream holds. A repeated workload
-// (training steps, inference batches of one shape) reaches the same points in every repetition,
-// so each allocation finds the address its twin had in the previous repetition. Placing it there
-// again (when that memory is free, usable by the stream, mapped and needs no driver call) repeats
-// the previous repetition's layout: its pages are the ones that repetition mapped, so the
-// repetition after a settled one makes no driver call, whatever history shaped the layout.
+// A point is named by what happened on the device just before (its last kHistory allocations and
+// frees, by size), the request's size and stream, and how many live blocks of how many bytes that
+// stream holds. A repeated workload (training steps, inference batches of one shape) reaches the
+// same points in every repetition, so each allocation finds the address its twin had in the
+// previous repetition. Placing it there again (when that memory is free, usable by the stream,
+// mapped and needs no driver call) repeats the previous repetition's layout: its pages are the
+// ones that repetition mapped, so the repetition after a settled one makes no driver call,
+// whatever history shaped the layout. (The history is the device's, not the stream's: a stream
+// that allocates once a repetition would carry earlier repetitions in its own.)
 //
-// Bounded: a table per stream that grows with the number of points its workload reaches, up to
-// kMaxSlots; a workload that reaches more points than that (nothing repeats) forgets them all and
-// starts over. A point forgotten, or whose addresses are taken, is placed the usual way.
+// Bounded: the table grows with the number of points the workload reaches, up to kMaxSlots; a
+// workload that reaches more points than that (nothing repeats) forgets them all and starts
+// over. A point forgotten, or whose addresses are taken, is placed the usual way.
 #pragma once
 
 #include <cuda.h>
@@ -30,16 +32,17 @@ class PlacementEcho {
   // Addresses kept per point: a workload that alternates between buffers (double buffering,
   // outputs kept into the next step) reaches a point while last time's block still lives.
   static constexpr size_t kWays = 3;
-  // The table grows with the points a stream's workload reaches: 32 bytes a slot, at most half
-  // of them used, up to kMaxSlots (2 MiB).
+  // The table grows with the points the workload reaches: 32 bytes a slot, at most half of them
+  // used, up to kMaxSlots (8 MiB).
   static constexpr size_t kMinSlots = 256;
-  static constexpr size_t kMaxSlots = size_t{1} << 16;
+  static constexpr size_t kMaxSlots = size_t{1} << 18;
 
-  // The point of an allocation of sz bytes made now by a stream holding `live` live blocks of
-  // `live_bytes` bytes.
-  uint64_t point(size_t sz, uint64_t live, uint64_t live_bytes) const noexcept {
+  // The point of an allocation of sz bytes made now on `stream`, which holds `live` live blocks
+  // of `live_bytes` bytes.
+  uint64_t point(size_t sz, uint64_t stream, uint64_t live, uint64_t live_bytes) const noexcept {
     uint64_t h = mix(sz * 0x9E3779B97F4A7C15ull ^ (live << 1));
     h = mix(h ^ live_bytes);
+    h = mix(h ^ stream);
     for (size_t i = 0; i < kHistory; ++i) h = mix(h ^ history_[(at_ + i) % kHistory]);
     return h | 1;  // 0 marks an empty slot
   }
@@ -63,7 +66,7 @@ class PlacementEcho {
     for (; i > 0; --i) s->addrs[i] = s->addrs[i - 1];
     s->addrs[0] = addr;
   }
-  // The stream allocated (freed: false) a block of sz bytes.
+  // A block of sz bytes was allocated (freed: false) on the device.
   void note(size_t sz, bool freed) noexcept {
     history_[at_] = sz * 2 + (freed ? 1 : 0);
     at_ = (at_ + 1) % kHistory;
