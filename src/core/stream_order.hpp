@@ -28,7 +28,6 @@
 #include "core/event_pool.hpp"
 #include "core/options.hpp"
 #include "core/placement.hpp"
-#include "core/placement_echo.hpp"
 
 #include <cuda.h>
 
@@ -78,8 +77,6 @@ class StreamOrder {
     // so no size holds pages another size needs (measured on the shared traces: parking freed
     // blocks out of the index held up to 8 % of peak live above it).
     std::vector<ReusePlace> recent;
-    // Where its allocations went at each point of its workload (placement_echo.hpp).
-    PlacementEcho echo;
   };
   // Streams a freed block waits for: (stream, its free number at the free).
   using Deps = std::vector<std::pair<StreamKey, uint64_t>>;
