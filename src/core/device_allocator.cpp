@@ -172,11 +172,19 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
   }
   StreamOrder::Call call(streams_);
   StreamOrder::StreamState& ss = streams_.state(stream, id);
-  // Hot path: where this stream freed a block of this size lately, if nothing else took it.
-  BlockIt recent = placement_.reuse_recent(ss.recent, ss.key, sz, a, supply_.pages_left(), slot);
-  if (recent != placement_.index().end()) {
-    make_live(recent, bytes, ss, stream);
-    return reinterpret_cast<void*>(recent->first);
+  // Where this stream's allocation went the last time it was at this point of its workload
+  // (a settled layout repeats), else where this stream freed a block of this size lately.
+  const uint64_t point = echo_.point(sz, ss.key, ss.live_refs, ss.live_bytes);
+  BlockIt reused = placement_.index().end();
+  if (slot == kDefaultPool) reused = place_echoed(point, sz, a, ss);
+  if (reused == placement_.index().end()) {
+    reused = placement_.reuse_recent(ss.recent, ss.key, sz, a, supply_.pages_left(), slot);
+  }
+  if (reused != placement_.index().end()) {
+    make_live(reused, bytes, ss, stream);
+    echo_.remember(point, reused->first);
+    echo_.note(sz, false);
+    return reinterpret_cast<void*>(reused->first);
   }
 
   StreamOrder::Hold hold(streams_, ss);
@@ -186,6 +194,8 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
   try {
     BlockIt it = place(sz, a, ss.key, req, slot);
     make_live(it, bytes, ss, stream);
+    echo_.remember(point, it->first);
+    echo_.note(sz, false);
     return reinterpret_cast<void*>(it->first);
   } catch (const out_of_memory&) {
     ++stats_.num_ooms;
@@ -196,6 +206,18 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
                              std::to_string(device()) + ": " + e.what(),
                          static_cast<int>(e.code()));
   }
+}
+
+// The echo (docs/design.md, "Settling on a repeated workload"): a block of sz bytes at one of
+// the addresses the allocation at `point` had lately, where that needs no driver call.
+BlockIt DeviceAllocator::place_echoed(uint64_t point, size_t sz, Arena a,
+                                      const StreamOrder::StreamState& ss) {
+  for (CUdeviceptr at : echo_.recall(point)) {
+    if (at == 0) break;
+    BlockIt it = placement_.place_at(at, ss.key, sz, a, supply_.pages_left());
+    if (it != placement_.index().end()) return it;
+  }
+  return placement_.index().end();
 }
 
 // A block of sz bytes for `stream` in `pool`, carved and backed by mapped, accessible pages (not
@@ -391,6 +413,7 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   caches_.blocks().erase(addr);  // back in the books for good (if it ever was parked)
   credit_free(b.size, b.requested);
   StreamOrder::Deps deps = streams_.end_uses(b, ss);
+  echo_.note(b.size, true);
   if (asleep) {
     b.state = BlockState::live;  // freed as a live block; its pages are gone (not touched)
   } else {

@@ -28,6 +28,7 @@
 #include "core/page_supply.hpp"
 #include "core/imported_blocks.hpp"
 #include "core/placement.hpp"
+#include "core/placement_echo.hpp"
 #include "core/registrable_blocks.hpp"
 #include "core/pool_table.hpp"
 #include "core/stats.hpp"
@@ -238,6 +239,7 @@ class DeviceAllocator {
   // cannot be done now (a capture is announced, or `stream` captures).
   void sync_for_unmap(const std::string& what, CUstream stream);
   BlockIt place_once(size_t sz, Arena a, StreamKey stream, PageRequest& req, PoolSlot pool);
+  BlockIt place_echoed(uint64_t point, size_t sz, Arena a, const StreamOrder::StreamState& ss);
   // Released pools whose work a context synchronize now proves done give their free memory to
   // the default pool. False when none did (none waits, or a capture is announced).
   bool return_released_pools();
@@ -283,6 +285,7 @@ class DeviceAllocator {
   Placement placement_;
   StreamOrder streams_;
   PageSupply supply_;
+  PlacementEcho echo_;  // where allocations went at each point of the workload
   PoolTable pools_;
   RegistrableBlocks registrable_;
   ImportedBlocks imports_;

@@ -61,31 +61,38 @@ BlockIt Placement::reuse_recent(std::vector<ReusePlace>& recent, StreamKey strea
   for (size_t i = recent.size(); i-- > 0;) {
     const ReusePlace place = recent[i];
     if (place.size != sz) continue;
-    // The free block around the place, if it is still wholly free.
-    auto c = index_.blocks().upper_bound(place.addr);
-    if (c == index_.blocks().begin()) continue;
-    --c;
-    const Block& cb = c->second;
-    const Reservation& r = res(cb.res);
-    if (cb.state != BlockState::free || cb.pool != p || r.arena != a ||
-        place.addr + sz > c->first + cb.size) {
-      continue;
-    }
-    if (!cb.safe && cb.stream != stream) continue;  // merged into another stream's free memory
-    // No more new pages than a fresh placement would touch (docs/design.md, invariant 1), and no
-    // driver call.
-    const size_t fresh = r.untouched_pages(place.addr, sz);
-    const size_t off = static_cast<size_t>(place.addr - c->first);
-    if (fresh > (sz + page_ - 1) / page_ || fresh > pages_left ||
-        !handles_fit(c, off, sz, HandleFit::ready)) {
-      continue;
-    }
+    BlockIt it = place_at(place.addr, stream, sz, a, pages_left, p);
+    if (it == index_.end()) continue;
     recent.erase(recent.begin() + static_cast<std::ptrdiff_t>(i));
-    BlockIt it = index_.carve(c, sz, a, off);
-    it->second.state = BlockState::live;
     return it;
   }
   return index_.end();
+}
+
+BlockIt Placement::place_at(CUdeviceptr addr, StreamKey stream, size_t sz, Arena a,
+                            size_t pages_left, PoolSlot p) {
+  // The free block around the place, if it is still wholly free.
+  auto c = index_.blocks().upper_bound(addr);
+  if (addr == 0 || c == index_.blocks().begin()) return index_.end();
+  --c;
+  const Block& cb = c->second;
+  const Reservation& r = res(cb.res);
+  if (cb.state != BlockState::free || cb.pool != p || r.arena != a ||
+      addr + sz > c->first + cb.size) {
+    return index_.end();
+  }
+  if (!cb.safe && cb.stream != stream) return index_.end();  // another stream's free memory
+  // No more new pages than a fresh placement would touch (docs/design.md, invariant 1), and no
+  // driver call.
+  const size_t fresh = r.untouched_pages(addr, sz);
+  const size_t off = static_cast<size_t>(addr - c->first);
+  if (fresh > (sz + page_ - 1) / page_ || fresh > pages_left ||
+      !handles_fit(c, off, sz, HandleFit::ready)) {
+    return index_.end();
+  }
+  BlockIt it = index_.carve(c, sz, a, off);
+  it->second.state = BlockState::live;
+  return it;
 }
 
 // A placement of sz bytes inside free block c that needs at most ceil(sz / page) new pages

@@ -98,6 +98,11 @@ class Placement {
   // otherwise.
   BlockIt reuse_recent(std::vector<ReusePlace>& recent, StreamKey stream, size_t sz, Arena a,
                        size_t pages_left, PoolSlot p = kDefaultPool);
+  // A block of sz bytes at addr, if that memory is wholly free, of pool p and arena a, usable by
+  // `stream`, mapped, touches no more than pages_left new pages (nor more than a fresh placement
+  // would) and needs no driver call. Carved and marked live; end() otherwise.
+  BlockIt place_at(CUdeviceptr addr, StreamKey stream, size_t sz, Arena a, size_t pages_left,
+                   PoolSlot p = kDefaultPool);
 
   // Whether [c+off, c+off+sz) inside free block c can be used with the handles mapped there:
   // every multi-page handle over its pages lies inside its inner pages, or (splittable) can be

@@ -107,6 +107,7 @@ StreamOrder::StreamState& StreamOrder::state(CUstream s, const StreamIdentity& i
 void StreamOrder::on_alloc(Block& b, StreamState& ss) {
   b.stream = ss.key;
   ++ss.live_refs;
+  ss.live_bytes += b.size;
   b.safe = false;
   b.users.clear();
 }
@@ -124,15 +125,16 @@ void StreamOrder::add_user(Block& b, StreamState& ss) {
 // covers it; nothing is recorded here).
 StreamOrder::Deps StreamOrder::end_uses(const Block& b, StreamState& ss) {
   Deps deps;
-  auto depend_on = [&](StreamKey k) {
+  auto depend_on = [&](StreamKey k, size_t bytes) {
     auto st = streams_.find(k);
     if (st == streams_.end()) return;  // nothing of it left unproven (drop_finished_states)
-    EXPANSE_ASSERT(st->second.live_refs > 0);
+    EXPANSE_ASSERT(st->second.live_refs > 0 && st->second.live_bytes >= bytes);
     --st->second.live_refs;
+    st->second.live_bytes -= bytes;
     if (k != ss.key) deps.emplace_back(k, st->second.free_seq = ++seq_clock_);
   };
-  depend_on(b.stream);
-  for (StreamKey u : b.users) depend_on(u);
+  depend_on(b.stream, b.size);
+  for (StreamKey u : b.users) depend_on(u, 0);
   return deps;
 }
 

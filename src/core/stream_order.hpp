@@ -65,6 +65,7 @@ class StreamOrder {
     bool gone = false;          // `handle` no longer names it: only a context sync covers it
     bool capture_over = false;  // capturing kind: a later call saw its handle not capturing
     uint32_t live_refs = 0;     // live blocks allocated on it or recorded with it
+    uint64_t live_bytes = 0;    // bytes of the live blocks allocated on it
     // Free numbers come from one clock for all streams (seq_clock_), so that a state forgotten
     // with everything proven and made again starts at "proven up to now": a pending block's
     // (key, seq) and an unsettled block's seq from before stay satisfied.

@@ -1,0 +1,133 @@
+// Where an allocation went the last times the device's workload was at the same point: the
+// memory of a settled layout (docs/design.md, "Settling on a repeated workload"). One per device.
+//
+// A point is named by what happened on the device just before (its last kHistory allocations and
+// frees, by size), the request's size and stream, and how many live blocks of how many bytes that
+// stream holds. A repeated workload (training steps, inference batches of one shape) reaches the
+// same points in every repetition, so each allocation finds the address its twin had in the
+// previous repetition. Placing it there again (when that memory is free, usable by the stream,
+// mapped and needs no driver call) repeats the previous repetition's layout: its pages are the
+// ones that repetition mapped, so the repetition after a settled one makes no driver call,
+// whatever history shaped the layout. (The history is the device's, not the stream's: a stream
+// that allocates once a repetition would carry earlier repetitions in its own.)
+//
+// Bounded: the table grows with the number of points the workload reaches, up to kMaxSlots; a
+// workload that reaches more points than that (nothing repeats) forgets them all and starts
+// over. A point forgotten, or whose addresses are taken, is placed the usual way.
+#pragma once
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace expanse::core {
+
+class PlacementEcho {
+ public:
+  static constexpr size_t kHistory = 8;
+  // Addresses kept per point: a workload that alternates between buffers (double buffering,
+  // outputs kept into the next step) reaches a point while last time's block still lives.
+  static constexpr size_t kWays = 3;
+  // The table grows with the points the workload reaches: 32 bytes a slot, at most half of them
+  // used, up to kMaxSlots (8 MiB).
+  static constexpr size_t kMinSlots = 256;
+  static constexpr size_t kMaxSlots = size_t{1} << 18;
+
+  // The point of an allocation of sz bytes made now on `stream`, which holds `live` live blocks
+  // of `live_bytes` bytes.
+  uint64_t point(size_t sz, uint64_t stream, uint64_t live, uint64_t live_bytes) const noexcept {
+    uint64_t h = mix(sz * 0x9E3779B97F4A7C15ull ^ (live << 1));
+    h = mix(h ^ live_bytes);
+    h = mix(h ^ stream);
+    for (size_t i = 0; i < kHistory; ++i) h = mix(h ^ history_[(at_ + i) % kHistory]);
+    return h | 1;  // 0 marks an empty slot
+  }
+  // The addresses the allocation at `point` had lately, latest first; 0 where none is
+  // remembered.
+  std::array<CUdeviceptr, kWays> recall(uint64_t point) const noexcept {
+    const Slot* s = find(point);
+    return s != nullptr ? s->addrs : std::array<CUdeviceptr, kWays>{};
+  }
+  // Never throws: a point that finds no room (out of host memory) is not remembered.
+  void remember(uint64_t point, CUdeviceptr addr) noexcept {
+    Slot* s = find(point);
+    if (s == nullptr) {
+      if ((used_ + 1) * 2 > slots_.size() && !grow()) return;
+      s = &slots_[probe_end(point)];
+      *s = Slot{point, {}};
+      ++used_;
+    }
+    size_t i = 0;  // addr moves to the front; the oldest goes when it is new
+    while (i + 1 < kWays && s->addrs[i] != addr) ++i;
+    for (; i > 0; --i) s->addrs[i] = s->addrs[i - 1];
+    s->addrs[0] = addr;
+  }
+  // A block of sz bytes was allocated (freed: false) on the device.
+  void note(size_t sz, bool freed) noexcept {
+    history_[at_] = sz * 2 + (freed ? 1 : 0);
+    at_ = (at_ + 1) % kHistory;
+  }
+
+ private:
+  struct Slot {
+    uint64_t point = 0;
+    std::array<CUdeviceptr, kWays> addrs{};
+  };
+  static uint64_t mix(uint64_t x) noexcept {
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+  }
+  // Open addressing, linear probing; the table stays at most half full.
+  const Slot* find(uint64_t point) const noexcept {
+    if (slots_.empty()) return nullptr;
+    const size_t mask = slots_.size() - 1;
+    for (size_t i = point & mask;; i = (i + 1) & mask) {
+      if (slots_[i].point == point) return &slots_[i];
+      if (slots_[i].point == 0) return nullptr;
+    }
+  }
+  Slot* find(uint64_t point) noexcept {
+    return const_cast<Slot*>(static_cast<const PlacementEcho*>(this)->find(point));
+  }
+  size_t probe_end(uint64_t point) const noexcept {
+    const size_t mask = slots_.size() - 1;
+    size_t i = point & mask;
+    while (slots_[i].point != 0) i = (i + 1) & mask;
+    return i;
+  }
+  // Doubles the table up to kMaxSlots; a full table at that size starts over empty (the next
+  // repetition teaches it again).
+  bool grow() noexcept {
+    const size_t n = slots_.empty() ? kMinSlots : std::min(slots_.size() * 2, kMaxSlots);
+    std::vector<Slot> old;
+    try {
+      old.reserve(n);
+      old.assign(n, Slot{});
+    } catch (...) {
+      return false;
+    }
+    old.swap(slots_);  // old: the previous table
+    used_ = 0;
+    if (old.size() >= kMaxSlots) return true;  // full at the largest size: start over
+    for (const Slot& o : old) {
+      if (o.point == 0) continue;
+      slots_[probe_end(o.point)] = o;
+      ++used_;
+    }
+    return true;
+  }
+
+  std::array<uint64_t, kHistory> history_{};
+  size_t at_ = 0;
+  std::vector<Slot> slots_;  // empty until the stream's first allocation
+  size_t used_ = 0;
+};
+
+}  // namespace expanse::core
