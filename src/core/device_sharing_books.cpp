@@ -35,19 +35,33 @@ void* DeviceAllocator::allocate_registrable(size_t bytes, uint64_t pool, CUstrea
         conf::format_size(page_) + " left)");
   }
   try {
-    // Cached pages give way to it, as they do to any block (invariant 1).
+    // Cached pages give way to it, as they do to any block (invariant 1), and so do the
+    // reservation's pooled pages: its handle is held memory too, so the reservation stays whole
+    // (held pages count registrable ones) while the block takes its share of it.
     const size_t cap = std::min(supply_.limit_pages(), supply_.capacity_pages());
+    const size_t reserved = supply_.reserved_pages();
+    const size_t floor = reserved > pages ? reserved - pages : 0;
     if (supply_.held_pages() + pages > cap) {
       streams_.poll(true);
-      supply_.trim_to(cap > pages ? cap - pages : 0);
+      supply_.trim_to(cap > pages ? cap - pages : 0, floor);
+      if (supply_.held_pages() + pages > cap) {
+        oom("its pages would take the memory held past the limit of " +
+            conf::format_size(cap * page_) + " (" + conf::format_size(supply_.held_pages() * page_) +
+            " held" +
+            (reserved > 0 ? ", a reservation of " + conf::format_size(reserved * page_) : "") +
+            ")");
+      }
     }
     CUdeviceptr va = registrable_.allocate(bytes, pool);
     if (va == 0) {  // the device is out of memory: give every cached page back, once
       streams_.poll(true);
-      supply_.trim_to(supply_.touched_pages());
+      supply_.trim_to(supply_.touched_pages(), floor);
       va = registrable_.allocate(bytes, pool);
     }
-    if (va == 0) oom("cuMemCreate answered CUDA_ERROR_OUT_OF_MEMORY with every cached page given back");
+    if (va == 0) {
+      oom("cuMemCreate answered CUDA_ERROR_OUT_OF_MEMORY with every cached page given back" +
+          std::string(reserved > 0 ? " (the reservation's unused pages included)" : ""));
+    }
     supply_.add_outside_pages(pages);
     if (pool != 0) ++pools_.at(pools_.slot_of(pool)).registrable_blocks;
     stats_.requested_bytes += bytes;
@@ -129,6 +143,8 @@ void DeviceAllocator::free_registrable(CUdeviceptr addr, CUstream stream, size_t
       }
     }
     supply_.remove_outside_pages(extent / page_);
+    // Its pages were the reservation's share too: the reservation stays whole.
+    if (supply_.held_pages() < supply_.reserved_pages()) supply_.top_up();
     stats_.requested_bytes -= requested;
     stats_.allocated_bytes -= extent;
     --stats_.live_blocks;

@@ -298,8 +298,8 @@ size_t PageSupply::give_back(std::vector<ReclaimableHandle> handles) {
   return pages;
 }
 
-void PageSupply::trim_to(size_t max_held) {
-  max_held = std::max(max_held, reserved_pages_);
+void PageSupply::trim_to(size_t max_held, size_t floor) {
+  max_held = std::max(max_held, floor == SIZE_MAX ? reserved_pages_ : floor);
   while (held_pages() > max_held && release_largest_pooled() != 0) {
   }
   if (held_pages() > max_held) {

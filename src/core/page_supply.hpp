@@ -85,7 +85,8 @@ class PageSupply {
   // Reserved pages no live block touches: what the reservation holds beyond the live set.
   size_t reserved_unused_pages() const noexcept {
     const size_t r = std::min(reserved_pages_, held_pages());
-    return r > touched_pages_ ? r - touched_pages_ : 0;
+    const size_t used = touched_pages_ + outside_pages_;  // registrable blocks use it too
+    return r > used ? r - used : 0;
   }
   struct ReserveOutcome {
     size_t asked = 0;     // pages
@@ -119,7 +120,9 @@ class PageSupply {
   // Releases pooled handles, then reclaims and releases cached ones, until at most max_held
   // pages are held (or nothing more can go), never below the reservation. Only safe free memory
   // is touched.
-  void trim_to(size_t max_held);
+  // floor: the fewest pages to keep held (SIZE_MAX: the reservation); a registrable block about
+  // to take pages of its own lets the reservation's pooled pages make room for them.
+  void trim_to(size_t max_held, size_t floor = SIZE_MAX);
   // The one place pages get unmapped: the whole handles over pages [p, q) of r (one cuMemUnmap),
   // into the pool.
   void unmap_handles(Reservation& r, size_t p, size_t q);

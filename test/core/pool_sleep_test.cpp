@@ -4,7 +4,9 @@
 #include "core_fixture.hpp"
 
 #include <algorithm>
+#include <random>
 
+#include "conf/config.hpp"
 #include "core/capture_announcements.hpp"
 #include "expanse/errors.hpp"
 
@@ -269,6 +271,86 @@ TEST_F(PoolSleepTest, HeldStreamWorkIsDoneBeforeAnyPageGoes) {
 }
 
 // A driver failure at the nth call of each entry point a sleep or wake makes.
+// Random pools of blocks of every size, some default blocks between them, frees while asleep,
+// the default pool churning meanwhile, offload or zeroed discard; with no option, a reservation,
+// thread caches: every byte comes back (or zeros), and the books agree with the driver.
+TEST_F(PoolSleepTest, RandomPoolsComeBackWhole) {
+  for (const char* text : {"", "reserve:40MiB", "thread_cache:16MiB"}) {
+    for (uint64_t seed = 1; seed <= 20; ++seed) {
+      SCOPED_TRACE(std::string("conf '") + text + "' seed " + std::to_string(seed));
+      make(sim_config(64 * MiB), conf::options_for_device(conf::parse_config(text), 64 * MiB));
+      core::DeviceAllocator& a = *alloc_;
+      std::mt19937_64 rng(seed);
+      a.create_pool(1);
+      struct H {
+        void* p;
+        size_t n;
+        uint64_t s;
+        bool pool;
+      };
+      std::vector<H> hs;
+      for (uint64_t i = 0; i < 12; ++i) {
+        const bool pool = rng() % 3 != 0;
+        const size_t n = rng() % 2 ? 512 + rng() % 8192 : 1 + rng() % (3 * MiB);
+        void* p = a.allocate(n, nullptr, pool ? 1 : 0);
+        fill_pattern(p, n, seed * 100 + i);
+        hs.push_back({p, n, seed * 100 + i, pool});
+      }
+      for (H& h : hs) {
+        if (!h.pool && rng() % 2) {
+          a.deallocate(h.p, nullptr);
+          h.n = 0;
+        }
+      }
+      const Mode mode = rng() % 2 ? Mode::offload : Mode::discard_zeroed;
+      ASSERT_TRUE(a.sleep_pool(1, mode));
+      for (H& h : hs) {
+        if (h.pool && h.n != 0 && rng() % 4 == 0) {
+          a.deallocate(h.p, nullptr);
+          h.n = 0;
+        }
+      }
+      for (uint64_t i = 0; i < 6; ++i) {
+        const size_t n = 1 + rng() % (4 * MiB);
+        try {
+          void* p = a.allocate(n, nullptr);
+          fill_pattern(p, n, 7777 + i);
+          hs.push_back({p, n, 7777 + i, false});
+          if (rng() % 2) {
+            a.deallocate(p, nullptr);
+            hs.back().n = 0;
+          }
+        } catch (const out_of_memory&) {
+          // The device is small: the pool's pages serve others while it sleeps.
+        }
+      }
+      try {
+        a.wake_pool(1);
+      } catch (const out_of_memory&) {
+        for (const H& h : hs) {
+          if (h.n != 0 && !h.pool) a.deallocate(h.p, nullptr);
+        }
+        a.wake_pool(1);  // the others' memory gone, the pool's pages are there again
+        for (H& h : hs) {
+          if (!h.pool) h.n = 0;
+        }
+      }
+      EXPECT_EQ(books_vs_driver(), "");
+      for (const H& h : hs) {
+        if (h.n == 0) continue;
+        if (h.pool && mode == Mode::discard_zeroed) {
+          const auto* b = static_cast<const unsigned char*>(h.p);
+          EXPECT_EQ(std::count(b, b + h.n, 0), static_cast<std::ptrdiff_t>(h.n)) << "not zeroed";
+        } else {
+          EXPECT_EQ(check_pattern(h.p, h.n, h.s), SIZE_MAX)
+              << (h.pool ? "pool" : "default") << " block " << h.p << " of " << h.n;
+        }
+        a.deallocate(h.p, nullptr);
+      }
+    }
+  }
+}
+
 class PoolSleepFailureTest : public PoolSleepTest,
                              public ::testing::WithParamInterface<driver::EntryPoint> {};
 

@@ -330,5 +330,48 @@ TEST_F(ReserveTest, LargeReservedHandlesAreCutByReleaseAndCreate) {
   }
 }
 
+// Registrable blocks (one handle each, outside the page books) are held memory too: the
+// reservation counts them, stays whole when they go, and makes room for them.
+TEST_F(ReserveTest, ARegistrableBlockTakesItsShareOfTheReservationAndGivesItBack) {
+  make(sim_config(kDevice), conf_opts("registrable:on", kDevice));
+  void* p = alloc_->allocate(4 * GiB, nullptr);
+  EXPECT_EQ(alloc_->reserve(2 * GiB), 2 * GiB);  // covered by the live block: nothing created
+  EXPECT_EQ(alloc_->stats().reserved_unused_bytes, 0u) << "the live block uses all of it";
+  alloc_->deallocate(p, nullptr);
+  core::DeviceStats s = alloc_->stats();
+  EXPECT_GE(s.physical_bytes, s.reserved_bytes) << "held whole after the block went";
+  EXPECT_EQ(s.reserved_bytes, 2 * GiB);
+  void* q = alloc_->allocate(1 * GiB, nullptr);
+  s = alloc_->stats();
+  EXPECT_GE(s.physical_bytes, s.reserved_bytes);
+  EXPECT_EQ(s.reserved_unused_bytes, 1 * GiB);
+  alloc_->deallocate(q, nullptr);
+  EXPECT_EQ(books_vs_driver(), "");
+}
+
+TEST_F(ReserveTest, AllFreeReservedStillServesRegistrableBlocks) {
+  make(sim_config(kDevice), conf_opts("reserve:free,reserve_margin:0,registrable:on", kDevice));
+  void* p = alloc_->allocate(2 * MiB, nullptr);  // the reservation holds the whole device
+  ASSERT_NE(p, nullptr);
+  const core::DeviceStats s = alloc_->stats();
+  EXPECT_EQ(s.reserved_bytes, kDevice);
+  EXPECT_EQ(s.physical_bytes, kDevice) << "the block took a share of the reservation, no more";
+  EXPECT_EQ(sim_free(), 0u);
+  alloc_->deallocate(p, nullptr);
+  EXPECT_EQ(alloc_->stats().physical_bytes, kDevice);
+  EXPECT_EQ(books_vs_driver(), "");
+}
+
+TEST_F(ReserveTest, ARegistrableBlockNeverTakesMemoryPastTheLimit) {
+  make(sim_config(kDevice), conf_opts("limit:4GiB,reserve:4GiB,registrable:on", kDevice));
+  void* p = alloc_->allocate(1 * GiB, nullptr);
+  EXPECT_LE(alloc_->stats().physical_bytes, 4 * GiB);
+  EXPECT_THROW(alloc_->allocate(3 * GiB + 2 * MiB, nullptr), out_of_memory);
+  EXPECT_LE(alloc_->stats().physical_bytes, 4 * GiB);
+  alloc_->deallocate(p, nullptr);
+  EXPECT_EQ(alloc_->stats().physical_bytes, 4 * GiB);
+  EXPECT_EQ(books_vs_driver(), "");
+}
+
 }  // namespace
 }  // namespace expanse::test
