@@ -5,6 +5,7 @@
 //   build/bin/expanse_bench_hot_path --benchmark_filter=expanse/.*/threads:8
 //   EXPANSE_BENCH_CONF=driver:cuda build/bin/expanse_bench_hot_path   (a real GPU's driver: what
 //   stream identity (cuStreamGetId per call) costs there; the sim's version takes a global lock)
+#include "bench_driver.hpp"
 #include "core/device_allocator.hpp"
 #include "driver/driver.hpp"
 
@@ -27,15 +28,7 @@ struct Fixture {
   std::unique_ptr<expanse::core::DeviceAllocator> alloc;
   std::vector<CUstream> streams;
   Fixture() {
-    const char* conf = std::getenv("EXPANSE_BENCH_CONF");
-    if (conf != nullptr && *conf != '\0') {
-      drv = expanse::driver::select_driver(conf, /*allow_sim_fallback=*/false);
-    } else {
-      expanse::driver::SimConfig cfg;
-      cfg.capacity = size_t{80} << 30;
-      cfg.backing = false;  // the hot path never reaches the driver; no host memory needed
-      drv = expanse::driver::load_sim(cfg, "benchmark");
-    }
+    drv = expanse::bench::open_bench_driver(size_t{80} << 30, false, "benchmark");
     std::printf("driver: %s\n", drv->description().c_str());
     alloc = std::make_unique<expanse::core::DeviceAllocator>(*drv, 0,
                                                              expanse::core::AllocatorOptions{});

@@ -10,6 +10,7 @@
 //   build/bin/expanse_bench_sleep_wake 1 2        (sizes in GiB to measure)
 //   EXPANSE_BENCH_CONF=driver:cuda build/bin/expanse_bench_sleep_wake 1 8 40
 //       (a real GPU: the timed columns are the figures; nothing is extrapolated)
+#include "bench_driver.hpp"
 #include "core/device_allocator.hpp"
 #include "driver/driver.hpp"
 #include "driver_api/cost_model.hpp"
@@ -70,14 +71,7 @@ struct Result {
 // The real driver when EXPANSE_BENCH_CONF names one (driver:cuda), else a sim device with room
 // for the pool and the rest of the run.
 std::unique_ptr<expanse::driver::LoadedDriver> open_driver(size_t total) {
-  const char* conf = std::getenv("EXPANSE_BENCH_CONF");
-  if (conf != nullptr && *conf != '\0') {
-    return expanse::driver::select_driver(conf, /*allow_sim_fallback=*/false);
-  }
-  expanse::driver::SimConfig cfg;
-  cfg.capacity = total + total / 2 + GiB;
-  cfg.backing = true;
-  return expanse::driver::load_sim(cfg, "sleep-wake-bench");
+  return expanse::bench::open_bench_driver(total + total / 2 + GiB, true, "sleep-wake-bench");
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -135,8 +129,8 @@ void print(const Result& r, const char* how) {
 int main(int argc, char** argv) {
   std::vector<size_t> sizes;
   for (int i = 1; i < argc; ++i) sizes.push_back(std::strtoull(argv[i], nullptr, 10) * GiB);
-  const char* conf = std::getenv("EXPANSE_BENCH_CONF");
-  const bool real = conf != nullptr && *conf != '\0';
+  const char* conf = expanse::bench::real_driver_conf();
+  const bool real = conf != nullptr;
   if (sizes.empty()) sizes = {1 * GiB, 2 * GiB};
   std::printf("sleep (offload) and wake of a weights pool; modeled on the default cost table; "
               "timed on %s\n", real ? conf : "the sim (this machine's time, not a GPU figure)");

@@ -8,6 +8,7 @@
 //
 // Each figure is the best of `rounds` runs (the machine is shared; the best run is the one
 // least disturbed).
+#include "bench_driver.hpp"
 #include "core/device_allocator.hpp"
 #include "driver/driver.hpp"
 
@@ -30,15 +31,7 @@ struct Device {
   std::vector<CUstream> streams;
 
   Device() {
-    const char* conf = std::getenv("EXPANSE_BENCH_CONF");
-    if (conf != nullptr && *conf != '\0') {
-      drv = expanse::driver::select_driver(conf, /*allow_sim_fallback=*/false);
-    } else {
-      expanse::driver::SimConfig cfg;
-      cfg.capacity = size_t{80} << 30;
-      cfg.backing = false;  // the pairs never reach the driver; no host memory needed
-      drv = expanse::driver::load_sim(cfg, "benchmark");
-    }
+    drv = expanse::bench::open_bench_driver(size_t{80} << 30, false, "benchmark");
     const auto& t = drv->table();
     using expanse::driver::EntryPoint;
     CUdevice dev = 0;

@@ -217,6 +217,8 @@ class DeviceAllocator {
   void free_parked_locked(CUdeviceptr addr);
   // Every cache's blocks back to the books, their counts into stats_; how many blocks.
   size_t flush_caches_locked();
+  // c's hits and stream queries into stats_ (c.lock held), counted from 0 again.
+  void absorb_counts_locked(ThreadCache& c);
   // Clears over_limit_ once the touched pages fit the limit again.
   void recheck_limit_locked();
   // Whether the live block at addr is parked in a thread cache (freed, as users see it).

@@ -165,11 +165,7 @@ size_t DeviceAllocator::flush_caches_locked() {
         std::lock_guard<SpinLock> lock(c.lock);
         std::vector<CachedBlock> mine = c.take_all();
         all.insert(all.end(), mine.begin(), mine.end());
-        stats_.num_allocs += c.hits;
-        stats_.num_frees += c.hits;
-        stats_.thread_cache_hits += c.hits;
-        drv_.add_stream_queries(c.queries);
-        c.hits = c.queries = 0;
+        absorb_counts_locked(c);
       },
       /*prune=*/true);
   for (const CachedBlock& b : all) free_parked_locked(b.addr);
@@ -177,16 +173,21 @@ size_t DeviceAllocator::flush_caches_locked() {
   return all.size();
 }
 
+// Each hit was an allocation and a free the books never saw; its stream queries, driver calls.
+void DeviceAllocator::absorb_counts_locked(ThreadCache& c) {
+  stats_.num_allocs += c.hits;
+  stats_.num_frees += c.hits;
+  stats_.thread_cache_hits += c.hits;
+  drv_.add_stream_queries(c.queries);
+  c.hits = c.queries = 0;
+}
+
 void DeviceAllocator::give_back(std::vector<CachedBlock>& blocks, ThreadCache& c) {
   std::lock_guard<std::mutex> lock(mu_);
   CheckedScope checked(*this, "thread exit");
   {
     std::lock_guard<SpinLock> l(c.lock);
-    stats_.num_allocs += c.hits;
-    stats_.num_frees += c.hits;
-    stats_.thread_cache_hits += c.hits;
-    drv_.add_stream_queries(c.queries);
-    c.hits = c.queries = 0;
+    absorb_counts_locked(c);
   }
   for (const CachedBlock& b : blocks) free_parked_locked(b.addr);
   if (!blocks.empty()) trim_after_free();
