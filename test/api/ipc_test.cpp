@@ -10,11 +10,7 @@
 // real driver answers CUDA_ERROR_NOT_INITIALIZED there, and so does the sim; the test
 // ForkedChildCannotUseTheDriver checks it).
 #include "api/ipc_wire.hpp"
-#include "api/runtime.hpp"
-#include "expanse/expanse.h"
-#include "sim/sim.hpp"
-
-#include <gtest/gtest.h>
+#include "two_drivers_fixture.hpp"
 
 #include <dlfcn.h>
 #include <sys/resource.h>
@@ -91,54 +87,13 @@ int wait_child(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-class Ipc : public ::testing::TestWithParam<std::string> {
+class Ipc : public expanse::test::TwoDrivers {
  protected:
-  bool dlopened() const { return GetParam() == "simcuda"; }
-
-  void start(const std::string& conf) {
-    if (dlopened()) {
-      if (lib_ == nullptr) lib_ = dlopen(EXPANSE_SIMCUDA_PATH, RTLD_NOW | RTLD_LOCAL);
-      ASSERT_NE(lib_, nullptr) << dlerror();
-      auto configure =
-          reinterpret_cast<int (*)(const char*)>(dlsym(lib_, "expanse_sim_configure"));
-      ASSERT_NE(configure, nullptr);
-      ASSERT_EQ(configure(conf.c_str()), 0);
-      const std::string full =
-          "driver:cuda,driver_library:" + std::string(EXPANSE_SIMCUDA_PATH) + "," + conf;
-      ASSERT_EQ(expanse_init(full.c_str()), EXPANSE_OK) << expanse_last_error();
-    } else {
-      ASSERT_EQ(expanse_init(("driver:sim," + conf).c_str()), EXPANSE_OK) << expanse_last_error();
-    }
-    started_ = true;
-  }
-
-  void TearDown() override {
-    if (started_) {
-      EXPECT_EQ(expanse_shutdown(), EXPANSE_OK) << expanse_last_error();
-    }
-    if (lib_ != nullptr) {
-      auto outstanding = reinterpret_cast<int (*)(unsigned long long*, unsigned long long*,
-                                                  unsigned long long*, unsigned long long*)>(
-          dlsym(lib_, "expanse_sim_outstanding"));
-      unsigned long long r = 0, a = 0, m = 0, b = 0;
-      if (outstanding != nullptr) outstanding(&r, &a, &m, &b);
-      EXPECT_EQ(r + a + m + b, 0u) << "the sim library holds resources after shutdown";
-      dlclose(lib_);
-    } else if (started_) {
-      EXPECT_TRUE(expanse::sim::outstanding().empty()) << expanse::sim::describe_outstanding();
-    }
-  }
-
-  const expanse::driver::DriverTable& t() { return expanse::api::Runtime::get().driver().table(); }
-
   expanse_pool_id registrable_pool(int device = 0) {
     expanse_pool_id id = 0;
     EXPECT_EQ(expanse_pool_create_registrable(device, &id), EXPANSE_OK) << expanse_last_error();
     return id;
   }
-
-  bool started_ = false;
-  void* lib_ = nullptr;
 };
 
 // The parent allocates, writes a pattern, exports and sends; the child (a fresh process:

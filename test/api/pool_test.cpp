@@ -3,13 +3,7 @@
 // the graph hazard pools exist for. Each case runs on the in-process sim (driver:sim) and on
 // libexpanse_simcuda.so loaded as the CUDA driver (driver:cuda,driver_library:...), where the
 // test's streams, events and captures come from the same library.
-#include "api/runtime.hpp"
-#include "expanse/expanse.h"
-#include "sim/sim.hpp"
-
-#include <gtest/gtest.h>
-
-#include <dlfcn.h>
+#include "two_drivers_fixture.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -43,31 +37,8 @@ bool same(const expanse_pool_stats& a, const expanse_pool_stats& b) {
   return std::memcmp(&a, &b, sizeof a) == 0;
 }
 
-class Pools : public ::testing::TestWithParam<std::string> {
+class Pools : public expanse::test::TwoDrivers {
  protected:
-  bool dlopened() const { return GetParam() == "simcuda"; }
-
-  void start(const std::string& conf) {
-    if (dlopened()) {
-      if (lib_ == nullptr) lib_ = dlopen(EXPANSE_SIMCUDA_PATH, RTLD_NOW | RTLD_LOCAL);
-      ASSERT_NE(lib_, nullptr) << dlerror();
-      auto configure =
-          reinterpret_cast<int (*)(const char*)>(dlsym(lib_, "expanse_sim_configure"));
-      hold_ = reinterpret_cast<void (*)(void*)>(dlsym(lib_, "expanse_sim_hold_stream"));
-      release_all_ = reinterpret_cast<void (*)()>(dlsym(lib_, "expanse_sim_release_all"));
-      ASSERT_TRUE(configure != nullptr && hold_ != nullptr && release_all_ != nullptr);
-      ASSERT_EQ(configure(conf.c_str()), 0);
-      const std::string full =
-          "driver:cuda,driver_library:" + std::string(EXPANSE_SIMCUDA_PATH) + "," + conf;
-      ASSERT_EQ(expanse_init(full.c_str()), EXPANSE_OK) << expanse_last_error();
-    } else {
-      hold_ = [](void* s) { expanse::sim::hold_stream(static_cast<CUstream>(s)); };
-      release_all_ = [] { expanse::sim::release_all(); };
-      ASSERT_EQ(expanse_init(("driver:sim," + conf).c_str()), EXPANSE_OK) << expanse_last_error();
-    }
-    started_ = true;
-  }
-
   void TearDown() override {
     if (started_) {
       release_all_();
@@ -87,12 +58,9 @@ class Pools : public ::testing::TestWithParam<std::string> {
         t().device_get(&d, dev);
         t().device_primary_ctx_release(d);
       }
-      EXPECT_EQ(expanse_shutdown(), EXPANSE_OK) << expanse_last_error();
     }
-    if (lib_ != nullptr) dlclose(lib_);
+    TwoDrivers::TearDown();
   }
-
-  const expanse::driver::DriverTable& t() { return expanse::api::Runtime::get().driver().table(); }
 
   CUcontext primary(int dev) {
     for (auto& [d, c] : retained_) {
@@ -139,10 +107,6 @@ class Pools : public ::testing::TestWithParam<std::string> {
     return id;
   }
 
-  std::function<void(void*)> hold_;
-  std::function<void()> release_all_;
-  void* lib_ = nullptr;
-  bool started_ = false;
   std::vector<std::pair<int, CUstream>> streams_;
   std::vector<std::pair<int, CUevent>> events_;
   std::vector<std::pair<int, CUcontext>> retained_;
