@@ -8,8 +8,10 @@ model's and the expandable-segments model's
 smallest device, expanse's peak mapped memory on the default 80 GiB device (first pass) and the
 smallest device on which expanse replays the trace with no OOM, each also as a ratio to peak
 live; the first pass's modeled driver time, the least any placement keeping invariant 1 exact
-must spend on the blocks live when recording began (replay's preexisting_driver_floor), and the
-driver calls of passes 2 and 3.
+must spend on the blocks live when recording began (replay's preexisting_driver_floor) and on
+the blocks live at any one moment (live_set_driver_floor), whether the first pass stays within
+max(2 x the expandable-segments model, 1.25 x the first floor) + 10 ms, and the driver calls of
+passes 2 and 3.
 
 Builds nothing. Usage (paths relative to the repository root by default):
     bench/replay_traces.py [EXPANSE [TRACES]]      # default build/bin/expanse ../shared/traces
@@ -57,6 +59,16 @@ def readme_figures(folder):
 REPLAY_ARGS = ["--compare", "--min-capacity", "--repeat", "3", "--json"]
 
 
+def within_bound(j):
+    """Whether the first pass's modeled driver time is within max(2 x the expandable-segments
+    model, 1.25 x the preexisting floor) + 10 ms, and its ratio to that."""
+    first = j["passes"][0]["modeled_driver_seconds"]
+    floor = j.get("preexisting_driver_floor", {}).get("modeled_driver_seconds", 0.0)
+    bound = max(2 * j["compare"]["pytorch_expandable"]["modeled_driver_seconds"],
+                1.25 * floor) + 0.010
+    return f"{'yes' if first <= bound else 'NO'} ({first / bound:.2f})"
+
+
 def columns(check):
     """The table's columns: (header, cell(trace name, replay JSON)); add new ones here."""
     def live(j):
@@ -102,12 +114,17 @@ def columns(check):
          lambda n, j: "yes" if j["min_capacity_bytes"] <= live(j) * 1.01 + 64 * 2**20 else "NO"),
         ("OOMs @80GiB", lambda n, j: str(j["ooms"])),
         ("modeled driver s (PyTorch model / expandable / expanse)",
-         lambda n, j: f"{j['compare']['pytorch']['modeled_driver_seconds']:.2f} / "
-                      f"{j['compare']['pytorch_expandable']['modeled_driver_seconds']:.2f} / "
-                      f"{first(j)['modeled_driver_seconds']:.2f}"),
+         lambda n, j: f"{j['compare']['pytorch']['modeled_driver_seconds']:.3f} / "
+                      f"{j['compare']['pytorch_expandable']['modeled_driver_seconds']:.3f} / "
+                      f"{first(j)['modeled_driver_seconds']:.3f}"),
         ("floor under expanse's first pass s (invariant 1, blocks live at the start)",
          lambda n, j: f"{j['preexisting_driver_floor']['modeled_driver_seconds']:.3f}"
                       if "preexisting_driver_floor" in j else "-"),
+        ("floor under it s (invariant 1, blocks live at once)",
+         lambda n, j: f"{j['live_set_driver_floor']['modeled_driver_seconds']:.3f}"
+                      if "live_set_driver_floor" in j else "-"),
+        ("first pass within max(2 x expandable, 1.25 x floor) + 10 ms (first pass / that)",
+         lambda n, j: within_bound(j)),
         ("driver calls passes 2, 3",
          lambda n, j: ", ".join(str(p["driver_calls_total"]) for p in j["passes"][1:])),
         ("wall s", lambda n, j: f"{j['wall_seconds']:.2f}"),

@@ -78,6 +78,17 @@ std::optional<replay::DriverFloor> preexisting_floor(const ReplayReport& r) {
   return replay::preexisting_driver_floor(r.trace, p.page_size, driver::CostModel::get_default());
 }
 
+// The floor under the whole first pass (every moment's live blocks), where it is a bound: for a
+// first pass with no OOM.
+std::optional<replay::LiveSetFloor> live_set_floor(const ReplayReport& r) {
+  const ReplayResult& p = r.replay;
+  if (p.passes.empty() || p.passes.front().ooms != 0) return {};
+  const replay::LiveSetFloor f =
+      replay::live_set_driver_floor(r.trace, p.page_size, driver::CostModel::get_default());
+  if (f.blocks == 0) return {};
+  return f;
+}
+
 }  // namespace
 
 Json replay_json(const ReplayReport& r) {
@@ -116,6 +127,10 @@ Json replay_json(const ReplayReport& r) {
   j["modeled_driver_seconds"] = p.stats.modeled_driver_ns * 1e-9;
   if (const auto f = preexisting_floor(r)) {
     j["preexisting_driver_floor"] = {{"blocks", f->blocks}, {"modeled_driver_seconds", f->seconds}};
+  }
+  if (const auto f = live_set_floor(r)) {
+    j["live_set_driver_floor"] = {
+        {"blocks", f->blocks}, {"op", f->op}, {"modeled_driver_seconds", f->seconds}};
   }
   j["passes"] = Json::array();
   for (const replay::PassResult& pass : p.passes) {
@@ -180,6 +195,12 @@ std::string replay_text(const ReplayReport& r) {
     o << "floor        " << fixed(f->seconds, 3) << " s modeled, whatever the placement, to back "
       << f->blocks << " block" << (f->blocks == 1 ? "" : "s")
       << " of 2+ pages live at the start without sharing a handle (invariant 1)\n";
+  }
+  if (const auto f = live_set_floor(r)) {
+    o << "live floor   " << fixed(f->seconds, 3) << " s modeled, whatever the placement, to back "
+      << f->blocks << " block" << (f->blocks == 1 ? "" : "s")
+      << " of a page or more live at once (after operation " << f->op
+      << ") without sharing a handle (invariant 1)\n";
   }
   if (p.passes.size() > 1) {
     for (size_t i = 0; i < p.passes.size(); ++i) {

@@ -138,6 +138,13 @@ struct Reservation {
     }
     return true;
   }
+  // No page of [first, first+n) mapped.
+  bool none_mapped(size_t first, size_t n) const noexcept {
+    for (size_t i = first; i < first + n; ++i) {
+      if (mapped(i)) return false;
+    }
+    return true;
+  }
   // Pages wholly inside [addr, addr+bytes).
   PageRange inner_pages(CUdeviceptr addr, size_t bytes) const noexcept {
     const size_t off = static_cast<size_t>(addr - base);

@@ -15,6 +15,17 @@
 //
 // PyTorch's expandable segments are not bound by it: their 20 MiB pages lie under many blocks.
 // The figure says how much of a gap between expanse and them invariant 1 alone forces.
+//
+// live_set_driver_floor extends the argument to every moment of the trace. At any moment each
+// live block of k >= 2 pages holds handles of its own over at least k - 1 whole pages, as above.
+// A live block of at least one page and less than two touches either one page wholly (its own
+// handle) or two or more pages, none of them inside another block's handles; a page is touched
+// by at most two blocks of a page or more (one ending in it, one starting), so these blocks need
+// at least one one-page handle each, apart from every other block's. Smaller blocks may share
+// pages and count nothing. Every handle mapped at one moment was created, mapped and granted
+// during the first pass (it starts with nothing mapped), so the most any moment needs bounds the
+// first pass from below; the floor above is that sum at the moment the preexisting blocks are
+// live, so this one is never below it. Same caveat for a measured table.
 #pragma once
 
 #include "driver_api/cost_model.hpp"
@@ -31,5 +42,14 @@ struct DriverFloor {
 
 DriverFloor preexisting_driver_floor(const trace::Trace& t, uint64_t page,
                                      const driver::CostModel& costs);
+
+struct LiveSetFloor {
+  uint64_t blocks = 0;  // blocks of a page or more live at the costliest moment
+  uint64_t op = 0;      // that moment: after ops[op]
+  double seconds = 0;   // what the handles they need at least cost to create, map and grant
+};
+
+LiveSetFloor live_set_driver_floor(const trace::Trace& t, uint64_t page,
+                                   const driver::CostModel& costs);
 
 }  // namespace expanse::replay

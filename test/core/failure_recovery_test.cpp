@@ -10,14 +10,15 @@ using driver::EntryPoint;
 
 class FailureRecoveryTest : public CoreTest {};
 
-// A request creates pages, then fails (here: the 2nd cuMemCreate; the second request starts
-// mid-page, so it needs three handles: its first page, its inner pages, its last page) and parks
-// them in the pool: physical_bytes grows, and its peak with it (docs/design.md, invariant 5).
+// A request creates pages, then fails (here: the 2nd cuMemCreate; the second request starts in
+// the first one's last page and ends mid-page, so it needs two new handles: its inner pages and
+// its last page) and parks them in the pool: physical_bytes grows, and its peak with it
+// (docs/design.md, invariant 5).
 TEST_F(FailureRecoveryTest, PeakPhysicalCoversPagesCreatedForAFailedRequest) {
   make(sim_config(1 * GiB));
   void* a = alloc_->allocate(601 * MiB, nullptr);
   sim::inject_failure(EntryPoint::mem_create, 2, CUDA_ERROR_UNKNOWN);
-  EXPECT_THROW(alloc_->allocate(100 * MiB, nullptr), driver_failure);
+  EXPECT_THROW(alloc_->allocate(100 * MiB + 512, nullptr), driver_failure);
   core::DeviceStats st = alloc_->stats();
   EXPECT_GT(st.pooled_bytes, 0u) << "the failed request created pages and kept them";
   EXPECT_GE(st.peak_physical_bytes, st.physical_bytes)

@@ -67,14 +67,43 @@ TEST_F(PlacementTest, TightOffsetSkipsToAPageBoundaryWhenTheFirstPageIsNobodys) 
   r.touch(head->first, 512);  // live: the free block after it shares its first page
   BlockIt c = std::next(head);
   size_t off = 99;
-  ASSERT_TRUE(placement_->tight_offset(c, 2 * P, &off));
-  EXPECT_EQ(off, 0u) << "the first page is touched already: 2 new pages at its start";
+  ASSERT_TRUE(placement_->tight_offset(c, P + P / 2, &off));
+  EXPECT_EQ(off, 0u) << "the first page is touched already: 1 new page at its start";
   // The head block pending (freed, waiting for another stream): its page is nobody's, so a block
   // at c's start would touch 3 new pages for 2 pages' worth: it goes on the next page boundary.
   r.untouch(head->first, 512);
   head->second.state = BlockState::pending;
   ASSERT_TRUE(placement_->tight_offset(c, 2 * P, &off));
   EXPECT_EQ(off, P - 512);
+  placement_->index().insert_free(head, Arena::large);
+}
+
+// A block of k >= 2 whole pages goes on the page boundary when the pages there are unmapped and
+// it touches no more new pages there: one handle of k pages instead of its inner run and a
+// one-page handle for its last page. Not a block of one page (one new handle either way), not
+// one of a page and a half (it would touch 2 new pages where its start touches 1), and not where
+// the pages are mapped (nothing is created either way: the start is kept).
+TEST_F(PlacementTest, TightOffsetPutsWholePagesOnAPageBoundaryWhereItSavesAHandle) {
+  core::Reservation& r = *placement_->add_reservation(Arena::large, P);
+  BlockIt head = carve(r, 0, 512);
+  r.touch(head->first, 512);
+  BlockIt c = std::next(head);
+  size_t off = 99;
+  ASSERT_TRUE(placement_->tight_offset(c, 2 * P, &off));
+  EXPECT_EQ(off, P - 512) << "2 whole pages, 2 new pages either way: on the boundary";
+  ASSERT_TRUE(placement_->tight_offset(c, 5 * P, &off));
+  EXPECT_EQ(off, P - 512);
+  ASSERT_TRUE(placement_->tight_offset(c, P, &off));
+  EXPECT_EQ(off, 0u) << "one page: one new handle either way";
+  ASSERT_TRUE(placement_->tight_offset(c, 2 * P + 512, &off));
+  EXPECT_EQ(off, 0u) << "not whole pages";
+  book(r, 2, 1);  // a page the boundary placement would cover is mapped
+  ASSERT_TRUE(placement_->tight_offset(c, 2 * P, &off));
+  EXPECT_EQ(off, 0u) << "mapped memory keeps its start";
+  ASSERT_TRUE(placement_->tight_offset(c, P + P, &off, true));
+  EXPECT_EQ(off, P - 512) << "whole_pages: always the boundary";
+  unbook_all(r);
+  r.untouch(head->first, 512);
   placement_->index().insert_free(head, Arena::large);
 }
 

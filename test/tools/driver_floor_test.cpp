@@ -1,6 +1,7 @@
-// The driver-time floor invariant 1 puts under the blocks a trace starts with: what it counts,
-// that expanse's own first pass never comes in under it (if it did, the floor's argument or the
-// accounting would be wrong), and when the replay report shows it.
+// The driver-time floors invariant 1 puts under the blocks a trace starts with and under the
+// blocks live at any one moment: what they count, that expanse's own first pass never comes in
+// under them (if it did, the argument or the accounting would be wrong), and when the replay
+// report shows them.
 #include "report/driver_floor.hpp"
 #include "replay/replay.hpp"
 #include "report/replay_report.hpp"
@@ -95,6 +96,84 @@ TEST(DriverFloor, BlocksOfWholePagesComeWithinAPageEachOfIt) {
   EXPECT_LE(gap, 30 * page_bytes_s + one_handle_s(c, P) + 31 * 3 * 0.5e-6);
 }
 
+// Allocations and frees in order, no preexisting blocks: sizes > 0 allocate a new block, sizes
+// <= 0 free block -size (an id returned before).
+Trace ops_trace(const std::vector<std::pair<bool, uint64_t>>& ops) {
+  Trace t;
+  t.path = "made.pickle";
+  t.format = "pytorch-snapshot";
+  t.streams = {0};
+  uint64_t live = 0;
+  std::vector<uint64_t> size;
+  for (const auto& [alloc, v] : ops) {
+    if (alloc) {
+      t.ops.push_back({TraceOp::Type::alloc, 0, t.blocks++, v});
+      size.push_back(v);
+      live += v;
+      ++t.allocs;
+      t.peak_live_bytes = std::max(t.peak_live_bytes, live);
+    } else {
+      t.ops.push_back({TraceOp::Type::free, 0, static_cast<uint32_t>(v), 0});
+      live -= size[v];
+      ++t.frees;
+    }
+  }
+  return t;
+}
+
+TEST(LiveSetFloor, PricesTheCostliestMomentsLiveBlocks) {
+  const CostModel& c = CostModel::h100();
+  // 0: 3 pages (a handle of 2 at least); 1: one page (one one-page handle); 2: half a page
+  // (nothing); free 0; 3: 5 pages and a byte (4 at least); 4: 1.5 pages (one page).
+  const Trace t = ops_trace({{true, 3 * P}, {true, P}, {true, P / 2}, {false, 0},
+                             {true, 5 * P + 1}, {true, P + P / 2}});
+  const replay::LiveSetFloor f = replay::live_set_driver_floor(t, P, c);
+  const double first = one_handle_s(c, 2 * P) + one_handle_s(c, P);
+  const double last = one_handle_s(c, P) + one_handle_s(c, 4 * P) + one_handle_s(c, P);
+  ASSERT_GT(last, first);
+  EXPECT_NEAR(f.seconds, last, 1e-12);
+  EXPECT_EQ(f.blocks, 3u) << "blocks 1, 3 and 4";
+  EXPECT_EQ(f.op, 5u);
+  EXPECT_EQ(replay::live_set_driver_floor(t, 0, c).blocks, 0u) << "no page size, no floor";
+  // The preexisting floor is the same sum at the moment the preexisting blocks are live.
+  const Trace pre = preexisting_trace({3 * P, 10 * P + P / 2, P / 2}, P / 4);
+  EXPECT_GE(replay::live_set_driver_floor(pre, P, c).seconds + 1e-12,
+            replay::preexisting_driver_floor(pre, P, c).seconds);
+}
+
+// The argument behind the figure, checked against expanse itself on random workloads of blocks of
+// half a page to many pages with random lifetimes: its first pass never comes in under the floor.
+TEST(LiveSetFloor, ExpanseFirstPassNeverComesInUnderIt) {
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<std::pair<bool, uint64_t>> ops;
+    std::vector<uint64_t> live;
+    uint64_t id = 0;
+    const int n = 50 + static_cast<int>(rng() % 300);
+    for (int i = 0; i < n; ++i) {
+      if (!live.empty() && rng() % 3 == 0) {
+        const size_t k = rng() % live.size();
+        ops.push_back({false, live[k]});
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+        continue;
+      }
+      const uint64_t r = rng() % 8;
+      const uint64_t sz = r < 2 ? P / 2 + rng() % P                   // around a page
+                          : r < 4 ? static_cast<uint64_t>(1 + rng() % 4) * P  // whole pages
+                                  : P + rng() % (12 * P);             // anything larger
+      ops.push_back({true, sz});
+      live.push_back(id++);
+    }
+    const Trace t = ops_trace(ops);
+    const replay::ReplayResult r = replay::replay_trace(t, conf::parse_config(""), 16 * GiB);
+    ASSERT_EQ(r.ooms, 0u);
+    const replay::LiveSetFloor f =
+        replay::live_set_driver_floor(t, r.page_size, CostModel::get_default());
+    EXPECT_GT(f.blocks, 0u);
+    EXPECT_GE(r.passes.front().modeled_driver_seconds, f.seconds) << "trial " << trial;
+  }
+}
+
 // The floor is a bound only for a first pass that placed every preexisting block. On a device too
 // small for them the replay runs out of memory on most and pays nothing for those, coming in under
 // a floor that holds whatever the placement; the report leaves the floor out for such a run.
@@ -108,6 +187,7 @@ TEST(DriverFloorReport, LeftOutWhenTheFirstPassRanOutOfMemory) {
   ASSERT_LT(small.replay.passes.front().modeled_driver_seconds, f.seconds)
       << "the run this guards against: fewer blocks placed than the floor counts";
   EXPECT_FALSE(tools::replay_json(small).contains("preexisting_driver_floor"));
+  EXPECT_FALSE(tools::replay_json(small).contains("live_set_driver_floor"));
   EXPECT_EQ(tools::replay_text(small).find("floor "), std::string::npos);
 
   replay::ReplayReport big{t, replay::replay_trace(t, conf::parse_config(""), 16 * GiB), {}, 0, 0};
@@ -118,6 +198,10 @@ TEST(DriverFloorReport, LeftOutWhenTheFirstPassRanOutOfMemory) {
   EXPECT_DOUBLE_EQ(j["preexisting_driver_floor"]["modeled_driver_seconds"].get<double>(), f.seconds);
   EXPECT_GE(big.replay.passes.front().modeled_driver_seconds, f.seconds);
   EXPECT_NE(tools::replay_text(big).find("floor "), std::string::npos);
+  ASSERT_TRUE(j.contains("live_set_driver_floor"));
+  EXPECT_EQ(j["live_set_driver_floor"]["blocks"], 40u) << "the 40 blocks, live at the end";
+  EXPECT_GE(j["live_set_driver_floor"]["modeled_driver_seconds"].get<double>(), f.seconds);
+  EXPECT_NE(tools::replay_text(big).find("live floor "), std::string::npos);
 }
 
 }  // namespace
