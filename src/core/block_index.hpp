@@ -53,6 +53,9 @@ struct Block {
   // kFreedByMany: merged from several streams' frees). Decides what it merges with.
   StreamKey freed_by = 0;
   size_t requested = 0;     // live: bytes asked for
+  // Live: placed in memory another stream freed last (that stream may want it back: its free
+  // records a fence, stream_watch.cpp).
+  bool borrowed = false;
   std::vector<StreamKey> users;  // live: other streams recorded with record_stream
 };
 
