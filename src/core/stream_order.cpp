@@ -105,8 +105,8 @@ StreamOrder::StreamState& StreamOrder::state(CUstream s, const StreamIdentity& i
 // ---- a block's life -------------------------------------------------------------------------
 
 void StreamOrder::on_alloc(Block& b, StreamState& ss) {
-  // Still the free memory's fields: safe memory another stream's free made so.
-  b.borrowed = b.safe && b.freed_by != kNeverFreed && b.freed_by != ss.key;
+  // Still the free memory's fields: safe memory another stream's free made so?
+  if (!b.safe || b.freed_by == ss.key) b.freed_by = kNeverFreed;
   b.stream = ss.key;
   ++ss.live_refs;
   ss.live_bytes += b.size;
@@ -157,14 +157,13 @@ void StreamOrder::on_free(BlockIt it, StreamState& ss, Deps deps) {
     DeviceDriver::RelaxedCapture relaxed(drv_);
     record_fence(ss, /*at_free=*/true);
   }
-  if (!deps.empty() || b.borrowed) {
+  if (!deps.empty() || b.freed_by != kNeverFreed) {
     // Other streams used it, or freed it before, and may want it back: prove the free done
     // from here.
     wanted_.want(it->first, it->first + b.size, use_clock_);
     ss.owes_fence = true;
     fence_if_owed(ss);
   }
-  b.borrowed = false;
   if (!deps.empty()) {
     b.state = BlockState::pending;
     pending_.push_back({it, std::move(deps)});
