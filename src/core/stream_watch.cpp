@@ -2,8 +2,9 @@
 // Fences can be recorded only on handles that cannot name a destroyed stream (the current
 // call's: stream_fences.cpp), so a stream proves its frees from its own calls or not at all. A
 // fence at every free would cost every stream a cuEventRecord per free; only frees whose memory
-// another stream wants need one: frees of blocks other streams used (they will want them back),
-// and frees in ranges another stream wanted before while they were unproven (wanted_ranges.hpp).
+// another stream wants need one: frees of blocks other streams used or had freed before (they
+// may want them back), and frees in or beside ranges another stream wanted while they were
+// unproven (wanted_ranges.hpp).
 #include "core/check.hpp"
 #include "core/stream_order.hpp"
 

@@ -24,8 +24,9 @@ class WantedRanges {
   bool empty() const noexcept { return ranges_.empty(); }
   size_t size() const noexcept { return ranges_.size(); }
 
-  // [lo, hi) is wanted at `now` (a call count). Overlapping and touching ranges merge.
-  void want(CUdeviceptr lo, CUdeviceptr hi, uint64_t now) {
+  // [lo, hi) is wanted at `now` (a call count). Overlapping and touching ranges merge. Never
+  // throws: a range that finds no room (out of host memory) is not remembered.
+  void want(CUdeviceptr lo, CUdeviceptr hi, uint64_t now) noexcept {
     if (lo >= hi) return;
     if (ranges_.size() >= kMaxRanges) ranges_.clear();
     auto it = ranges_.upper_bound(lo);
@@ -35,11 +36,14 @@ class WantedRanges {
       hi = std::max(hi, it->second.hi);
       it = ranges_.erase(it);
     }
-    ranges_.emplace(lo, Range{hi, now});
+    try {
+      ranges_.emplace(lo, Range{hi, now});
+    } catch (...) {
+    }
   }
   // Whether [lo, hi) meets or touches a range wanted within kKeepCalls of `now` (stale ones met
   // go). Touching counts: free neighbours merge, and the merge's proof is the later free's.
-  bool meets(CUdeviceptr lo, CUdeviceptr hi, uint64_t now) {
+  bool meets(CUdeviceptr lo, CUdeviceptr hi, uint64_t now) noexcept {
     if (ranges_.empty()) return false;
     auto it = ranges_.upper_bound(lo);
     if (it != ranges_.begin() && std::prev(it)->second.hi >= lo) --it;
