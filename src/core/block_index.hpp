@@ -51,6 +51,8 @@ struct Block {
   uint64_t seq = 0;         // unsafe: the owner stream's free sequence number at the free
   // Safe: the stream whose free made this memory free (kNeverFreed: never allocated,
   // kFreedByMany: merged from several streams' frees). Decides what it merges with.
+  // Live: the other stream whose freed memory it was placed in (that stream may want it back:
+  // the block's free records a fence, stream_watch.cpp), else kNeverFreed.
   StreamKey freed_by = 0;
   size_t requested = 0;     // live: bytes asked for
   std::vector<StreamKey> users;  // live: other streams recorded with record_stream

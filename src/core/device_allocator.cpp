@@ -172,6 +172,7 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
   }
   StreamOrder::Call call(streams_);
   StreamOrder::StreamState& ss = streams_.state(stream, id);
+  streams_.fence_if_owed(ss);  // frees of it that others wait for (stream_watch.cpp)
   // Where this stream's allocation went the last time it was at this point of its workload
   // (a settled layout repeats), else where this stream freed a block of this size lately.
   const uint64_t point = echo_.point(sz, ss.key, ss.live_refs, ss.live_bytes);
@@ -215,6 +216,11 @@ BlockIt DeviceAllocator::place_echoed(uint64_t point, size_t sz, Arena a,
   for (CUdeviceptr at : echo_.recall(point)) {
     if (at == 0) break;
     BlockIt it = placement_.place_at(at, ss.key, sz, a, supply_.pages_left());
+    // Other streams' frees there may be done: their fences are asked (no record, no wait).
+    if (it == placement_.index().end() && streams_.has_unfinished_frees() &&
+        streams_.prove_for(at, sz, ss.key)) {
+      it = placement_.place_at(at, ss.key, sz, a, supply_.pages_left());
+    }
     if (it != placement_.index().end()) return it;
   }
   return placement_.index().end();
@@ -469,7 +475,9 @@ void DeviceAllocator::record_stream(void* ptr, CUstream stream) {
   StreamOrder::Call call(streams_);
   // Used by another stream: its free must wait for that stream, so it never enters a cache.
   caches_.blocks().erase(addr);
-  streams_.add_user(it->second, streams_.state(stream, id));
+  StreamOrder::StreamState& ss = streams_.state(stream, id);
+  streams_.fence_if_owed(ss);
+  streams_.add_user(it->second, ss);
 }
 
 // ---- giving memory back ---------------------------------------------------------------------

@@ -56,17 +56,28 @@ StreamOrder::Recorded StreamOrder::record_fence(StreamState& ss, bool at_free) {
   DeviceDriver::ScopedContext scope(drv_, ss.ctx);
   if (!scope.ok()) return Recorded::not_now;
   if (!drv_.surely_not_capturing(ss.handle)) return Recorded::not_now;
+  // With two fences pending, the latest is recorded again at the new point (cuEventRecord
+  // overwrites: the event then completes when the new point does): a stream keeps at most two,
+  // the older fixed (so a busy stream still proves its older frees) and the latest moving on.
   CUevent e = nullptr;
+  Fence latest{};
+  if (ss.fences.size() >= 2) {
+    latest = ss.fences.back();
+    e = latest.event;
+    ss.fences.pop_back();
+  }
   auto record = [&] {
-    e = events_.get(ss.ctx);
+    if (e == nullptr) e = events_.get(ss.ctx);
     if (e == nullptr) return false;
     if (drv_.event_record(ss.ctx, e, ss.handle) == CUDA_SUCCESS) return true;
     events_.put(ss.ctx, e);
+    e = nullptr;
     return false;
   };
   // A record on the legacy stream waits for every blocking stream of the context: it is a
   // context-wide operation, like a context sync.
   if (!(ss.kind == StreamIdentity::legacy ? run_context_wide(ss.ctx, record) : record())) {
+    if (e != nullptr) ss.fences.push_back(latest);  // not recorded again: it stands as it was
     return Recorded::not_now;
   }
   // A capture begun by another thread between the check and the record may have taken the
@@ -172,6 +183,10 @@ void StreamOrder::release_pending() {
     if (!it->second.safe &&
         (owner == streams_.end() || owner->second.safe_seq >= it->second.seq)) {
       index.make_safe(it, a);
+    } else if (!it->second.safe &&
+               wanted_.meets(it->first, it->first + it->second.size, use_clock_)) {
+      // Wanted memory merged with later frees of its owner: their proof is owed too.
+      owner->second.owes_fence = true;
     }
   }
 }

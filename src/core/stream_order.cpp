@@ -105,6 +105,8 @@ StreamOrder::StreamState& StreamOrder::state(CUstream s, const StreamIdentity& i
 // ---- a block's life -------------------------------------------------------------------------
 
 void StreamOrder::on_alloc(Block& b, StreamState& ss) {
+  // Still the free memory's fields: safe memory another stream's free made so?
+  if (!b.safe || b.freed_by == ss.key) b.freed_by = kNeverFreed;
   b.stream = ss.key;
   ++ss.live_refs;
   ss.live_bytes += b.size;
@@ -131,7 +133,10 @@ StreamOrder::Deps StreamOrder::end_uses(const Block& b, StreamState& ss) {
     EXPANSE_ASSERT(st->second.live_refs > 0 && st->second.live_bytes >= bytes);
     --st->second.live_refs;
     st->second.live_bytes -= bytes;
-    if (k != ss.key) deps.emplace_back(k, st->second.free_seq = ++seq_clock_);
+    if (k != ss.key) {
+      deps.emplace_back(k, st->second.free_seq = ++seq_clock_);
+      st->second.owes_fence = true;  // its next call proves its uses over
+    }
   };
   depend_on(b.stream, b.size);
   for (StreamKey u : b.users) depend_on(u, 0);
@@ -152,6 +157,13 @@ void StreamOrder::on_free(BlockIt it, StreamState& ss, Deps deps) {
     DeviceDriver::RelaxedCapture relaxed(drv_);
     record_fence(ss, /*at_free=*/true);
   }
+  if (!deps.empty() || b.freed_by != kNeverFreed) {
+    // Other streams used it, or freed it before, and may want it back: prove the free done
+    // from here.
+    wanted_.want(it->first, it->first + b.size, use_clock_);
+    ss.owes_fence = true;
+    fence_if_owed(ss);
+  }
   if (!deps.empty()) {
     b.state = BlockState::pending;
     pending_.push_back({it, std::move(deps)});
@@ -171,6 +183,12 @@ void StreamOrder::free_to_index(StreamState& ss, BlockIt it) {
   it = index.insert_free(it, a);  // may merge with ss's other free blocks (seq: the largest)
   if (!it->second.safe && it->second.stream == ss.key && it->second.seq <= ss.safe_seq) {
     index.make_safe(it, a);  // a fence passed it already
+    return;
+  }
+  // Memory another stream wanted: its next want is proven by a query if a fence is recorded now.
+  if (!it->second.safe && wanted_.meets(it->first, it->first + it->second.size, use_clock_)) {
+    ss.owes_fence = true;
+    fence_if_owed(ss);
   }
 }
 
@@ -182,10 +200,11 @@ void StreamOrder::describe(std::ostream& out) const {
         << ", handle " << ss.handle << ", ctx " << ss.ctx << ", owner thread " << ss.owner_thread
         << (ss.gone ? ", gone" : "") << ", live refs " << ss.live_refs << ", free seq "
         << ss.free_seq << ", safe seq " << ss.safe_seq << ", recent places " << ss.recent.size()
-        << ", fences";
+        << (ss.owes_fence ? ", owes a fence" : "") << ", fences";
     for (const Fence& f : ss.fences) out << " (event " << f.event << ", seq " << f.seq << ")";
     out << '\n';
   }
+  if (!wanted_.empty()) out << "wanted ranges: " << wanted_.size() << '\n';
   for (const Pending& p : pending_) {
     out << "pending " << hex(p.it->first) << " +" << p.it->second.size << " owner "
         << p.it->second.stream << " seq " << p.it->second.seq << ", waits for";

@@ -28,6 +28,7 @@
 #include "core/event_pool.hpp"
 #include "core/options.hpp"
 #include "core/placement.hpp"
+#include "core/wanted_ranges.hpp"
 
 #include <cuda.h>
 
@@ -72,7 +73,11 @@ class StreamOrder {
     uint64_t free_seq = 0;      // the clock at its latest free (and use ended by a free)
     uint64_t safe_seq = 0;      // frees with seq <= this are known complete
     uint64_t last_used = 0;     // use_clock_ when a call last named it (which to forget first)
-    std::deque<Fence> fences;
+    std::deque<Fence> fences;   // at most 2 from this stream's own calls (record_fence)
+    // A block this stream used and another stream freed, or that it freed after other streams
+    // used it, or memory it freed that another stream wants (wanted_): its next call records a
+    // fence (the handle can be trusted only then), this very one if it is the call's stream.
+    bool owes_fence = false;
     // Where this stream freed blocks lately (most recent last, at most lifo_depth): places to
     // put the next block of the same size. Only hints: the memory is in the free index at once,
     // so no size holds pages another size needs (measured on the shared traces: parking freed
@@ -136,6 +141,24 @@ class StreamOrder {
   // owned by ss (safe at once if a fence proved ss's work done).
   void on_free(BlockIt it, StreamState& ss, Deps deps);
 
+  // ss's own call (it is the call's stream): records the fence it owes, unless one covers its
+  // latest free or ended use already (stream_watch.cpp).
+  void fence_if_owed(StreamState& ss) {
+    if (!ss.owes_fence) return;
+    if (ss.safe_seq < ss.free_seq && (ss.fences.empty() || ss.fences.back().seq < ss.free_seq)) {
+      record_owed(ss);
+    } else {
+      ss.owes_fence = false;
+    }
+  }
+  // Stream `for_key` wants [at, at + size), free but not usable by it because streams' frees
+  // there are unproven (other streams' free memory, memory pending on other streams, or its own
+  // free memory that does not merge with other streams' beside it until proven): the range
+  // becomes wanted (frees there record fences from now on), and the fences those streams
+  // recorded are queried (no record, no wait; for_key's own may be recorded now). Returns
+  // whether a fence passed (what it proved is safe now: the caller tries again). False at once
+  // when a live block lies in the range or it spans reservations.
+  bool prove_for(CUdeviceptr at, size_t size, StreamKey for_key);
   // Makes freed memory whose streams' work has completed safe for every stream. With wait,
   // blocks until that work is done wherever that can be proven (a capturing stream's frees stay
   // unsafe).
@@ -189,6 +212,9 @@ class StreamOrder {
   StreamKey key_for(const StreamIdentity& id);
   void free_to_index(StreamState& ss, BlockIt it);
   Recorded record_fence(StreamState& ss, bool at_free = false);
+  void record_owed(StreamState& ss);
+  // Queries ss's fences oldest first (no record, no wait); whether its proven point advanced.
+  bool query_fences(StreamState& ss);
   bool context_quiet(CUcontext ctx);
   bool run_context_wide(CUcontext ctx, const std::function<bool()>& op);
   // Records and checks fences; with wait, contexts whose streams cannot be proven otherwise are
@@ -210,6 +236,7 @@ class StreamOrder {
   uint64_t seq_clock_ = 0;  // numbers every free on every stream (StreamState::free_seq)
   uint64_t use_clock_ = 0;  // counts state() calls (StreamState::last_used)
   std::vector<Pending> pending_;
+  WantedRanges wanted_;
 };
 
 }  // namespace expanse::core
