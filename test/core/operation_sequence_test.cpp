@@ -319,7 +319,7 @@ constexpr Recorded kRecorded[] = {
     {"high_water_threshold_inject", 2, 0xe3feb57945238f32ull},
     {"page_handles_limit_inject", 1, 0x0bdf8f708eb5bc30ull},
     {"page_handles_limit_inject", 2, 0x0bef6cd91e261d67ull},
-    {"small_va_inject", 1, 0x9d9cc1a1c0eb868full},
+    {"small_va_inject", 1, 0xe510f1147ed32bf4ull},
     {"small_va_inject", 2, 0x24f2b83b36d2253dull},
     {"small_handles", 1, 0x65a35b2f18ae7303ull},
     {"small_handles", 2, 0x0508454c31c4757full},
