@@ -6,6 +6,9 @@
 #include "core_fixture.hpp"
 #include "core/wanted_ranges.hpp"
 
+#include <map>
+#include <random>
+
 namespace expanse::test {
 namespace {
 
@@ -113,6 +116,135 @@ TEST_F(StreamSettlingTest, MemoryFreedOnAStreamIsNotHandedToAnotherBeforeItsFenc
   alloc_->deallocate(r, consumer);
   EXPECT_EQ(vmm_calls(), before);
   EXPECT_EQ(sim::async_faults(), 0u);
+}
+
+// Invariant 3 under the oracle of stream_order_oracle_test.cpp, on a repeated workload (where
+// the echo asks other streams' fences and frees record them): a random script of allocations,
+// cross-stream frees and record_stream calls on four streams (the legacy one included) runs
+// again and again while streams are held and released at random points. Before each free the
+// test records its own event on every stream that may still use the block; an allocation on T
+// may overlap such memory only when every event of a stream other than T is complete, and the
+// pages under it stay mapped with the same handle.
+TEST_F(StreamSettlingTest, RepeatedCrossStreamWorkloadNeverBeatsPendingWork) {
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    make(sim_config(512 * MiB, false));
+    const auto& t = drv_->table();
+    PrimaryCtx ctx(t);
+    std::vector<CUstream> streams = {nullptr, new_stream(), new_stream(), new_stream()};
+    std::mt19937_64 rng(seed);
+    auto pick = [&rng](size_t n) { return static_cast<size_t>(rng() % n); };
+    struct Op {
+      int kind;  // 0 allocate, 1 free, 2 record_stream
+      size_t slot, size, stream;
+    };
+    constexpr size_t kSlots = 10;
+    static constexpr size_t kSizes[] = {512, 4096, 1 << 20, 3 << 20, 2 * MiB, 8 * MiB,
+                                        20 * MiB + 512};
+    std::vector<Op> script;
+    std::vector<bool> live(kSlots, false);
+    for (int i = 0; i < 60; ++i) {
+      const size_t slot = pick(kSlots);
+      if (!live[slot]) {
+        script.push_back({0, slot, kSizes[pick(std::size(kSizes))], pick(4)});
+        live[slot] = true;
+      } else if (pick(3) == 0) {
+        script.push_back({2, slot, 0, pick(4)});
+      } else {
+        script.push_back({1, slot, 0, pick(4)});
+        live[slot] = false;
+      }
+    }
+    for (size_t slot = 0; slot < kSlots; ++slot) {
+      if (live[slot]) script.push_back({1, slot, 0, pick(4)});
+    }
+    struct Freed {
+      uintptr_t addr;
+      size_t size;
+      std::vector<std::pair<CUstream, CUevent>> events;
+      std::map<uintptr_t, CUmemGenericAllocationHandle> pages;
+    };
+    std::vector<Freed> freed;
+    auto done = [&](CUevent e) { return t.event_query(e) == CUDA_SUCCESS; };
+    std::vector<void*> ptr(kSlots, nullptr);
+    std::vector<size_t> sz(kSlots, 0);
+    std::vector<std::vector<CUstream>> users(kSlots);
+    const size_t P = alloc_->page_size();
+    size_t checked = 0;
+    for (int rep = 0; rep < 150; ++rep) {
+      for (size_t i = 0; i < script.size(); ++i) {
+        const Op& op = script[i];
+        if (pick(10) == 0) {
+          if (pick(2) == 0) {
+            sim::hold_stream(streams[pick(4)]);
+          } else {
+            sim::release_stream(streams[pick(4)]);
+          }
+        }
+        CUstream s = streams[op.stream];
+        if (op.kind == 0) {
+          void* p = alloc_->allocate(op.size, s);
+          const size_t n = (op.size + 511) / 512 * 512;
+          for (const Freed& f : freed) {
+            if (!overlaps(p, n, reinterpret_cast<void*>(f.addr), f.size)) continue;
+            ++checked;
+            for (auto& [fs, e] : f.events) {
+              ASSERT_TRUE(fs == s || done(e))
+                  << "seed " << seed << " rep " << rep << " op " << i << ": block " << p
+                  << " handed to stream " << s << " overlaps memory freed at "
+                  << reinterpret_cast<void*>(f.addr) << " whose work on stream " << fs
+                  << " is still pending";
+            }
+          }
+          ptr[op.slot] = p;
+          sz[op.slot] = n;
+          users[op.slot] = {s};
+        } else if (op.kind == 2) {
+          alloc_->record_stream(ptr[op.slot], s);
+          users[op.slot].push_back(s);
+        } else {
+          const auto a = reinterpret_cast<uintptr_t>(ptr[op.slot]);
+          Freed f{a, sz[op.slot], {}, {}};
+          std::vector<CUstream> us = users[op.slot];
+          us.push_back(s);
+          for (CUstream u : us) {
+            CUevent e = nullptr;
+            ASSERT_EQ(t.event_create(&e, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+            ASSERT_EQ(t.event_record(e, u), CUDA_SUCCESS);
+            f.events.emplace_back(u, e);
+          }
+          for (uintptr_t pg = a / P * P; pg < a + f.size; pg += P) f.pages[pg] = handle_at(pg);
+          alloc_->deallocate(ptr[op.slot], s);
+          freed.push_back(std::move(f));
+        }
+        for (size_t j = 0; j < freed.size();) {
+          bool all = true;
+          for (auto& [fs, e] : freed[j].events) all = all && done(e);
+          if (all) {
+            for (auto& [fs, e] : freed[j].events) t.event_destroy(e);
+            freed[j] = std::move(freed.back());
+            freed.pop_back();
+            continue;
+          }
+          for (const auto& [pg, h] : freed[j].pages) {
+            ASSERT_EQ(handle_at(pg), h) << "seed " << seed << " rep " << rep << " op " << i
+                                        << ": page " << reinterpret_cast<void*>(pg)
+                                        << " unmapped while work on it was pending";
+          }
+          ++j;
+        }
+      }
+    }
+    for (CUstream s : streams) sim::release_stream(s);
+    for (Freed& f : freed) {
+      for (auto& [fs, e] : f.events) t.event_destroy(e);
+    }
+    EXPECT_GT(checked, 0u) << "seed " << seed << ": no reuse under pending work was checked";
+    EXPECT_EQ(sim::async_faults(), 0u);
+    EXPECT_EQ(alloc_->check_invariants(), "");
+    alloc_.reset();
+    for (CUstream st : streams_) t.stream_destroy(st);
+    streams_.clear();
+  }
 }
 
 TEST(WantedRangesTest, MergesRangesAndMeetsWhatOverlapsOrTouches) {
