@@ -213,12 +213,13 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
 // the addresses the allocation at `point` had lately, where that needs no driver call.
 BlockIt DeviceAllocator::place_echoed(uint64_t point, size_t sz, Arena a,
                                       const StreamOrder::StreamState& ss) {
+  std::vector<StreamKey> not_proven;  // asked once per allocation
   for (CUdeviceptr at : echo_.recall(point)) {
     if (at == 0) break;
     BlockIt it = placement_.place_at(at, ss.key, sz, a, supply_.pages_left());
     // Other streams' frees there may be done: their fences are asked (no record, no wait).
     if (it == placement_.index().end() && streams_.has_unfinished_frees() &&
-        streams_.prove_for(at, sz, ss.key)) {
+        streams_.prove_for(at, sz, ss.key, &not_proven)) {
       it = placement_.place_at(at, ss.key, sz, a, supply_.pages_left());
     }
     if (it != placement_.index().end()) return it;

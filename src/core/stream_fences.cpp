@@ -77,7 +77,10 @@ StreamOrder::Recorded StreamOrder::record_fence(StreamState& ss, bool at_free) {
   // A record on the legacy stream waits for every blocking stream of the context: it is a
   // context-wide operation, like a context sync.
   if (!(ss.kind == StreamIdentity::legacy ? run_context_wide(ss.ctx, record) : record())) {
-    if (e != nullptr) ss.fences.push_back(latest);  // not recorded again: it stands as it was
+    // Not run (a capture in the context): the latest fence stands as it was. Refused by the
+    // driver: the event went back to the pool (what it holds now is not known) and the fence
+    // with it; the stream still owes one, recorded at a later call.
+    if (e != nullptr) ss.fences.push_back(latest);
     return Recorded::not_now;
   }
   // A capture begun by another thread between the check and the record may have taken the

@@ -157,8 +157,11 @@ class StreamOrder {
   // becomes wanted (frees there record fences from now on), and the fences those streams
   // recorded are queried (no record, no wait; for_key's own may be recorded now). Returns
   // whether a fence passed (what it proved is safe now: the caller tries again). False at once
-  // when a live block lies in the range or it spans reservations.
-  bool prove_for(CUdeviceptr at, size_t size, StreamKey for_key);
+  // when a live block lies in the range or it spans reservations. *not_proven: streams whose
+  // fences fell short during this allocation (not asked again in it: a fence not passed now
+  // will not have passed a moment later); those of this call are added.
+  bool prove_for(CUdeviceptr at, size_t size, StreamKey for_key,
+                 std::vector<StreamKey>* not_proven);
   // Makes freed memory whose streams' work has completed safe for every stream. With wait,
   // blocks until that work is done wherever that can be proven (a capturing stream's frees stay
   // unsafe).

@@ -31,7 +31,8 @@ bool StreamOrder::query_fences(StreamState& ss) {
   return advanced;
 }
 
-bool StreamOrder::prove_for(CUdeviceptr at, size_t size, StreamKey for_key) {
+bool StreamOrder::prove_for(CUdeviceptr at, size_t size, StreamKey for_key,
+                            std::vector<StreamKey>* not_proven) {
   BlockMap& blocks = placement_.index().blocks();
   auto it = blocks.upper_bound(at);
   if (it == blocks.begin()) return false;
@@ -78,11 +79,13 @@ bool StreamOrder::prove_for(CUdeviceptr at, size_t size, StreamKey for_key) {
   for (StreamKey k : keys) {
     StreamState* st = find_state(k);
     if (st == nullptr) continue;
+    if (std::find(not_proven->begin(), not_proven->end(), k) != not_proven->end()) continue;
     if (k == for_key) {  // the call's stream: its fence can be recorded now
       st->owes_fence = true;
       fence_if_owed(*st);
     }
     if (st->safe_seq < st->free_seq && query_fences(*st)) advanced = true;
+    if (st->safe_seq < st->free_seq) not_proven->push_back(k);
   }
   if (!advanced) return false;
   for (StreamKey k : keys) {

@@ -56,6 +56,29 @@ TEST_F(StreamSettlingTest, BlockAllocatedOnOneStreamAndFreedOnAnotherIsReusedWit
   (void)first;
 }
 
+// While the stream that freed a block stays behind (its work held), the allocation that wants
+// the block back asks that stream's fence once, not once for every place the echo remembers:
+// a fence not passed now has not passed a moment later.
+TEST_F(StreamSettlingTest, AFenceThatFellShortIsAskedOncePerAllocation) {
+  make(sim_config(8 * GiB, false));
+  CUstream producer = new_stream(), consumer = new_stream();
+  sim::hold_stream(consumer);
+  constexpr int kPairs = 300;
+  uint64_t queries = 0;
+  for (int i = 0; i < kPairs; ++i) {
+    const uint64_t before = sim::call_count(EntryPoint::event_query);
+    void* p = alloc_->allocate(2 * MiB, producer);
+    queries += sim::call_count(EntryPoint::event_query) - before;
+    alloc_->record_stream(p, consumer);
+    alloc_->deallocate(p, consumer);
+  }
+  sim::release_all();
+  // Measured: 2.1 an allocation (the echo's one question, then the placement's poll), against
+  // 4.0 when each place the echo remembers asked again.
+  EXPECT_LE(queries, 5u * kPairs / 2) << queries << " fence queries for " << kPairs
+                                      << " allocations";
+}
+
 // The same with the free on the stream that did not allocate and no record_stream, and a third
 // stream that only allocates: two streams' proofs stand between the block and its next use.
 TEST_F(StreamSettlingTest, CrossStreamFreesOfTwoStreamsSettle) {
