@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# run_on_gpu.sh's step `peers`: builds bench/peers/expanse_peers_bench on this machine (its own
+# build folder, only what the program needs: no tests, CLI or other benchmarks, so neither
+# GoogleTest nor CLI11 is needed) and runs it on recorded traces. PyTorch comes from python3's
+# torch; RMM from unpacked wheels carried in build-peers-input/rmm/ (left out if absent).
+#
+#   test/gpu/peers.sh OUT_DIR        (writes OUT_DIR/peers.txt)
+#
+# Traces: EXPANSE_PEER_TRACES (paths, space-separated) if set; else shared/traces/pytorch/*.pickle
+# inside the checkout; else build-peers-input/traces/*.pickle (carried: build-* is ignored by
+# git, so the folder travels only when the device call's carry names it); else the repository's
+# small test snapshot (test/tools/data/snapshot_p4.pickle).
+set -eu
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=$(cd "${1:?output dir}" && pwd)
+IN=$SRC/build-peers-input
+BUILD=${EXPANSE_PEERS_BUILD:-$SRC/build-peers}
+
+rmm_dirs=""
+if [ -d "$IN/rmm" ]; then
+  for d in "$IN"/rmm/*/; do rmm_dirs="$rmm_dirs;${d%/}"; done
+fi
+cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DEXPANSE_BUILD_TESTS=OFF \
+  -DEXPANSE_BUILD_CLI=OFF -DEXPANSE_BUILD_BENCH=OFF -DEXPANSE_BUILD_EXAMPLES=OFF \
+  -DEXPANSE_BUILD_PEER_BENCH=ON "-DEXPANSE_PEER_RMM_DIRS=${rmm_dirs#;}"
+cmake --build "$BUILD" -j"$(nproc)" --target expanse_peers_bench
+
+if [ -n "${EXPANSE_PEER_TRACES:-}" ]; then
+  read -r -a traces <<<"$EXPANSE_PEER_TRACES"
+elif compgen -G "$SRC/shared/traces/pytorch/*.pickle" >/dev/null; then
+  traces=("$SRC"/shared/traces/pytorch/*.pickle)
+elif compgen -G "$IN/traces/*.pickle" >/dev/null; then
+  traces=("$IN"/traces/*.pickle)
+else
+  traces=("$SRC/test/tools/data/snapshot_p4.pickle")
+fi
+# This build's libexpanse.so, not the one of the build run_on_gpu.sh was given.
+export LD_LIBRARY_PATH=$BUILD/lib:${LD_LIBRARY_PATH:-}
+set -o pipefail
+"$BUILD/bin/expanse_peers_bench" "${traces[@]}" | tee "$OUT/peers.txt"
