@@ -149,7 +149,7 @@ void print_tables(const Options& o, const std::vector<PeerKind>& kinds,
     for (const auto& r : t.releases) {
       empty_cache += r.kind == expanse::trace::TraceRelease::Kind::empty_cache;
     }
-    std::printf("\n(b) %s: %zu ops on %zu streams, peak live %llu bytes, %zu empty_cache() "
+    std::printf("\n(b) %s: %zu ops on %zu stream(s), peak live %llu bytes, %zu empty_cache() "
                 "inferred; %d passes%s\n",
                 t.path.c_str(), t.ops.size(), t.streams.size(),
                 static_cast<unsigned long long>(t.peak_live_bytes), empty_cache, o.passes,

@@ -2,7 +2,8 @@
 # run_on_gpu.sh's step `peers`: builds bench/peers/expanse_peers_bench on this machine (its own
 # build folder, only what the program needs: no tests, CLI or other benchmarks, so neither
 # GoogleTest nor CLI11 is needed) and runs it on recorded traces. PyTorch comes from python3's
-# torch; RMM from unpacked wheels carried in build-peers-input/rmm/ (left out if absent).
+# torch; RMM from its wheels carried in build-peers-input/rmm/ (librmm-cu13 and rapids-logger,
+# unpacked here; RMM left out if absent).
 #
 #   test/gpu/peers.sh OUT_DIR        (writes OUT_DIR/peers.txt)
 #
@@ -10,6 +11,13 @@
 # inside the checkout; else build-peers-input/traces/*.pickle (carried: build-* is ignored by
 # git, so the folder travels only when the device call's carry names it); else the repository's
 # small test snapshot (test/tools/data/snapshot_p4.pickle).
+#
+# What the device call carries (the folder is ignored by git: build-*), prepared in the checkout:
+#   mkdir -p build-peers-input/rmm build-peers-input/traces
+#   (cd build-peers-input/rmm && python3 -m pip download --no-deps --only-binary=:all: \
+#      librmm-cu13==26.10.0 'rapids-logger==0.3.*')                # about 5 MB
+#   cp ../shared/traces/pytorch/*.pickle build-peers-input/traces/   # about 9 MB
+# then: carry ["build-peers-input"], command test/gpu/run_on_gpu.sh . "$OUT" peers
 set -eu
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$(cd "${1:?output dir}" && pwd)
@@ -17,8 +25,12 @@ IN=$SRC/build-peers-input
 BUILD=${EXPANSE_PEERS_BUILD:-$SRC/build-peers}
 
 rmm_dirs=""
-if [ -d "$IN/rmm" ]; then
-  for d in "$IN"/rmm/*/; do rmm_dirs="$rmm_dirs;${d%/}"; done
+if compgen -G "$IN/rmm/*.whl" >/dev/null; then
+  for w in "$IN"/rmm/*.whl; do
+    python3 -m zipfile -e "$w" "$BUILD/rmm-wheels/$(basename "$w" .whl)"
+  done
+  # Each package's prefix: the folder holding lib64/cmake/<package>/.
+  for c in "$BUILD"/rmm-wheels/*/*/lib64/cmake; do rmm_dirs="$rmm_dirs;${c%/lib64/cmake}"; done
 fi
 cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DEXPANSE_BUILD_TESTS=OFF \
   -DEXPANSE_BUILD_CLI=OFF -DEXPANSE_BUILD_BENCH=OFF -DEXPANSE_BUILD_EXAMPLES=OFF \
