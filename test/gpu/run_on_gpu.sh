@@ -5,7 +5,10 @@
 #   selftest` (checks + cost calibration), `expanse stress` (32 GiB on an 80 GiB GPU), the nvcc
 #   tests (Thrust's CUDA backend; invariant 3 under running kernels), the hot path on the real
 #   driver next to the sim on the same machine, sleep and wake of 1, 8 and 40 GiB pools, and PyTorch with expanse as its allocator
-#   (torch-checks: the pluggable pair; torch-native: the native allocator).
+#   (torch-checks: the pluggable pair; torch-native: the native allocator). The step `peers`
+#   builds bench/peers on the GPU machine and runs expanse beside cudaMallocAsync, PyTorch's and
+#   RMM's allocators (test/gpu/peers.sh; BUILD_DIR is not used by it). It runs only when named:
+#   it builds for minutes and runs for minutes, more than a run of every step can spare.
 #
 #   test/gpu/run_on_gpu.sh BUILD_DIR OUT_DIR [STEP ...]     (no STEP: all of them)
 #
@@ -61,5 +64,8 @@ step hot-path-cuda 300 env EXPANSE_BENCH_CONF=driver:cuda "$B/bin/expanse_bench_
   --benchmark_filter='expanse/(4096|1048576|16777216)/' --benchmark_min_time=0.2
 step hot-path-sim 300 "$B/bin/expanse_bench_hot_path" \
   --benchmark_filter='expanse/(4096|1048576|16777216)/' --benchmark_min_time=0.2
+if [ ${#steps[@]} -gt 0 ]; then
+  step peers 580 "$SRC/test/gpu/peers.sh" "$OUT"
+fi
 step sleep-wake-cuda 300 env EXPANSE_BENCH_CONF=driver:cuda "$B/bin/expanse_bench_sleep_wake" 1 8 40
 exit $failed
