@@ -9,11 +9,10 @@
 // Each figure is the best of `rounds` runs (the machine is shared; the best run is the one
 // least disturbed).
 #include "bench_driver.hpp"
+#include "timed_pairs.hpp"
 #include "core/device_allocator.hpp"
 #include "driver/driver.hpp"
 
-#include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -22,8 +21,6 @@
 #include <vector>
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 struct Device {
   std::unique_ptr<expanse::driver::LoadedDriver> drv;
@@ -49,39 +46,20 @@ struct Device {
 // Pairs per second of `threads` threads, each on its own stream, over `seconds`.
 double pairs_per_second(Device& d, expanse::core::DeviceAllocator& a, int threads, size_t n,
                         double seconds) {
-  std::atomic<int> ready{0};
-  std::atomic<bool> go{false}, stop{false};
-  std::vector<uint64_t> pairs(static_cast<size_t>(threads), 0);
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      d.drv->table().ctx_set_current(d.ctx);
-      CUstream s = d.streams[static_cast<size_t>(t)];
-      a.deallocate(a.allocate(n, s), s);  // warm: pages mapped (and the block cached, if on)
-      a.deallocate(a.allocate(n, s), s);
-      ready.fetch_add(1);
-      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-      uint64_t k = 0;
-      while (!stop.load(std::memory_order_relaxed)) {
-        for (int i = 0; i < 256; ++i) {
-          void* p = a.allocate(n, s);
-          a.deallocate(p, s);
-        }
-        k += 256;
-      }
-      pairs[static_cast<size_t>(t)] = k;
-    });
-  }
-  while (ready.load() != threads) std::this_thread::yield();
-  const auto t0 = Clock::now();
-  go.store(true, std::memory_order_release);
-  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-  stop.store(true);
-  for (auto& th : pool) th.join();
-  const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-  uint64_t total = 0;
-  for (uint64_t k : pairs) total += k;
-  return static_cast<double>(total) / elapsed;
+  auto warm = [&](int t) {
+    d.drv->table().ctx_set_current(d.ctx);
+    CUstream s = d.streams[static_cast<size_t>(t)];
+    a.deallocate(a.allocate(n, s), s);  // pages mapped (and the block cached, if on)
+    a.deallocate(a.allocate(n, s), s);
+  };
+  auto batch = [&](int t) {
+    CUstream s = d.streams[static_cast<size_t>(t)];
+    for (uint64_t i = 0; i < expanse::bench::kPairsPerBatch; ++i) {
+      void* p = a.allocate(n, s);
+      a.deallocate(p, s);
+    }
+  };
+  return expanse::bench::pairs_per_second(threads, seconds, warm, batch);
 }
 
 double best_of(Device& d, expanse::core::DeviceAllocator& a, int threads, size_t n,
