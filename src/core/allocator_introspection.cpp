@@ -118,18 +118,24 @@ bool DeviceAllocator::parked_locked(CUdeviceptr addr) const {
 
 DeviceStats DeviceAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  // Parked blocks back in the books first: every figure as users see it. (Nothing users see
-  // changes; the allocator itself is never const.)
-  const_cast<DeviceAllocator*>(this)->flush_caches_locked();
+  // Every figure as users see it: parked blocks are freed. They stay parked (a client reading
+  // its stats every step keeps its cache hits); the counts the caches kept are absorbed, which
+  // changes nothing users see (the allocator itself is never const).
+  const ParkedShare parked = const_cast<DeviceAllocator*>(this)->parked_share_locked();
   DeviceStats s = stats_;
-  s.touched_bytes = supply_.touched_pages() * page_ + registrable_.bytes();
+  s.requested_bytes -= parked.requested;
+  s.allocated_bytes -= parked.bytes;
+  s.live_blocks -= parked.blocks;
+  s.num_frees += parked.blocks;
+  const size_t touched = supply_.touched_pages() - parked.pages;
+  s.touched_bytes = touched * page_ + registrable_.bytes();
   s.mapped_bytes = supply_.mapped_pages() * page_ + registrable_.bytes();
-  s.cached_bytes = (supply_.mapped_pages() - supply_.touched_pages()) * page_;
+  s.cached_bytes = (supply_.mapped_pages() - touched) * page_;
   s.pooled_bytes = supply_.pooled_pages() * page_;
   s.physical_bytes = supply_.held_pages() * page_;
   s.va_reserved_bytes = placement_.va_reserved() + registrable_.bytes() + imports_.bytes();
   s.reserved_bytes = supply_.reserved_pages() * page_;
-  s.reserved_unused_bytes = supply_.reserved_unused_pages() * page_;
+  s.reserved_unused_bytes = supply_.reserved_unused_pages(parked.pages) * page_;
   s.reserve_asked_bytes = supply_.reserve_asked_pages() * page_;
   s.driver_calls = drv_.calls();
   s.modeled_driver_ns = drv_.modeled_ns();
@@ -140,10 +146,10 @@ DeviceStats DeviceAllocator::stats() const {
 
 void DeviceAllocator::reset_peaks() {
   std::lock_guard<std::mutex> lock(mu_);
-  flush_caches_locked();
   update_peaks_locked();  // every thread's peak credit from 0
-  stats_.peak_requested_bytes = stats_.requested_bytes;
-  stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  const ParkedShare parked = parked_share_locked();  // users hold the rest
+  stats_.peak_requested_bytes = stats_.requested_bytes - parked.requested;
+  stats_.peak_allocated_bytes = stats_.allocated_bytes - parked.bytes;
   stats_.peak_mapped_bytes = supply_.mapped_pages() * page_ + registrable_.bytes();
   stats_.peak_physical_bytes = supply_.held_pages() * page_;
   stats_.peak_va_reserved_bytes =

@@ -15,8 +15,9 @@
 // thread_cache_bytes and thread_cache_entries are set): a free whose block may go back to the
 // freeing stream at once parks it in the thread's cache, and that thread's next allocation of the
 // same size on the same stream takes it back, neither touching the lock. Parked blocks stay live
-// in the books; every operation that needs the true picture (stats, release_cached, set_limit,
-// pool trim and sleep, segments, an allocation that would fail) flushes all caches first.
+// in the books; stats count them as freed without flushing, and every operation that needs the
+// true picture (release_cached, set_limit, pool trim and sleep, segments, an allocation that would
+// fail) flushes all caches first.
 #pragma once
 
 #include "core/allocator_events.hpp"
@@ -219,6 +220,13 @@ class DeviceAllocator {
   size_t flush_caches_locked();
   // c's hits and stream queries into stats_ (c.lock held), counted from 0 again.
   void absorb_counts_locked(ThreadCache& c);
+  // What the parked blocks hold, as users see it (freed), and the pages only they touch:
+  // stats() tells what a flush would give back without flushing (every cache's counts absorbed).
+  struct ParkedShare {
+    uint64_t blocks = 0, bytes = 0, requested = 0;
+    size_t pages = 0;  // touched by parked blocks only
+  };
+  ParkedShare parked_share_locked();
   // Clears over_limit_ once the touched pages fit the limit again.
   void recheck_limit_locked();
   // Whether the live block at addr is parked in a thread cache (freed, as users see it).

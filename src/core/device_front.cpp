@@ -173,6 +173,41 @@ size_t DeviceAllocator::flush_caches_locked() {
   return all.size();
 }
 
+DeviceAllocator::ParkedShare DeviceAllocator::parked_share_locked() {
+  ParkedShare share;
+  if (caches_.empty()) return share;
+  // A block's inner pages are its own; its first and last pages stop being touched only when
+  // every live block with an edge there is parked (Reservation::untouch).
+  std::vector<std::pair<uint32_t, size_t>> edges;  // (reservation, page), one per parked edge
+  caches_.for_each([&](ThreadCache& c) {
+    std::lock_guard<SpinLock> lock(c.lock);
+    absorb_counts_locked(c);
+    c.for_each_block([&](const CachedBlock& cb) {
+      auto it = placement_.index().blocks().find(cb.addr);
+      EXPANSE_ASSERT(it != placement_.index().blocks().end() &&
+                     it->second.state == BlockState::live);
+      const Reservation& r = placement_.res(it->second.res);
+      const size_t a = r.first_page(cb.addr), z = r.last_page(cb.addr, cb.size);
+      edges.emplace_back(it->second.res, a);
+      if (z != a) {
+        edges.emplace_back(it->second.res, z);
+        share.pages += z - a - 1;
+      }
+      ++share.blocks;
+      share.bytes += cb.size;
+      share.requested += cb.requested;
+    });
+  });
+  std::sort(edges.begin(), edges.end());
+  for (size_t i = 0; i < edges.size();) {
+    size_t j = i;
+    while (j < edges.size() && edges[j] == edges[i]) ++j;
+    if (placement_.res(edges[i].first).edge_refs[edges[i].second] == j - i) ++share.pages;
+    i = j;
+  }
+  return share;
+}
+
 // Each hit was an allocation and a free the books never saw; its stream queries, driver calls.
 void DeviceAllocator::absorb_counts_locked(ThreadCache& c) {
   stats_.num_allocs += c.hits;

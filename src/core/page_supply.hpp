@@ -82,10 +82,11 @@ class PageSupply {
   size_t reserved_pages() const noexcept { return reserved_pages_; }
   // What the reservation asked for: above reserved_pages() when it was kept partial.
   size_t reserve_asked_pages() const noexcept { return reserve_asked_pages_; }
-  // Reserved pages no live block touches: what the reservation holds beyond the live set.
-  size_t reserved_unused_pages() const noexcept {
+  // Reserved pages no live block touches: what the reservation holds beyond the live set (less
+  // `untouched` touched pages, counted as free by the caller).
+  size_t reserved_unused_pages(size_t untouched = 0) const noexcept {
     const size_t r = std::min(reserved_pages_, held_pages());
-    const size_t used = touched_pages_ + outside_pages_;  // registrable blocks use it too
+    const size_t used = touched_pages_ - untouched + outside_pages_;  // registrable blocks too
     return r > used ? r - used : 0;
   }
   struct ReserveOutcome {

@@ -63,6 +63,13 @@ class ThreadCache {
            std::vector<CachedBlock>* evicted);
   // Every block, removed.
   std::vector<CachedBlock> take_all();
+  // f(block) for every block, left parked.
+  template <class F>
+  void for_each_block(F&& f) const {
+    for (const Bin& bin : bins_) {
+      for (const CachedBlock& b : bin.blocks) f(b);
+    }
+  }
   size_t bytes() const noexcept { return bytes_; }
   size_t requested_bytes() const noexcept { return requested_; }
   size_t entries() const noexcept { return entries_; }

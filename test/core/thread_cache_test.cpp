@@ -221,6 +221,64 @@ TEST_F(ThreadCacheTest, HandsBackOnlyToTheSameStreamAndSize) {
   for (auto [x, s] : {std::pair{q, s2}, {r, s1}, {u, s1}}) alloc_->deallocate(x, s);
 }
 
+// Reading the stats leaves the caches alone (a client that polls them every step keeps its hits)
+// and still tells what a flush would: every figure equals the one read after a flush (segments()
+// flushes), on random workloads whose small blocks share pages with live and parked neighbours.
+TEST_F(ThreadCacheTest, StatsTellWhatAFlushWouldWithoutFlushing) {
+  make(sim_config(512 * MiB, false), cached_opts(16 * MiB, 32));
+  std::vector<CUstream> streams = {new_stream(), new_stream()};
+  std::mt19937_64 rng(17);
+  const size_t sizes[] = {512, 100000, 700 * KiB, 1 * MiB, 2 * MiB, 3 * MiB + 512};
+  std::vector<std::pair<void*, CUstream>> live;
+  size_t compared = 0;
+  for (int step = 0; step < 6000; ++step) {
+    if (rng() % 100 < 52 || live.empty()) {
+      CUstream s = streams[rng() % streams.size()];
+      live.emplace_back(alloc_->allocate(sizes[rng() % std::size(sizes)], s), s);
+    } else {
+      const size_t i = rng() % live.size();
+      alloc_->deallocate(live[i].first, live[i].second);
+      live.erase(live.begin() + static_cast<long>(i));
+    }
+    if (rng() % 50 != 0) continue;
+    const core::DeviceStats read = alloc_->stats();
+    const core::DeviceStats again = alloc_->stats();  // reading twice changes nothing
+    (void)alloc_->segments();                          // flushes every cache
+    const core::DeviceStats flushed = alloc_->stats();
+    ASSERT_EQ(read.live_blocks, live.size()) << "step " << step;
+    for (const core::DeviceStats* st : {&read, &again}) {
+      ASSERT_EQ(st->allocated_bytes, flushed.allocated_bytes) << "step " << step;
+      ASSERT_EQ(st->requested_bytes, flushed.requested_bytes) << "step " << step;
+      ASSERT_EQ(st->live_blocks, flushed.live_blocks) << "step " << step;
+      ASSERT_EQ(st->num_allocs, flushed.num_allocs) << "step " << step;
+      ASSERT_EQ(st->num_frees, flushed.num_frees) << "step " << step;
+      ASSERT_EQ(st->touched_bytes, flushed.touched_bytes) << "step " << step;
+      ASSERT_EQ(st->cached_bytes, flushed.cached_bytes) << "step " << step;
+      ASSERT_EQ(st->mapped_bytes, flushed.mapped_bytes) << "step " << step;
+      ASSERT_EQ(st->reserved_unused_bytes, flushed.reserved_unused_bytes) << "step " << step;
+      ASSERT_EQ(st->peak_allocated_bytes, flushed.peak_allocated_bytes) << "step " << step;
+      ASSERT_EQ(st->thread_cache_hits, flushed.thread_cache_hits) << "step " << step;
+    }
+    ++compared;
+  }
+  EXPECT_GT(compared, 50u);
+  // Blocks were parked at the reads: most allocations after them came from the caches.
+  EXPECT_GT(alloc_->stats().thread_cache_hits, 1000u);
+  for (auto [p, s] : live) alloc_->deallocate(p, s);
+  EXPECT_EQ(books_vs_driver(), "");
+
+  // A hit after a stats read: the block parked before it is still there.
+  CUstream s = streams[0];
+  void* p = alloc_->allocate(64 * KiB, s);
+  alloc_->deallocate(p, s);  // parked
+  const uint64_t hits = alloc_->stats().thread_cache_hits;
+  EXPECT_EQ(alloc_->stats().live_blocks, 0u);
+  void* q = alloc_->allocate(64 * KiB, s);
+  EXPECT_EQ(q, p);
+  alloc_->deallocate(q, s);
+  EXPECT_EQ(alloc_->stats().thread_cache_hits, hits + 1) << "the stats read emptied the cache";
+}
+
 // Memory parked in another thread's cache is reachable before any OOM: a thread fills its cache,
 // another allocates what only fits once that cache is flushed.
 TEST_F(ThreadCacheTest, AnOutOfMemoryFlushesEveryThreadsCacheFirst) {
