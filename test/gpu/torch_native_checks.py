@@ -16,46 +16,14 @@ import pickle
 import sys
 import tempfile
 import time
-import traceback
 
-SKIP = 77
-os.environ.setdefault("EXPANSE_CONF", "driver:cuda")
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
+from gpu_check_harness import check, finish, note, torch_on_a_gpu  # noqa: E402
 
-try:
-    import torch
-except ImportError:
-    print("SKIP: PyTorch is not installed")
-    sys.exit(SKIP)
-if not torch.cuda.is_available():
-    print("SKIP: no CUDA GPU for PyTorch")
-    sys.exit(SKIP)
+torch = torch_on_a_gpu()
 
 import expanse  # noqa: E402
 import expanse.torch  # noqa: E402
-
-failures = []
-
-
-def check(name, fn):
-    t0 = time.perf_counter()
-    try:
-        detail = fn()
-        print(f"ok    {name} ({time.perf_counter() - t0:.2f} s){': ' + detail if detail else ''}")
-    except Exception as e:  # noqa: BLE001
-        failures.append(name)
-        print(f"FAIL  {name}: {type(e).__name__}: {e}")
-        traceback.print_exc(limit=3)
-    sys.stdout.flush()
-
-
-def note(name, fn):
-    try:
-        print(f"note  {name}: {fn()}")
-    except Exception as e:  # noqa: BLE001
-        print(f"note  {name}: raises {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-    sys.stdout.flush()
-
 
 t0 = time.perf_counter()
 alloc = expanse.torch.use(native=True)  # an error here (no compiler, build failure) fails the run
@@ -353,5 +321,4 @@ note("torch.compile(mode='reduce-overhead') with cudagraph trees (expected to ra
      lambda: torch.compile(lambda t: t * 2, mode="reduce-overhead")(
          torch.ones(8, device="cuda")).sum().item())
 
-print(f"{len(failures)} failed" + (f": {failures}" if failures else ""))
-sys.exit(1 if failures else 0)
+finish()

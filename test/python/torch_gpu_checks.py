@@ -14,47 +14,13 @@ import pickle
 import sys
 import tempfile
 import time
-import traceback
 
-SKIP = 77
-os.environ.setdefault("EXPANSE_CONF", "driver:cuda")
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
+from gpu_check_harness import check, finish, note, torch_on_a_gpu  # noqa: E402
 
-try:
-    import torch
-except ImportError:
-    print("SKIP: PyTorch is not installed")
-    sys.exit(SKIP)
-if not torch.cuda.is_available():
-    print("SKIP: no CUDA GPU for PyTorch")
-    sys.exit(SKIP)
+torch = torch_on_a_gpu()
 
 import expanse  # noqa: E402
 import expanse.torch  # noqa: E402
-
-failures = []
-
-
-def check(name, fn):
-    t0 = time.perf_counter()
-    try:
-        detail = fn()
-        print(f"ok    {name} ({time.perf_counter() - t0:.2f} s){': ' + detail if detail else ''}")
-    except Exception as e:  # noqa: BLE001
-        failures.append(name)
-        print(f"FAIL  {name}: {type(e).__name__}: {e}")
-        traceback.print_exc(limit=3)
-    sys.stdout.flush()
-
-
-def note(name, fn):
-    """A behaviour we document rather than require: print what PyTorch did."""
-    try:
-        print(f"note  {name}: {fn()}")
-    except Exception as e:  # noqa: BLE001
-        print(f"note  {name}: raises {type(e).__name__}: {str(e).splitlines()[0][:160]}")
-    sys.stdout.flush()
-
 
 # The pluggable pair (what this script documents); test/gpu/torch_native_checks.py checks the
 # native allocator.
@@ -285,5 +251,4 @@ check("torch.cuda.graph while another thread empties the cache", cuda_graph_besi
 for mode in ("thread_local", "relaxed"):
     note(f"torch.cuda.graph capture_error_mode={mode}", cuda_graph_mode(mode))
 torch.cuda.synchronize()
-print(f"{'PASS' if not failures else 'FAIL'}: {len(failures)} failure(s) {failures}")
-sys.exit(1 if failures else 0)
+finish()
