@@ -176,14 +176,16 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
   // Where this stream's allocation went the last time it was at this point of its workload
   // (a settled layout repeats), else where this stream freed a block of this size lately.
   const uint64_t point = echo_.point(sz, ss.key, ss.live_refs, ss.live_bytes);
+  const uint64_t short_point = echo_.short_point(sz, ss.key, ss.live_refs, ss.live_bytes);
   BlockIt reused = placement_.index().end();
-  if (slot == kDefaultPool) reused = place_echoed(point, sz, a, ss);
+  if (slot == kDefaultPool) reused = place_echoed(point, short_point, sz, a, ss);
   if (reused == placement_.index().end()) {
     reused = placement_.reuse_recent(ss.recent, ss.key, sz, a, supply_.pages_left(), slot);
   }
   if (reused != placement_.index().end()) {
     make_live(reused, bytes, ss, stream);
     echo_.remember(point, reused->first);
+    echo_.remember_short(short_point, point, reused->first);
     echo_.note(sz, false);
     return reinterpret_cast<void*>(reused->first);
   }
@@ -196,6 +198,7 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
     BlockIt it = place(sz, a, ss.key, req, slot);
     make_live(it, bytes, ss, stream);
     echo_.remember(point, it->first);
+    echo_.remember_short(short_point, point, it->first);
     echo_.note(sz, false);
     return reinterpret_cast<void*>(it->first);
   } catch (const out_of_memory&) {
@@ -210,11 +213,14 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
 }
 
 // The echo (docs/design.md, "Settling on a repeated workload"): a block of sz bytes at one of
-// the addresses the allocation at `point` had lately, where that needs no driver call.
-BlockIt DeviceAllocator::place_echoed(uint64_t point, size_t sz, Arena a,
+// the addresses the allocation at `point` (if never met: at `short_point`) had lately, where
+// that needs no driver call.
+BlockIt DeviceAllocator::place_echoed(uint64_t point, uint64_t short_point, size_t sz, Arena a,
                                       const StreamOrder::StreamState& ss) {
   std::vector<StreamKey> not_proven;  // asked once per allocation
-  for (CUdeviceptr at : echo_.recall(point)) {
+  const auto targets =
+      echo_.known(point) ? echo_.recall(point) : echo_.recall_short(short_point);
+  for (CUdeviceptr at : targets) {
     if (at == 0) break;
     BlockIt it = placement_.place_at(at, ss.key, sz, a, supply_.pages_left());
     // Other streams' frees there may be done: their fences are asked (no record, no wait).

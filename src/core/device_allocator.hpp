@@ -249,7 +249,8 @@ class DeviceAllocator {
   // cannot be done now (a capture is announced, or `stream` captures).
   void sync_for_unmap(const std::string& what, CUstream stream);
   BlockIt place_once(size_t sz, Arena a, StreamKey stream, PageRequest& req, PoolSlot pool);
-  BlockIt place_echoed(uint64_t point, size_t sz, Arena a, const StreamOrder::StreamState& ss);
+  BlockIt place_echoed(uint64_t point, uint64_t short_point, size_t sz, Arena a,
+                       const StreamOrder::StreamState& ss);
   // Released pools whose work a context synchronize now proves done give their free memory to
   // the default pool. False when none did (none waits, or a capture is announced).
   bool return_released_pools();

@@ -11,6 +11,13 @@
 // whatever history shaped the layout. (The history is the device's, not the stream's: a stream
 // that allocates once a repetition would carry earlier repetitions in its own.)
 //
+// A repetition's first allocations follow the previous repetition's last operations, not what
+// came before the first repetition: their points are new in the second repetition. Each
+// allocation is therefore also remembered under its short point (the same with only the last
+// kShortHistory operations), asked where its point was never met, and trusted only while one
+// point has led to it (a short point the workload reaches from several histories, such as a
+// temporary allocated and freed over and over, names no one place).
+//
 // Bounded: the table grows with the number of points the workload reaches, up to kMaxSlots; a
 // workload that reaches more points than that (nothing repeats) forgets them all and starts
 // over. A point forgotten, or whose addresses are taken, is placed the usual way.
@@ -29,22 +36,31 @@ namespace expanse::core {
 class PlacementEcho {
  public:
   static constexpr size_t kHistory = 8;
+  static constexpr size_t kShortHistory = 2;  // operations a short point names
   // Addresses kept per point: a workload that alternates between buffers (double buffering,
   // outputs kept into the next step) reaches a point while last time's block still lives.
   static constexpr size_t kWays = 3;
-  // The table grows with the points the workload reaches: 32 bytes a slot, at most half of them
-  // used, up to kMaxSlots (8 MiB).
+  // The table grows with the points the workload reaches (two an allocation: its point and its
+  // short point): 40 bytes a slot, at most half of them used, up to kMaxSlots (10 MiB).
   static constexpr size_t kMinSlots = 256;
   static constexpr size_t kMaxSlots = size_t{1} << 18;
 
   // The point of an allocation of sz bytes made now on `stream`, which holds `live` live blocks
   // of `live_bytes` bytes.
   uint64_t point(size_t sz, uint64_t stream, uint64_t live, uint64_t live_bytes) const noexcept {
-    uint64_t h = mix(sz * 0x9E3779B97F4A7C15ull ^ (live << 1));
-    h = mix(h ^ live_bytes);
-    h = mix(h ^ stream);
-    for (size_t i = 0; i < kHistory; ++i) h = mix(h ^ history_[(at_ + i) % kHistory]);
-    return h | 1;  // 0 marks an empty slot
+    return name(kHistory, sz, stream, live, live_bytes);
+  }
+  // The same with the last kShortHistory operations only.
+  uint64_t short_point(size_t sz, uint64_t stream, uint64_t live,
+                       uint64_t live_bytes) const noexcept {
+    return name(kShortHistory, sz, stream, live, live_bytes);
+  }
+  // Whether an allocation was ever made at `point` (since the table last started over).
+  bool known(uint64_t point) const noexcept { return find(point) != nullptr; }
+  // recall() for a short point: nothing where several points led to it.
+  std::array<CUdeviceptr, kWays> recall_short(uint64_t short_point) const noexcept {
+    const Slot* s = find(short_point);
+    return s != nullptr && s->from != kMany ? s->addrs : std::array<CUdeviceptr, kWays>{};
   }
   // The addresses the allocation at `point` had lately, latest first; 0 where none is
   // remembered.
@@ -53,18 +69,10 @@ class PlacementEcho {
     return s != nullptr ? s->addrs : std::array<CUdeviceptr, kWays>{};
   }
   // Never throws: a point that finds no room (out of host memory) is not remembered.
-  void remember(uint64_t point, CUdeviceptr addr) noexcept {
-    Slot* s = find(point);
-    if (s == nullptr) {
-      if ((used_ + 1) * 2 > slots_.size() && !grow()) return;
-      s = &slots_[probe_end(point)];
-      *s = Slot{point, {}};
-      ++used_;
-    }
-    size_t i = 0;  // addr moves to the front; the oldest goes when it is new
-    while (i + 1 < kWays && s->addrs[i] != addr) ++i;
-    for (; i > 0; --i) s->addrs[i] = s->addrs[i - 1];
-    s->addrs[0] = addr;
+  void remember(uint64_t point, CUdeviceptr addr) noexcept { remember(point, 0, addr); }
+  // The allocation at `point`, whose short point is `short_point`, went to addr.
+  void remember_short(uint64_t short_point, uint64_t point, CUdeviceptr addr) noexcept {
+    remember(short_point, point, addr);
   }
   // A block of sz bytes was allocated (freed: false) on the device.
   void note(size_t sz, bool freed) noexcept {
@@ -73,10 +81,38 @@ class PlacementEcho {
   }
 
  private:
+  static constexpr uint64_t kMany = ~uint64_t{0};  // Slot::from: several points led here
   struct Slot {
     uint64_t point = 0;
     std::array<CUdeviceptr, kWays> addrs{};
+    uint64_t from = 0;  // a short point's: the point that led to it, kMany if several did
   };
+  void remember(uint64_t point, uint64_t from, CUdeviceptr addr) noexcept {
+    Slot* s = find(point);
+    if (s == nullptr) {
+      if ((used_ + 1) * 2 > slots_.size() && !grow()) return;
+      s = &slots_[probe_end(point)];
+      *s = Slot{point, {}, from};
+      ++used_;
+    } else if (s->from != from) {
+      s->from = kMany;
+    }
+    size_t i = 0;  // addr moves to the front; the oldest goes when it is new
+    while (i + 1 < kWays && s->addrs[i] != addr) ++i;
+    for (; i > 0; --i) s->addrs[i] = s->addrs[i - 1];
+    s->addrs[0] = addr;
+  }
+  // A point naming the last `history` operations (the latest last), sz, stream and live blocks.
+  uint64_t name(size_t history, size_t sz, uint64_t stream, uint64_t live,
+                uint64_t live_bytes) const noexcept {
+    uint64_t h = mix(sz * 0x9E3779B97F4A7C15ull ^ (live << 1) ^ history);
+    h = mix(h ^ live_bytes);
+    h = mix(h ^ stream);
+    for (size_t i = kHistory - history; i < kHistory; ++i) {
+      h = mix(h ^ history_[(at_ + i) % kHistory]);
+    }
+    return h | 1;  // 0 marks an empty slot
+  }
   static uint64_t mix(uint64_t x) noexcept {
     x ^= x >> 30;
     x *= 0xBF58476D1CE4E5B9ull;

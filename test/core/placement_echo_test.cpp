@@ -28,6 +28,40 @@ TEST(PlacementEchoTest, APointIsItsHistorySizeStreamAndLiveBlocks) {
   EXPECT_EQ(a.point(512, 7, 3, 1024), b.point(512, 7, 3, 1024));
 }
 
+// A short point names only the last kShortHistory operations: two histories that differ before
+// them share it, and a point never met finds there where the other went, unless several points
+// led there.
+TEST(PlacementEchoTest, AShortPointNamesTheLatestOperationsAndOnePlace) {
+  PlacementEcho a, b;
+  a.note(4096, false);  // differs from b's, outside the short history
+  b.note(8192, true);
+  for (size_t i = 0; i + 1 < PlacementEcho::kHistory; ++i) {
+    a.note(512 * (i + 1), i % 2 == 0);
+    b.note(512 * (i + 1), i % 2 == 0);
+  }
+  EXPECT_NE(a.point(512, 7, 3, 1024), b.point(512, 7, 3, 1024));
+  EXPECT_EQ(a.short_point(512, 7, 3, 1024), b.short_point(512, 7, 3, 1024));
+  EXPECT_NE(a.short_point(512, 7, 3, 1024), a.point(512, 7, 3, 1024));
+  EXPECT_NE(a.short_point(512, 7, 3, 1024), a.short_point(1024, 7, 3, 1024));
+  EXPECT_NE(a.short_point(512, 7, 3, 1024), a.short_point(512, 7, 3, 2048));
+  b.note(64, false);  // one operation inside the short history
+  EXPECT_NE(a.short_point(512, 7, 3, 1024), b.short_point(512, 7, 3, 1024));
+
+  PlacementEcho e;
+  e.remember(11, 0x1000);
+  e.remember_short(21, 11, 0x1000);
+  EXPECT_TRUE(e.known(11));
+  EXPECT_FALSE(e.known(13));
+  EXPECT_EQ(e.recall_short(21)[0], 0x1000u);
+  e.remember(11, 0x3000);  // the same point again: still one place
+  e.remember_short(21, 11, 0x3000);
+  EXPECT_EQ(e.recall_short(21)[0], 0x3000u);
+  e.remember(13, 0x2000);  // another point led there: no one place
+  e.remember_short(21, 13, 0x2000);
+  EXPECT_EQ(e.recall_short(21)[0], 0u);
+  EXPECT_EQ(e.recall(13)[0], 0x2000u);
+}
+
 TEST(PlacementEchoTest, KeepsThePointsLastAddressesLatestFirst) {
   PlacementEcho e;
   EXPECT_EQ(e.recall(5)[0], 0u);  // nothing yet, no table
