@@ -6,6 +6,7 @@
 #include "core_fixture.hpp"
 #include "core/wanted_ranges.hpp"
 
+#include <cstdio>
 #include <map>
 #include <random>
 
@@ -262,6 +263,8 @@ TEST_F(StreamSettlingTest, RepeatedCrossStreamWorkloadNeverBeatsPendingWork) {
       for (auto& [fs, e] : f.events) t.event_destroy(e);
     }
     EXPECT_GT(checked, 0u) << "seed " << seed << ": no reuse under pending work was checked";
+    std::printf("seed %llu: reuses of memory with work pending %zu\n",
+                static_cast<unsigned long long>(seed), checked);
     EXPECT_EQ(sim::async_faults(), 0u);
     EXPECT_EQ(alloc_->check_invariants(), "");
     alloc_.reset();
