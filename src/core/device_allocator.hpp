@@ -39,6 +39,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -320,7 +321,12 @@ class DeviceAllocator::CheckedScope {
   CheckedScope& operator=(const CheckedScope&) = delete;
 #ifdef EXPANSE_CHECKED
   ~CheckedScope() {
-    const std::string violation = a_.check_invariants_locked();
+    std::string violation;
+    try {
+      violation = a_.check_invariants_locked();
+    } catch (const std::bad_alloc&) {
+      return;  // out of host memory: no room to check now (the next call checks)
+    }
     if (!violation.empty()) books_violated(call_, violation);
   }
 #endif
