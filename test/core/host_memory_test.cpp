@@ -48,6 +48,24 @@ class HostMemoryTest : public CoreTest, public ::testing::WithParamInterface<Fai
                                               << "failing from allocation " << n;
   }
 
+  // Runs op with this thread's host allocations failing from the n-th on (as GetParam() says).
+  struct Run {
+    bool threw = false;   // op threw std::bad_alloc
+    bool failed = false;  // some allocation failed
+  };
+  template <class Op>
+  Run failing_from(size_t n, Op&& op) {
+    Run r;
+    HostAllocFailure fail(n, GetParam().count);
+    try {
+      op();
+    } catch (const std::bad_alloc&) {
+      r.threw = true;
+    }
+    r.failed = fail.failed() != 0;
+    return r;
+  }
+
   // Parking a 4 MiB block in a cache of 4 MiB evicts the four 1 MiB blocks parked before it,
   // under the lock (the block's first park) or after the lock-free park (parked before).
   void evict_all(bool parked_before) {
@@ -64,17 +82,9 @@ class HostMemoryTest : public CoreTest, public ::testing::WithParamInterface<Fai
       for (int i = 0; i < 4; ++i) small.push_back(alloc_->allocate(1 * MiB, s));
       for (void* p : small) alloc_->deallocate(p, s);  // parked
       ASSERT_EQ(alloc_->check_invariants(), "");
-      bool threw = false;
-      {
-        HostAllocFailure fail(n, GetParam().count);
-        try {
-          alloc_->deallocate(big, s);
-        } catch (const std::bad_alloc&) {
-          threw = true;
-        }
-        failed = fail.failed() != 0;
-      }
-      free_again_if_failed(threw, big, s, n);
+      const Run r = failing_from(n, [&] { alloc_->deallocate(big, s); });
+      failed = r.failed;
+      free_again_if_failed(r.threw, big, s, n);
       expect_all_back(n);
       if (HasFailure()) return;
     }
@@ -93,15 +103,8 @@ TEST_P(HostMemoryTest, FlushFreesEveryParkedBlock) {
     std::vector<void*> v;
     for (int i = 0; i < 4; ++i) v.push_back(alloc_->allocate(1 * MiB, s));
     for (void* p : v) alloc_->deallocate(p, s);  // parked
-    {
-      HostAllocFailure fail(n, GetParam().count);
-      try {
-        (void)alloc_->stats();  // flushes every cache
-      } catch (const std::bad_alloc&) {
-        // Reported; what it could not do, a later call does.
-      }
-      failed = fail.failed() != 0;
-    }
+    // Reported, if it throws; what it could not do, a later call does.
+    failed = failing_from(n, [&] { (void)alloc_->stats(); }).failed;  // flushes every cache
     expect_all_back(n);
     if (HasFailure()) return;
   }
@@ -137,17 +140,9 @@ TEST_P(HostMemoryTest, LockedFreeFailsWholeOrCompletes) {
     void* keep = alloc_->allocate(1 * MiB, s);
     void* p = alloc_->allocate(2 * MiB, s);
     alloc_->record_stream(p, other);
-    bool threw = false;
-    {
-      HostAllocFailure fail(n, GetParam().count);
-      try {
-        alloc_->deallocate(p, s);
-      } catch (const std::bad_alloc&) {
-        threw = true;
-      }
-      failed = fail.failed() != 0;
-    }
-    free_again_if_failed(threw, p, s, n);
+    const Run r = failing_from(n, [&] { alloc_->deallocate(p, s); });
+    failed = r.failed;
+    free_again_if_failed(r.threw, p, s, n);
     alloc_->deallocate(keep, s);
     expect_all_back(n);
     if (HasFailure()) return;
