@@ -160,6 +160,7 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
 
   std::lock_guard<std::mutex> lock(mu_);
   CheckedScope checked(*this, "allocate");
+  settle_owed_locked();
   const PoolSlot slot = pool == 0 ? kDefaultPool : pools_.find(pool, "allocate", device(), true);
   if (slot != kDefaultPool && pools_.at(slot).asleep) {
     throw usage_error("expanse: allocate of " + std::to_string(bytes) + " bytes in pool " +
@@ -414,6 +415,8 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   // Out of host memory the free fails here (std::bad_alloc), before anything changed: the
   // block stays live, and freeing it again may succeed. From here on it completes.
   StreamOrder::Deps deps = streams_.make_room_for_free(b, ss);
+  const PoolSlot join_slot = join != 0 ? pools_.live_slot(join) : kDefaultPool;
+  if (join_slot != kDefaultPool) placement_.index().make_room(join_slot);
   // The check above read the entry; a free racing on another thread (park_fast) may have parked
   // the block since: only one of the two frees may have it.
   if (!caches_.blocks().seize(addr)) {
@@ -440,7 +443,7 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
       if (pools_.at(s).live_blocks == 0) emptied = s;
     }
   } else if (join != 0) {
-    b.pool = pools_.live_slot(join);
+    b.pool = join_slot;
   }
   stats_.requested_bytes -= b.requested;
   stats_.allocated_bytes -= b.size;
