@@ -160,7 +160,10 @@ thread_local ThreadCacheExit t_caches;
 
 ThreadCaches::ThreadCaches(GiveBack give_back)
     : give_back_(std::move(give_back)),
-      serial_(g_next_serial.fetch_add(1, std::memory_order_relaxed)) {}
+      serial_(g_next_serial.fetch_add(1, std::memory_order_relaxed)) {
+  // Made here, not first at a thread's exit, where running out of host memory would terminate.
+  (void)lifetime_mu();
+}
 
 ThreadCaches::~ThreadCaches() { detach_all(); }
 
