@@ -271,6 +271,19 @@ EXPANSE_C_API int expanse_set_wake_hook(void (*hook)(expanse_pool_id id, void* c
 EXPANSE_C_API void* expanse_torch_malloc(size_t size, int device, struct CUstream_st* stream);
 EXPANSE_C_API void expanse_torch_free(void* ptr, size_t size, int device,
                                       struct CUstream_st* stream);
+/* The message of an allocation of `requested` bytes on device refused for lack of memory, in
+ * PyTorch's words, as expanse_torch_malloc's exception and the native PyTorch allocator's
+ * OutOfMemoryError carry it: "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total
+ * capacity of ... of which ... is free to expanse (not touched by live blocks[, under its limit
+ * of ...]). Of the allocated memory ... is allocated by PyTorch through expanse, and ... is
+ * reserved by expanse but unallocated." then `reason` (expanse's explanation, e.g.
+ * expanse_last_error() at the failure; NULL or "": none), after "expanse: " unless it starts with
+ * "expanse". The figures are stats' (its first struct_size bytes; NULL: the device's now), none
+ * when its capacity_bytes is 0; sizes as PyTorch writes them ("512 bytes", "1.50 KiB").
+ * Takes buf's capacity in *size and sets *size to the bytes the message needs, its NUL included;
+ * the message is written only when it fits. A NULL buf with *size 0 asks for the size only. */
+EXPANSE_C_API int expanse_format_oom(size_t requested, int device, const expanse_stats* stats,
+                                     const char* reason, char* buf, size_t* size);
 
 /* Memory history, as torch.cuda.memory._record_memory_history() keeps it. enabled != 0 starts a
  * new trace (alloc, free_requested, free_completed, segment_map, segment_unmap and oom entries

@@ -15,12 +15,13 @@
 #include "api/torch_entry.hpp"
 
 #include "api/errors.hpp"
+#include "api/oom_message.hpp"
 #include "api/pools.hpp"
 #include "api/runtime.hpp"
+#include "api/stats.hpp"
 #include "expanse/expanse.h"
 
 #include <atomic>
-#include <cinttypes>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -42,21 +43,6 @@ std::mutex g_counts_mu;
 std::map<int, TorchFreeCounts> g_counts;
 std::atomic<bool> g_mismatch_reported{false};
 
-// PyTorch's own size format in OOM messages (c10/util: format_size): "512 bytes", "2.00 MiB".
-std::string torch_size(uint64_t n) {
-  char buf[64];
-  if (n <= 1024) {
-    std::snprintf(buf, sizeof buf, "%" PRIu64 " bytes", n);
-  } else if (n <= 1048576) {
-    std::snprintf(buf, sizeof buf, "%.2f KiB", static_cast<double>(n) / 1024.0);
-  } else if (n <= 1073741824ULL) {
-    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(n) / 1048576.0);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(n) / 1073741824.0);
-  }
-  return buf;
-}
-
 std::string ptr_text(const void* p) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%p", p);
@@ -64,21 +50,14 @@ std::string ptr_text(const void* p) {
 }
 
 [[noreturn]] void throw_oom(size_t size, int device, const std::string& why) {
-  std::string m = "CUDA out of memory. Tried to allocate " + torch_size(size) + ".";
+  expanse_stats s{};
+  s.struct_size = sizeof s;
   try {
-    core::DeviceAllocator& a = Runtime::get().device(device);
-    const core::DeviceStats s = a.stats();
-    const uint64_t cap = std::min<uint64_t>(a.capacity(), a.limit());
-    const uint64_t free = cap > s.touched_bytes ? cap - s.touched_bytes : 0;
-    m += " GPU " + std::to_string(device) + " has a total capacity of " + torch_size(a.capacity()) +
-         " of which " + torch_size(free) + " is free (expanse: memory not touched by live blocks" +
-         (a.limit() < a.capacity() ? ", under a limit of " + torch_size(a.limit()) : "") +
-         "). Of the allocated memory " + torch_size(s.allocated_bytes) +
-         " is allocated by PyTorch through expanse, and " + torch_size(s.cached_bytes) +
-         " is cached (mapped, reusable).";
+    fill_stats(device, &s);
   } catch (...) {
+    s = expanse_stats{};  // no figures
   }
-  throw torch_error(m + " " + why);
+  throw torch_error(oom_message(size, device, s, why));
 }
 
 void count(int device, bool mismatch) {

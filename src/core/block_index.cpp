@@ -23,13 +23,6 @@ void BlockIndex::remove_reservation(const Reservation& r) {
   blocks_.erase(it);
 }
 
-BlockIndex::SizeSet& BlockIndex::set_for(Arena a, const Block& b) {
-  EXPANSE_ASSERT(b.pool < pools_.size());
-  FreeSets& f = pools_[b.pool];
-  int i = static_cast<int>(a);
-  return b.safe ? f.safe[i] : f.owned[i][b.stream];
-}
-
 void BlockIndex::add_pool(PoolSlot p) {
   if (p >= pools_.size()) pools_.resize(size_t{p} + 1);
 }
@@ -50,9 +43,57 @@ BlockIt BlockIndex::move_to_pool(BlockIt it, Arena a, PoolSlot p) {
   return insert_free(it, a);
 }
 
+void BlockIndex::make_room(PoolSlot p) {
+  EXPANSE_ASSERT(p < pools_.size());
+  if (spare_entry_.empty()) {
+    SizeSet s;
+    s.emplace(0, 0);
+    spare_entry_ = s.extract(s.begin());
+  }
+  if (spare_owner_.empty()) {
+    OwnerMap m;
+    m.try_emplace(0);
+    spare_owner_ = m.extract(m.begin());
+  }
+  // A new owner must not make the map grow its buckets either (an empty map may not have sized
+  // them yet; a full one grows now, by its own policy).
+  for (OwnerMap& o : pools_[p].owned) {
+    if (o.empty() || static_cast<double>(o.size() + 1) > static_cast<double>(o.max_load_factor()) *
+                                                            static_cast<double>(o.bucket_count())) {
+      o.reserve(o.size() + 1);
+    }
+  }
+}
+
+void BlockIndex::insert_entry(SizeSet& set, const std::pair<size_t, CUdeviceptr>& v) {
+  if (spare_entry_.empty()) {
+    set.insert(v);
+    return;
+  }
+  spare_entry_.value() = v;
+  set.insert(std::move(spare_entry_));
+}
+
 void BlockIndex::index(Arena a, BlockIt it) {
-  it->second.state = BlockState::free;
-  set_for(a, it->second).emplace(it->second.size, it->first);
+  Block& b = it->second;
+  b.state = BlockState::free;
+  EXPANSE_ASSERT(b.pool < pools_.size());
+  FreeSets& f = pools_[b.pool];
+  const int i = static_cast<int>(a);
+  if (b.safe) {
+    insert_entry(f.safe[i], {b.size, it->first});
+    return;
+  }
+  auto o = f.owned[i].find(b.stream);
+  if (o == f.owned[i].end()) {
+    if (spare_owner_.empty()) {
+      o = f.owned[i].try_emplace(b.stream).first;
+    } else {
+      spare_owner_.key() = b.stream;
+      o = f.owned[i].insert(std::move(spare_owner_)).position;
+    }
+  }
+  insert_entry(o->second, {b.size, it->first});
 }
 
 void BlockIndex::unindex(Arena a, BlockIt it) {
@@ -60,14 +101,23 @@ void BlockIndex::unindex(Arena a, BlockIt it) {
   EXPANSE_ASSERT(b.state == BlockState::free);
   int i = static_cast<int>(a);
   FreeSets& f = pools_[b.pool];
+  auto keep = [&](SizeSet& set) {
+    SizeSet::node_type n = set.extract({b.size, it->first});
+    if (spare_entry_.empty()) spare_entry_ = std::move(n);
+  };
   if (b.safe) {
-    f.safe[i].erase({b.size, it->first});
+    keep(f.safe[i]);
     return;
   }
   auto o = f.owned[i].find(b.stream);
   EXPANSE_ASSERT(o != f.owned[i].end());
-  o->second.erase({b.size, it->first});
-  if (o->second.empty()) f.owned[i].erase(o);
+  keep(o->second);
+  if (!o->second.empty()) return;
+  if (spare_owner_.empty()) {
+    spare_owner_ = f.owned[i].extract(o);
+  } else {
+    f.owned[i].erase(o);
+  }
 }
 
 BlockIt BlockIndex::best_fit(Arena a, size_t bytes, StreamKey stream, PoolSlot p) {

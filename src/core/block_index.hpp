@@ -140,24 +140,35 @@ class BlockIndex {
     }
   }
 
+  // Room for one more free block in pool p's index: what the next index() of a free (through
+  // insert_free or make_safe) would allocate is allocated now, so that freeing a block cannot
+  // fail half done for want of host memory. May throw std::bad_alloc; changes nothing else.
+  void make_room(PoolSlot p);
+
   size_t free_blocks() const noexcept;
   // Whether adjacent blocks x and y (in that order, or the other) coalesce when both are free.
   bool mergeable(const Block& x, const Block& y) const noexcept;
 
  private:
   using SizeSet = std::set<std::pair<size_t, CUdeviceptr>>;
-  SizeSet& set_for(Arena a, const Block& b);
+  using OwnerMap = std::unordered_map<StreamKey, SizeSet>;
   void unindex(Arena a, BlockIt it);
   void index(Arena a, BlockIt it);
+  // Inserts v into set, in the spare node if there is one.
+  void insert_entry(SizeSet& set, const std::pair<size_t, CUdeviceptr>& v);
 
   // One pool's free blocks: safe ones, and unsafe ones by owner stream, per arena.
   struct FreeSets {
     SizeSet safe[kArenaCount];
-    std::unordered_map<StreamKey, SizeSet> owned[kArenaCount];
+    OwnerMap owned[kArenaCount];
   };
 
   BlockMap blocks_;
   std::vector<FreeSets> pools_ = std::vector<FreeSets>(1);  // by PoolSlot; [0]: the default
+  // Nodes for the next index(), so that it need not allocate: made by make_room, and kept by
+  // unindex from what it takes out.
+  SizeSet::node_type spare_entry_;
+  OwnerMap::node_type spare_owner_;  // its set is empty
 };
 
 }  // namespace expanse::core

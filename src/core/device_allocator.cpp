@@ -7,6 +7,7 @@
 #include "expanse/errors.hpp"
 
 #include <algorithm>
+#include <new>
 
 namespace expanse::core {
 namespace {
@@ -159,6 +160,7 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
 
   std::lock_guard<std::mutex> lock(mu_);
   CheckedScope checked(*this, "allocate");
+  settle_owed_locked();
   const PoolSlot slot = pool == 0 ? kDefaultPool : pools_.find(pool, "allocate", device(), true);
   if (slot != kDefaultPool && pools_.at(slot).asleep) {
     throw usage_error("expanse: allocate of " + std::to_string(bytes) + " bytes in pool " +
@@ -415,6 +417,12 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   }
   StreamOrder::Call call(streams_);
   StreamOrder::StreamState& ss = streams_.state(stream, id);
+  settle_owed_locked();
+  // Out of host memory the free fails here (std::bad_alloc), before anything changed: the
+  // block stays live, and freeing it again may succeed. From here on it completes.
+  StreamOrder::Deps deps = streams_.make_room_for_free(b, ss);
+  const PoolSlot join_slot = join != 0 ? pools_.live_slot(join) : kDefaultPool;
+  if (join_slot != kDefaultPool) placement_.index().make_room(join_slot);
   // The check above read the entry; a free racing on another thread (park_fast) may have parked
   // the block since: only one of the two frees may have it.
   if (!caches_.blocks().seize(addr)) {
@@ -425,22 +433,23 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   if (join == 0 && !asleep && park_locked(it, ss, id)) return;
   caches_.blocks().erase(addr);  // back in the books for good (if it ever was parked)
   credit_free(b.size, b.requested);
-  StreamOrder::Deps deps = streams_.end_uses(b, ss);
+  deps = streams_.end_uses(b, ss, std::move(deps));
   echo_.note(b.size, true);
   if (asleep) {
     b.state = BlockState::live;  // freed as a live block; its pages are gone (not touched)
   } else {
     supply_.untouch(placement_.res(b.res), it->first, b.size);
   }
+  PoolSlot emptied = kDefaultPool;  // a returned pool this free leaves with no live block
   if (b.pool != kDefaultPool) {
     const PoolSlot s = b.pool;
     count_in_pool(b, -1);
     if (pools_.at(s).returned) {  // its memory is the default pool's now
       b.pool = kDefaultPool;
-      if (pools_.at(s).live_blocks == 0) forget_pool(s);
+      if (pools_.at(s).live_blocks == 0) emptied = s;
     }
   } else if (join != 0) {
-    b.pool = pools_.live_slot(join);
+    b.pool = join_slot;
   }
   stats_.requested_bytes -= b.requested;
   stats_.allocated_bytes -= b.size;
@@ -448,6 +457,13 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   ++stats_.num_frees;
   if (events_ != nullptr) events_->on_free(device(), it->first, b.requested, stream);
   streams_.on_free(it, ss, std::move(deps));
+  if (emptied != kDefaultPool) {
+    try {
+      forget_pool(emptied);
+    } catch (const std::bad_alloc&) {
+      // The free is done; the pool, returned and empty, keeps its slot (changed nothing else).
+    }
+  }
   trim_after_free();
   recheck_limit_locked();
 }

@@ -40,6 +40,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -214,9 +215,17 @@ class DeviceAllocator {
   bool park_fast(void* ptr, const StreamIdentity& id, size_t expected_size);
   // A free under the lock (block `it`, live, freed on ss): parks it when it may be; false if not.
   bool park_locked(BlockIt it, StreamOrder::StreamState& ss, const StreamIdentity& id);
-  // Gives the parked block at addr back to the books: freed on the stream it was freed on.
+  // Gives the parked block at addr back to the books: freed on the stream it was freed on. Out
+  // of host memory it throws std::bad_alloc having changed nothing.
   void free_parked_locked(CUdeviceptr addr);
-  // Every cache's blocks back to the books, their counts into stats_; how many blocks.
+  // Gives parked blocks, taken out of their caches, back to the books; how many it could. Out
+  // of host memory the rest stay parked, owed (FrontBlocks::Entry::owed): nothing is lost, and
+  // settle_owed_locked frees them at a later locked call.
+  size_t free_parked_all_locked(const std::vector<CachedBlock>& blocks);
+  // Frees the owed blocks that host memory allows now; how many.
+  size_t settle_owed_locked();
+  // Every cache's blocks (and owed ones) back to the books, their counts into stats_; how many
+  // blocks.
   size_t flush_caches_locked();
   // c's hits and stream queries into stats_ (c.lock held), counted from 0 again.
   void absorb_counts_locked(ThreadCache& c);
@@ -308,6 +317,10 @@ class DeviceAllocator {
   // them under it (a block handed back from a cache would touch pages the limit no longer has).
   std::atomic<bool> over_limit_{false};
   ThreadCaches caches_;
+  // Parked blocks owed to the books (free_parked_all_locked): how many, their bytes.
+  size_t owed_frees_ = 0;
+  uint64_t owed_bytes_ = 0;
+  uint64_t owed_requested_ = 0;
 };
 
 class DeviceAllocator::CheckedScope {
@@ -317,7 +330,12 @@ class DeviceAllocator::CheckedScope {
   CheckedScope& operator=(const CheckedScope&) = delete;
 #ifdef EXPANSE_CHECKED
   ~CheckedScope() {
-    const std::string violation = a_.check_invariants_locked();
+    std::string violation;
+    try {
+      violation = a_.check_invariants_locked();
+    } catch (const std::bad_alloc&) {
+      return;  // out of host memory: no room to check now (the next call checks)
+    }
     if (!violation.empty()) books_violated(call_, violation);
   }
 #endif

@@ -103,8 +103,8 @@ bool DeviceAllocator::park_fast(void* ptr, const StreamIdentity& id, size_t expe
   if (!evicted.empty()) {
     std::lock_guard<std::mutex> lock(mu_);
     CheckedScope checked(*this, "free");
-    for (const CachedBlock& v : evicted) free_parked_locked(v.addr);
-    trim_after_free();
+    settle_owed_locked();
+    free_parked_all_locked(evicted);
   }
   return true;
 }
@@ -132,20 +132,20 @@ bool DeviceAllocator::park_locked(BlockIt it, StreamOrder::StreamState& ss,
     caches_.blocks().erase(it->first);  // not parked: freed the usual way
     return false;
   }
-  for (const CachedBlock& v : evicted) free_parked_locked(v.addr);
-  if (!evicted.empty()) trim_after_free();
+  free_parked_all_locked(evicted);
   return true;
 }
 
 void DeviceAllocator::free_parked_locked(CUdeviceptr addr) {
-  caches_.blocks().erase(addr);
   auto it = placement_.index().blocks().find(addr);
   EXPANSE_ASSERT(it != placement_.index().blocks().end() &&
                  it->second.state == BlockState::live);
   Block& b = it->second;
   StreamOrder::StreamState* ss = streams_.find_state(b.stream);
   EXPANSE_ASSERT(ss != nullptr);  // its live block keeps the state
-  StreamOrder::Deps deps = streams_.end_uses(b, *ss);
+  // The only step that may fail (out of host memory): before anything changes.
+  StreamOrder::Deps deps = streams_.end_uses(b, *ss, streams_.make_room_for_free(b, *ss));
+  caches_.blocks().erase(addr);
   supply_.untouch(placement_.res(b.res), it->first, b.size);
   stats_.requested_bytes -= b.requested;
   stats_.allocated_bytes -= b.size;
@@ -157,20 +157,67 @@ void DeviceAllocator::free_parked_locked(CUdeviceptr addr) {
   streams_.on_free(it, *ss, std::move(deps));
 }
 
+// A block evicted or flushed is out of its cache: from there it is freed into the books, or,
+// out of host memory, marked owed (no allocation) and freed by the next settle_owed_locked. So
+// no block a user freed stays live for good, and no free the user saw succeed throws.
+size_t DeviceAllocator::free_parked_all_locked(const std::vector<CachedBlock>& blocks) {
+  size_t freed = 0;
+  try {
+    for (; freed < blocks.size(); ++freed) free_parked_locked(blocks[freed].addr);
+  } catch (const std::bad_alloc&) {
+    for (size_t i = freed; i < blocks.size(); ++i) {
+      blocks[i].entry->owed = true;
+      ++owed_frees_;
+      owed_bytes_ += blocks[i].size;
+      owed_requested_ += blocks[i].requested;
+    }
+  }
+  if (freed != 0) trim_after_free();
+  return freed;
+}
+
+size_t DeviceAllocator::settle_owed_locked() {
+  if (owed_frees_ == 0) return 0;
+  size_t freed = 0;
+  try {
+    for (CUdeviceptr addr : caches_.blocks().owed()) {
+      const FrontBlocks::Entry* e = caches_.blocks().find(addr);
+      const size_t size = e->size, requested = e->requested;
+      free_parked_locked(addr);  // erases e
+      --owed_frees_;
+      owed_bytes_ -= size;
+      owed_requested_ -= requested;
+      ++freed;
+    }
+  } catch (const std::bad_alloc&) {
+    // Still owed: the next locked call tries again.
+  }
+  if (freed != 0) trim_after_free();
+  return freed;
+}
+
 size_t DeviceAllocator::flush_caches_locked() {
-  if (caches_.empty()) return 0;
+  const size_t settled = settle_owed_locked();
+  if (caches_.empty()) return settled;
   std::vector<CachedBlock> all;
-  caches_.for_each(
-      [&](ThreadCache& c) {
-        std::lock_guard<SpinLock> lock(c.lock);
-        std::vector<CachedBlock> mine = c.take_all();
-        all.insert(all.end(), mine.begin(), mine.end());
-        absorb_counts_locked(c);
-      },
-      /*prune=*/true);
-  for (const CachedBlock& b : all) free_parked_locked(b.addr);
-  if (!all.empty()) trim_after_free();
-  return all.size();
+  try {
+    caches_.for_each(
+        [&](ThreadCache& c) {
+          std::lock_guard<SpinLock> lock(c.lock);
+          // Out of host memory, this cache (and those after it) keeps its blocks: the room for
+          // them in `all` is made before any is taken.
+          if (all.capacity() - all.size() < c.entries()) {
+            all.reserve(std::max(2 * all.capacity(), all.size() + c.entries()));
+          }
+          std::vector<CachedBlock> mine = c.take_all();
+          all.insert(all.end(), mine.begin(), mine.end());
+          absorb_counts_locked(c);
+        },
+        /*prune=*/true);
+  } catch (const std::bad_alloc&) {
+    // The blocks taken so far are freed below.
+  }
+  return settled + free_parked_all_locked(all);
 }
 
 DeviceAllocator::ParkedShare DeviceAllocator::parked_share_locked() {
@@ -224,8 +271,8 @@ void DeviceAllocator::give_back(std::vector<CachedBlock>& blocks, ThreadCache& c
     std::lock_guard<SpinLock> l(c.lock);
     absorb_counts_locked(c);
   }
-  for (const CachedBlock& b : blocks) free_parked_locked(b.addr);
-  if (!blocks.empty()) trim_after_free();
+  settle_owed_locked();
+  free_parked_all_locked(blocks);
 }
 
 void DeviceAllocator::update_peaks_locked() {
@@ -236,6 +283,8 @@ void DeviceAllocator::update_peaks_locked() {
     parked_requested += c.requested_bytes();
     c.credit_size = c.credit_requested = 0;
   });
+  parked += owed_bytes_;
+  parked_requested += owed_requested_;
   stats_.peak_allocated_bytes =
       std::max<uint64_t>(stats_.peak_allocated_bytes, stats_.allocated_bytes - parked);
   stats_.peak_requested_bytes =

@@ -5,6 +5,7 @@
 #include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 
+#include <new>
 #include <sstream>
 
 namespace expanse::core {
@@ -214,10 +215,14 @@ void DeviceAllocator::forget_pool(PoolSlot s) {
   PoolState& p = pools_.at(s);
   // Freed at the next release_host_backup or release_cached (never from a free, which may run
   // beside another thread's capture: cuMemFreeHost synchronizes).
+  // Out of host memory, nothing changed (PoolTable::forget too).
   if (p.backup != nullptr) orphan_backups_.push_back(p.backup);
-  p.backup = nullptr;
-  p.backup_bytes = 0;
-  pools_.forget(s);
+  try {
+    pools_.forget(s);
+  } catch (const std::bad_alloc&) {
+    if (p.backup != nullptr) orphan_backups_.pop_back();
+    throw;
+  }
 }
 
 std::string DeviceAllocator::pools_holding_memory() const {

@@ -65,4 +65,15 @@ void FrontBlocks::erase(CUdeviceptr addr) {
   s.map.erase(addr);
 }
 
+std::vector<CUdeviceptr> FrontBlocks::owed() const {
+  std::vector<CUdeviceptr> out;
+  for (Shard& s : shards_) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (const auto& [addr, e] : s.map) {
+      if (e.owed) out.push_back(addr);
+    }
+  }
+  return out;
+}
+
 }  // namespace expanse::core

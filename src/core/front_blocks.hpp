@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 namespace expanse::core {
 
@@ -29,6 +30,9 @@ class FrontBlocks {
     size_t size = 0;         // as carved
     size_t requested = 0;    // as asked for
     std::atomic<uint8_t> state{cached};
+    // Cached, out of every thread cache: evicted or flushed, but its free into the books could
+    // not finish for want of host memory (device lock; DeviceAllocator::settle_owed_locked).
+    bool owed = false;
   };
   enum class Claim { unknown, claimed, not_live, other };
 
@@ -50,6 +54,8 @@ class FrontBlocks {
   int user_holds(CUdeviceptr addr, size_t* requested) const;
   // Removes addr if here.
   void erase(CUdeviceptr addr);
+  // The addresses of the entries marked owed (device lock held). May throw std::bad_alloc.
+  std::vector<CUdeviceptr> owed() const;
 
  private:
   static constexpr size_t kShards = 64;

@@ -8,7 +8,14 @@ namespace expanse::core {
 
 void HandlePool::put(size_t pages, CUmemGenericAllocationHandle h) {
   EXPANSE_ASSERT(pages > 0 && h != 0);
-  by_size_[pages].push_back(h);
+  // Out of host memory nothing changes (no empty entry is left behind).
+  auto [it, added] = by_size_.try_emplace(pages);
+  try {
+    it->second.push_back(h);
+  } catch (...) {
+    if (added) by_size_.erase(it);
+    throw;
+  }
   pages_ += pages;
 }
 

@@ -3,6 +3,7 @@
 #include "core/check.hpp"
 #include "expanse/errors.hpp"
 
+#include <algorithm>
 #include <limits>
 
 namespace expanse::core {
@@ -58,8 +59,12 @@ PoolSlot PoolTable::find(PoolId id, const char* what, int device, bool need_live
 void PoolTable::forget(PoolSlot s) {
   EXPANSE_ASSERT(s != kDefaultPool && slots_[s].in_use() && slots_[s].returned &&
                  slots_[s].live_blocks == 0);
-  by_id_.erase(slots_[s].id);
+  // What may fail for want of host memory first, so that on a throw nothing changed.
+  if (free_slots_.size() == free_slots_.capacity()) {
+    free_slots_.reserve(std::max<size_t>(8, 2 * free_slots_.capacity()));
+  }
   forgotten_.insert(slots_[s].id);
+  by_id_.erase(slots_[s].id);
   slots_[s] = PoolState{};
   free_slots_.push_back(s);
 }

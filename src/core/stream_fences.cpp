@@ -5,6 +5,7 @@
 #include "core/stream_order.hpp"
 
 #include <algorithm>
+#include <new>
 
 namespace expanse::core {
 
@@ -43,6 +44,16 @@ bool StreamOrder::run_context_wide(CUcontext ctx, const std::function<bool()>& o
 // at_free: called by the thread freeing on ss's handle right now, which the caller promises is a
 // valid stream (the only time an unknown stream's handle can be trusted).
 StreamOrder::Recorded StreamOrder::record_fence(StreamState& ss, bool at_free) {
+  // Out of host memory (an event, a fence's room): no fence, so nothing is proven by one; a
+  // fence popped to be recorded again is lost, and its event stays out of the pool.
+  try {
+    return record_fence_or_throw(ss, at_free);
+  } catch (const std::bad_alloc&) {
+    return Recorded::not_now;
+  }
+}
+
+StreamOrder::Recorded StreamOrder::record_fence_or_throw(StreamState& ss, bool at_free) {
   if (ss.gone) return Recorded::gone;
   if (ss.kind == StreamIdentity::unknown && !at_free) return Recorded::gone;  // cannot be checked
   // Only handles that cannot name a destroyed stream: the current call's (the caller vouches

@@ -125,8 +125,28 @@ void StreamOrder::add_user(Block& b, StreamState& ss) {
 // The free is ordered on ss; the allocation stream and streams recorded with record_stream may
 // still use the block: it waits until each has passed this point (a fence recorded on it later
 // covers it; nothing is recorded here).
-StreamOrder::Deps StreamOrder::end_uses(const Block& b, StreamState& ss) {
+// At most how many streams end_uses names: b's allocation stream and its users, but ss.
+static size_t deps_of(const Block& b, const StreamOrder::StreamState& ss) {
+  size_t n = b.stream != ss.key ? 1 : 0;
+  for (StreamKey u : b.users) n += u != ss.key ? 1 : 0;
+  return n;
+}
+
+StreamOrder::Deps StreamOrder::make_room_for_free(const Block& b, StreamState& ss) {
   Deps deps;
+  if (const size_t n = deps_of(b, ss); n != 0) deps.reserve(n);
+  if (pending_.size() == pending_.capacity()) {
+    pending_.reserve(std::max<size_t>(16, 2 * pending_.capacity()));
+  }
+  if (ss.recent.capacity() < opts_.lifo_depth) ss.recent.reserve(opts_.lifo_depth);
+  placement_.index().make_room(b.pool);
+  // A free into a released pool lands in the default pool (DeviceAllocator::deallocate).
+  if (b.pool != kDefaultPool) placement_.index().make_room(kDefaultPool);
+  return deps;
+}
+
+StreamOrder::Deps StreamOrder::end_uses(const Block& b, StreamState& ss, Deps deps) {
+  EXPANSE_ASSERT(deps.empty() && deps.capacity() >= deps_of(b, ss));
   auto depend_on = [&](StreamKey k, size_t bytes) {
     auto st = streams_.find(k);
     if (st == streams_.end()) return;  // nothing of it left unproven (drop_finished_states)

@@ -135,10 +135,16 @@ class StreamOrder {
   void on_alloc(Block& b, StreamState& ss);
   // record_stream: ss uses live block b too.
   void add_user(Block& b, StreamState& ss);
-  // Freeing live block b on ss ends its uses: the other streams it must wait for.
-  Deps end_uses(const Block& b, StreamState& ss);
+  // A free of live block b on ss starts here: the host memory end_uses and on_free need is
+  // allocated now (deps: returned empty, with room for every stream b waits for), so that out
+  // of host memory the free fails here, with std::bad_alloc and nothing changed, or completes.
+  Deps make_room_for_free(const Block& b, StreamState& ss);
+  // Freeing live block b on ss ends its uses: the other streams it must wait for, into deps
+  // (from make_room_for_free).
+  Deps end_uses(const Block& b, StreamState& ss, Deps deps);
   // Freeing live block `it` on ss (after end_uses): pending on deps, else back in the free index
-  // owned by ss (safe at once if a fence proved ss's work done).
+  // owned by ss (safe at once if a fence proved ss's work done). Allocates nothing (the room was
+  // made) but fences, which are best effort: one not recorded for want of memory proves nothing.
   void on_free(BlockIt it, StreamState& ss, Deps deps);
 
   // ss's own call (it is the call's stream): records the fence it owes, unless one covers its
@@ -215,6 +221,7 @@ class StreamOrder {
   StreamKey key_for(const StreamIdentity& id);
   void free_to_index(StreamState& ss, BlockIt it);
   Recorded record_fence(StreamState& ss, bool at_free = false);
+  Recorded record_fence_or_throw(StreamState& ss, bool at_free);
   void record_owed(StreamState& ss);
   // Queries ss's fences oldest first (no record, no wait); whether its proven point advanced.
   bool query_fences(StreamState& ss);

@@ -1,6 +1,7 @@
 #include "core/thread_cache.hpp"
 
 #include <algorithm>
+#include <new>
 
 namespace expanse::core {
 namespace {
@@ -135,7 +136,13 @@ struct ThreadCacheExit {
       c.lock.lock();
       owner = c.owner;
       c.thread_gone = true;
-      if (owner != nullptr) blocks = c.take_all();
+      if (owner != nullptr) {
+        try {
+          blocks = c.take_all();
+        } catch (const std::bad_alloc&) {
+          owner = nullptr;  // out of host memory: they stay here; the next flush frees them
+        }
+      }
       c.lock.unlock();
       if (owner == nullptr) continue;
       try {
@@ -153,7 +160,10 @@ thread_local ThreadCacheExit t_caches;
 
 ThreadCaches::ThreadCaches(GiveBack give_back)
     : give_back_(std::move(give_back)),
-      serial_(g_next_serial.fetch_add(1, std::memory_order_relaxed)) {}
+      serial_(g_next_serial.fetch_add(1, std::memory_order_relaxed)) {
+  // Made here, not first at a thread's exit, where running out of host memory would terminate.
+  (void)lifetime_mu();
+}
 
 ThreadCaches::~ThreadCaches() { detach_all(); }
 

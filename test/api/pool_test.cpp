@@ -42,50 +42,15 @@ class Pools : public expanse::test::TwoDrivers {
   void TearDown() override {
     if (started_) {
       release_all_();
-      for (auto& [dev, s] : streams_) {
-        push(dev);
-        t().stream_destroy(s);
-        pop();
-      }
       for (auto& [dev, e] : events_) {
         push(dev);
         t().event_destroy(e);
         pop();
       }
-      for (auto& [dev, ctx] : retained_) {
-        (void)ctx;
-        CUdevice d = 0;
-        t().device_get(&d, dev);
-        t().device_primary_ctx_release(d);
-      }
     }
     TwoDrivers::TearDown();
   }
 
-  CUcontext primary(int dev) {
-    for (auto& [d, c] : retained_) {
-      if (d == dev) return c;
-    }
-    CUdevice d = 0;
-    EXPECT_EQ(t().device_get(&d, dev), CUDA_SUCCESS);
-    CUcontext ctx = nullptr;
-    EXPECT_EQ(t().device_primary_ctx_retain(&ctx, d), CUDA_SUCCESS);
-    retained_.emplace_back(dev, ctx);
-    return ctx;
-  }
-  void push(int dev) { ASSERT_EQ(t().ctx_push_current(primary(dev)), CUDA_SUCCESS); }
-  void pop() {
-    CUcontext c = nullptr;
-    t().ctx_pop_current(&c);
-  }
-  CUstream stream(int dev = 0) {
-    push(dev);
-    CUstream s = nullptr;
-    EXPECT_EQ(t().stream_create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-    pop();
-    streams_.emplace_back(dev, s);
-    return s;
-  }
   CUevent event(int dev = 0) {
     push(dev);
     CUevent e = nullptr;
@@ -107,9 +72,7 @@ class Pools : public expanse::test::TwoDrivers {
     return id;
   }
 
-  std::vector<std::pair<int, CUstream>> streams_;
   std::vector<std::pair<int, CUevent>> events_;
-  std::vector<std::pair<int, CUcontext>> retained_;
 };
 
 void* must_malloc(size_t n, int dev, CUstream s) {

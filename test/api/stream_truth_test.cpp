@@ -6,13 +6,11 @@
 #include "api/runtime.hpp"
 #include "expanse/expanse.h"
 #include "sim/sim.hpp"
+#include "two_drivers_fixture.hpp"
 
 #include <gtest/gtest.h>
 
-#include <dlfcn.h>
-
 #include <cstring>
-#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,125 +24,8 @@ bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
   return x < y + bn && y < x + an;
 }
 
-// The sim's control functions, in-process or from libexpanse_simcuda.so.
-struct Control {
-  std::function<int(const char*)> configure;
-  std::function<void(void*)> hold, release;
-  std::function<void()> release_all;
-};
-
-class StreamTruth : public ::testing::TestWithParam<std::string> {
- protected:
-  bool dlopened() const { return GetParam() == "simcuda"; }
-
-  // Configures expanse (and the sim under it) with conf: sim_* keys plus allocator keys.
-  void start(const std::string& conf) {
-    if (dlopened()) {
-      if (lib_ == nullptr) lib_ = dlopen(EXPANSE_SIMCUDA_PATH, RTLD_NOW | RTLD_LOCAL);
-      ASSERT_NE(lib_, nullptr) << dlerror();
-      auto sym = [&](const char* n) {
-        void* f = dlsym(lib_, n);
-        EXPECT_NE(f, nullptr) << n;
-        return f;
-      };
-      auto configure = reinterpret_cast<int (*)(const char*)>(sym("expanse_sim_configure"));
-      auto hold = reinterpret_cast<void (*)(void*)>(sym("expanse_sim_hold_stream"));
-      auto release = reinterpret_cast<void (*)(void*)>(sym("expanse_sim_release_stream"));
-      auto release_all = reinterpret_cast<void (*)()>(sym("expanse_sim_release_all"));
-      ctl_.configure = configure;
-      ctl_.hold = hold;
-      ctl_.release = release;
-      ctl_.release_all = release_all;
-      ASSERT_EQ(ctl_.configure(conf.c_str()), 0);
-      const std::string full =
-          "driver:cuda,driver_library:" + std::string(EXPANSE_SIMCUDA_PATH) + "," + conf;
-      ASSERT_EQ(expanse_init(full.c_str()), EXPANSE_OK) << expanse_last_error();
-    } else {
-      ctl_.hold = [](void* s) { expanse::sim::hold_stream(static_cast<CUstream>(s)); };
-      ctl_.release = [](void* s) { expanse::sim::release_stream(static_cast<CUstream>(s)); };
-      ctl_.release_all = [] { expanse::sim::release_all(); };
-      ASSERT_EQ(expanse_init(("driver:sim," + conf).c_str()), EXPANSE_OK) << expanse_last_error();
-    }
-    started_ = true;
-  }
-
-  // Releases held work, destroys the test's streams, shuts expanse down.
-  void stop() {
-    if (!started_) return;
-    started_ = false;
-    ctl_.release_all();
-    for (auto& [dev, s] : streams_) {
-      push(dev);
-      t().stream_destroy(s);
-      pop();
-    }
-    streams_.clear();
-    for (auto& [dev, ctx] : retained_) {
-      (void)ctx;
-      CUdevice d = 0;
-      t().device_get(&d, dev);
-      t().device_primary_ctx_release(d);
-    }
-    retained_.clear();
-    EXPECT_EQ(expanse_shutdown(), EXPANSE_OK) << expanse_last_error();
-    t_ = nullptr;
-  }
-
-  void TearDown() override {
-    stop();
-    if (lib_ != nullptr) dlclose(lib_);
-  }
-
-  const expanse::driver::DriverTable& t() {
-    if (t_ == nullptr) t_ = &expanse::api::Runtime::get().driver().table();
-    return *t_;
-  }
-
-  CUcontext primary(int dev) {
-    for (auto& [d, c] : retained_) {
-      if (d == dev) return c;
-    }
-    CUdevice d = 0;
-    EXPECT_EQ(t().device_get(&d, dev), CUDA_SUCCESS);
-    CUcontext ctx = nullptr;
-    EXPECT_EQ(t().device_primary_ctx_retain(&ctx, d), CUDA_SUCCESS);
-    retained_.emplace_back(dev, ctx);
-    return ctx;
-  }
-  void push(int dev) { ASSERT_EQ(t().ctx_push_current(primary(dev)), CUDA_SUCCESS); }
-  void pop() {
-    CUcontext c = nullptr;
-    t().ctx_pop_current(&c);
-  }
-  // A stream created in device dev's primary context (destroyed at the end unless destroy()ed).
-  CUstream stream(int dev = 0, unsigned flags = CU_STREAM_NON_BLOCKING) {
-    push(dev);
-    CUstream s = nullptr;
-    EXPECT_EQ(t().stream_create(&s, flags), CUDA_SUCCESS);
-    pop();
-    streams_.emplace_back(dev, s);
-    return s;
-  }
-  void destroy(CUstream s) {
-    for (size_t i = 0; i < streams_.size(); ++i) {
-      if (streams_[i].second == s) {
-        push(streams_[i].first);
-        EXPECT_EQ(t().stream_destroy(s), CUDA_SUCCESS);
-        pop();
-        streams_.erase(streams_.begin() + static_cast<std::ptrdiff_t>(i));
-        return;
-      }
-    }
-    ADD_FAILURE() << "not a test stream";
-  }
-
-  Control ctl_;
-  void* lib_ = nullptr;
-  bool started_ = false;
-  const expanse::driver::DriverTable* t_ = nullptr;
-  std::vector<std::pair<int, CUstream>> streams_;
-  std::vector<std::pair<int, CUcontext>> retained_;
-};
+// Each case shuts down with nothing left in the driver (TwoDrivers::stop).
+class StreamTruth : public expanse::test::TwoDrivers {};
 
 void* must_malloc(size_t n, int dev, CUstream s) {
   void* p = expanse_malloc(n, dev, reinterpret_cast<CUstream_st*>(s));
@@ -165,7 +46,7 @@ TEST_P(StreamTruth, StreamOfAnotherDeviceIsWaitedFor) {
   void* a = must_malloc(8 * MiB, 0, s0);
   ASSERT_EQ(expanse_record_stream(a, reinterpret_cast<CUstream_st*>(s1)), EXPANSE_OK)
       << expanse_last_error();
-  ctl_.hold(s1);
+  hold_(s1);
   must_free(a, 8 * MiB, 0, s2);  // ordered on s2; s0 and device 1's s1 used it too
   std::vector<void*> got;
   for (int i = 0; i < 6; ++i) {
@@ -174,7 +55,7 @@ TEST_P(StreamTruth, StreamOfAnotherDeviceIsWaitedFor) {
     got.push_back(b);
   }
   for (void* b : got) must_free(b, 8 * MiB, 0, s2);
-  ctl_.release(s1);
+  release_(s1);
 }
 
 // Finding 2: a destroyed stream's handle value comes back for the next stream created; the new
@@ -183,7 +64,7 @@ TEST_P(StreamTruth, RecycledHandleInheritsNothing) {
   start("sim_capacity:1GiB");
   CUstream s1 = stream(0);
   void* a = must_malloc(4 * MiB, 0, s1);
-  ctl_.hold(s1);
+  hold_(s1);
   must_free(a, 4 * MiB, 0, s1);
   destroy(s1);
   CUstream s2 = stream(0);
@@ -204,7 +85,7 @@ TEST_P(StreamTruth, PerThreadStreamsAreNotShared) {
   std::thread ta([&] {
     t().ctx_set_current(ctx);
     a = expanse_malloc(4 * MiB, 0, pts);
-    ctl_.hold(CU_STREAM_PER_THREAD);
+    hold_(CU_STREAM_PER_THREAD);
     expanse_free(a, 4 * MiB, 0, pts);
   });
   ta.join();
@@ -229,7 +110,7 @@ TEST_P(StreamTruth, NullStreamIsNotSharedAcrossThreadsBeforeAFence) {
   std::thread ta([&] {
     t().ctx_set_current(ctx);
     a = expanse_malloc(4 * MiB, 0, nullptr);
-    ctl_.hold(nullptr);
+    hold_(nullptr);
     expanse_free(a, 4 * MiB, 0, nullptr);
   });
   ta.join();
@@ -253,7 +134,7 @@ TEST_P(StreamTruth, CaptureIsNotBrokenAndItsFreesWait) {
   push(0);
   // Memory freed on s1 and still in use: the allocator will want to fence and query it.
   void* old = must_malloc(16 * MiB, 0, s1);
-  ctl_.hold(s1);
+  hold_(s1);
   must_free(old, 16 * MiB, 0, s1);
   ASSERT_EQ(t().stream_begin_capture(cap, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
   void* a = must_malloc(8 * MiB, 0, cap);     // new pages during capture
@@ -267,7 +148,7 @@ TEST_P(StreamTruth, CaptureIsNotBrokenAndItsFreesWait) {
   pop();
   must_free(b, 8 * MiB, 0, s2);
   must_free(c, 64 * MiB, 0, s2);
-  ctl_.release(s1);
+  release_(s1);
 }
 
 // Found on an H100 (driver 580): thread B's expanse_release_cached synchronized the context
@@ -281,7 +162,7 @@ TEST_P(StreamTruth, AnnouncedCaptureSurvivesAnotherThreadsReleaseCached) {
   CUstream s1 = stream(0), cap = stream(0);
   auto* capc = reinterpret_cast<CUstream_st*>(cap);
   void* a = must_malloc(64 * MiB, 0, s1);
-  ctl_.hold(s1);
+  hold_(s1);
   must_free(a, 64 * MiB, 0, s1);
   destroy(s1);  // its work still pending: only a context sync proves a's pages free
   push(0);
@@ -313,7 +194,7 @@ TEST_P(StreamTruth, UnannouncedCaptureIsLostToAnotherThreadsReleaseCached) {
   start("sim_capacity:1GiB");
   CUstream s1 = stream(0), cap = stream(0);
   void* a = must_malloc(64 * MiB, 0, s1);
-  ctl_.hold(s1);
+  hold_(s1);
   must_free(a, 64 * MiB, 0, s1);
   destroy(s1);
   push(0);
@@ -455,7 +336,7 @@ TEST_P(StreamTruth, OlderDriversWorkAndStaySafe) {
     start(std::string("sim_capacity:1GiB,sim_driver_version:") + version);
     CUstream s1 = stream(0), s3 = stream(0);
     void* a = must_malloc(4 * MiB, 0, s1);
-    ctl_.hold(s1);
+    hold_(s1);
     must_free(a, 4 * MiB, 0, s1);
     destroy(s1);
     CUstream s2 = stream(0);
@@ -466,7 +347,7 @@ TEST_P(StreamTruth, OlderDriversWorkAndStaySafe) {
     must_free(b, 4 * MiB, 0, s2);
     must_free(c, 4 * MiB, 0, s3);
     // Everything comes back once the work is done.
-    ctl_.release_all();
+    release_all_();
     void* big = must_malloc(1024 * MiB - 16 * MiB, 0, s3);
     must_free(big, 1024 * MiB - 16 * MiB, 0, s3);
     stop();

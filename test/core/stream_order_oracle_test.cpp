@@ -13,14 +13,14 @@
 #include "core_fixture.hpp"
 #include "expanse/errors.hpp"
 #include "reference_model.hpp"
+#include "support/freed_memory_oracle.hpp"
 
 #include <map>
 #include <random>
+#include <sstream>
 
 namespace expanse::test {
 namespace {
-
-bool overlaps(uintptr_t x, size_t xn, uintptr_t y, size_t yn) { return x < y + yn && y < x + xn; }
 
 struct OracleParams {
   size_t capacity;
@@ -55,13 +55,8 @@ TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
   const auto& t = drv_->table();
   PrimaryCtx ctx(t);
 
-  struct Freed {
-    uintptr_t addr;
-    size_t size;
-    std::vector<std::pair<CUstream, CUevent>> events;
-    std::map<uintptr_t, CUmemGenericAllocationHandle> pages;
-  };
-  std::vector<Freed> freed;
+  using Oracle = FreedMemoryOracle<StreamUse<CUstream>>;
+  Oracle oracle(t);
   std::vector<CUevent> spare;
   std::map<uintptr_t, std::vector<CUstream>> users;  // live block -> streams that used it
   auto new_event = [&]() {
@@ -74,7 +69,7 @@ TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
     EXPECT_EQ(t.event_create(&e, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
     return e;
   };
-  auto done = [&](CUevent e) { return t.event_query(e) == CUDA_SUCCESS; };
+  auto to_spare = [&](const StreamUse<CUstream>& u) { spare.push_back(u.event); };
 
   const size_t ops = 20000;
   size_t repeat_n = 0;  // with caches: the size and stream the next step allocates (0: none)
@@ -82,17 +77,7 @@ TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
   size_t n_alloc = 0, n_oom = 0, n_same_stream_reuse = 0, n_pending_pages = 0;
   for (size_t step = 0; step < ops; ++step) {
     // Forget freed blocks whose work is all complete.
-    for (size_t i = 0; i < freed.size();) {
-      bool all = true;
-      for (auto& [s, e] : freed[i].events) all = all && done(e);
-      if (all) {
-        for (auto& [s, e] : freed[i].events) spare.push_back(e);
-        freed[i] = std::move(freed.back());
-        freed.pop_back();
-      } else {
-        ++i;
-      }
-    }
+    oracle.forget_done(to_spare);
     // With caches: the step after a free, often an allocation of the same size on the freeing
     // stream (what a cache serves).
     const size_t dice = repeat_n != 0 ? 0 : pick(1000);
@@ -123,16 +108,15 @@ TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
         auto a = reinterpret_cast<uintptr_t>(p);
         size_t sz = (n + 511) / 512 * 512;
         ASSERT_EQ(model.placement_error(a, sz, avail), "") << "step " << step << ": " << p;
-        for (const Freed& f : freed) {
-          if (!overlaps(a, sz, f.addr, f.size)) continue;
-          ++n_same_stream_reuse;
-          for (auto& [fs, e] : f.events) {
-            ASSERT_TRUE(fs == s || done(e))
-                << "step " << step << ": block " << p << " handed to stream " << s
-                << " overlaps memory freed at " << reinterpret_cast<void*>(f.addr)
-                << " whose work on stream " << fs << " is still pending";
-          }
-        }
+        std::ostringstream pending;
+        n_same_stream_reuse += oracle.check_allocation(
+            a, sz, s, [&](const Oracle::Freed& f, const StreamUse<CUstream>& u) {
+              if (pending.tellp() != 0) return;
+              pending << "step " << step << ": block " << p << " handed to stream " << s
+                      << " overlaps memory freed at " << reinterpret_cast<void*>(f.addr)
+                      << " whose work on stream " << u.stream << " is still pending";
+            });
+        ASSERT_EQ(pending.str(), "");
         fill_pattern(p, n, step);
         model.add(a, ModelBlock{n, sz, s, step});
         users[a] = {s};
@@ -144,13 +128,13 @@ TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
       const uintptr_t a = it->first;
       const size_t sz = it->second.size;
       CUstream s = pick(4) == 0 ? streams[pick(streams.size())] : it->second.stream;
-      Freed f{a, sz, {}, {}};
+      Oracle::Freed f{a, sz, s, {}, {}};
       std::vector<CUstream> us = users[a];
       if (std::find(us.begin(), us.end(), s) == us.end()) us.push_back(s);
       for (CUstream u : us) {
         CUevent e = new_event();
         ASSERT_EQ(t.event_record(e, u), CUDA_SUCCESS);
-        f.events.emplace_back(u, e);
+        f.uses.push_back({u, e});
       }
       for (uintptr_t pg = a / P * P; pg < a + sz; pg += P) f.pages[pg] = handle_at(pg);
       alloc_->deallocate(reinterpret_cast<void*>(a), s);
@@ -160,7 +144,7 @@ TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
       }
       model.remove(a);
       users.erase(a);
-      freed.push_back(std::move(f));
+      oracle.freed(std::move(f));
     } else if (dice < 860) {
       auto it = model.live().begin();
       std::advance(it, static_cast<std::ptrdiff_t>(pick(model.live().size())));
@@ -182,18 +166,17 @@ TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
 
     // Pages under memory whose work is pending stay mapped, with the same handle (memory whose
     // work the allocator waited for during this step is exempt).
-    for (const Freed& f : freed) {
-      bool all = true;
-      for (auto& [s, e] : f.events) all = all && done(e);
-      if (all) continue;
+    std::ostringstream unmapped;
+    oracle.for_each_pending([&](const Oracle::Freed& f) {
       n_pending_pages += f.pages.size();
       for (const auto& [pg, h] : f.pages) {
-        ASSERT_EQ(handle_at(pg), h) << "step " << step << ": page " << reinterpret_cast<void*>(pg)
-                                    << " under memory freed at "
-                                    << reinterpret_cast<void*>(f.addr)
-                                    << " was unmapped while work on it was pending";
+        if (unmapped.tellp() != 0 || handle_at(pg) == h) continue;
+        unmapped << "step " << step << ": page " << reinterpret_cast<void*>(pg)
+                 << " under memory freed at " << reinterpret_cast<void*>(f.addr)
+                 << " was unmapped while work on it was pending";
       }
-    }
+    });
+    ASSERT_EQ(unmapped.str(), "");
     // (stats() gives parked blocks back: with caches, only now and then, so that they serve.)
     if (!prm.thread_cache || step % 64 == 0) {
       core::DeviceStats st = alloc_->stats();
@@ -210,9 +193,7 @@ TEST_P(StreamOrderOracleTest, StreamOrderedReuseAndUnmapNeverBeatPendingWork) {
   }
   for (const auto& [a, b] : model.live()) alloc_->deallocate(reinterpret_cast<void*>(a), b.stream);
   for (CUstream s : streams) sim::release_stream(s);
-  for (Freed& f : freed) {
-    for (auto& [s, e] : f.events) spare.push_back(e);
-  }
+  oracle.clear(to_spare);
   for (CUevent e : spare) t.event_destroy(e);
   EXPECT_GT(n_oom, 0u);
   EXPECT_GT(n_alloc, ops / 5);

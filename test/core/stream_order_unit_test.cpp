@@ -46,7 +46,8 @@ TEST_F(StreamOrderUnitTest, AFreedBlockIsItsStreamsUntilAFenceProvesTheWorkDone)
   core::BlockIt it = live_block(ss, 0, 4 * P);
   EXPECT_EQ(it->second.stream, ss.key);
   EXPECT_EQ(ss.live_refs, 1u);
-  StreamOrder::Deps deps = streams_->end_uses(it->second, ss);
+  StreamOrder::Deps deps =
+      streams_->end_uses(it->second, ss, streams_->make_room_for_free(it->second, ss));
   EXPECT_TRUE(deps.empty()) << "nobody else used it";
   EXPECT_EQ(ss.live_refs, 0u);
   const CUdeviceptr addr = it->first;
@@ -83,7 +84,8 @@ TEST_F(StreamOrderUnitTest, ABlockAnotherStreamUsedIsPendingUntilThatStreamPasse
   sim::hold_stream(s2);
   StreamOrder::Call call(*streams_);
   StreamOrder::StreamState& ss = state(s1);
-  StreamOrder::Deps deps = streams_->end_uses(it->second, ss);
+  StreamOrder::Deps deps =
+      streams_->end_uses(it->second, ss, streams_->make_room_for_free(it->second, ss));
   ASSERT_EQ(deps.size(), 1u) << "s2 used it";
   streams_->on_free(it, ss, std::move(deps));
   EXPECT_EQ(it->second.state, BlockState::pending);

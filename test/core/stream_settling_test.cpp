@@ -5,9 +5,12 @@
 // from the other stream.
 #include "core_fixture.hpp"
 #include "core/wanted_ranges.hpp"
+#include "support/freed_memory_oracle.hpp"
 
+#include <cstdio>
 #include <map>
 #include <random>
+#include <sstream>
 
 namespace expanse::test {
 namespace {
@@ -180,14 +183,9 @@ TEST_F(StreamSettlingTest, RepeatedCrossStreamWorkloadNeverBeatsPendingWork) {
     for (size_t slot = 0; slot < kSlots; ++slot) {
       if (live[slot]) script.push_back({1, slot, 0, pick(4)});
     }
-    struct Freed {
-      uintptr_t addr;
-      size_t size;
-      std::vector<std::pair<CUstream, CUevent>> events;
-      std::map<uintptr_t, CUmemGenericAllocationHandle> pages;
-    };
-    std::vector<Freed> freed;
-    auto done = [&](CUevent e) { return t.event_query(e) == CUDA_SUCCESS; };
+    using Oracle = FreedMemoryOracle<StreamUse<CUstream>>;
+    Oracle oracle(t);
+    auto destroy = [&](const StreamUse<CUstream>& u) { t.event_destroy(u.event); };
     std::vector<void*> ptr(kSlots, nullptr);
     std::vector<size_t> sz(kSlots, 0);
     std::vector<std::vector<CUstream>> users(kSlots);
@@ -207,17 +205,17 @@ TEST_F(StreamSettlingTest, RepeatedCrossStreamWorkloadNeverBeatsPendingWork) {
         if (op.kind == 0) {
           void* p = alloc_->allocate(op.size, s);
           const size_t n = (op.size + 511) / 512 * 512;
-          for (const Freed& f : freed) {
-            if (!overlaps(p, n, reinterpret_cast<void*>(f.addr), f.size)) continue;
-            ++checked;
-            for (auto& [fs, e] : f.events) {
-              ASSERT_TRUE(fs == s || done(e))
-                  << "seed " << seed << " rep " << rep << " op " << i << ": block " << p
-                  << " handed to stream " << s << " overlaps memory freed at "
-                  << reinterpret_cast<void*>(f.addr) << " whose work on stream " << fs
-                  << " is still pending";
-            }
-          }
+          std::ostringstream pending;
+          checked += oracle.check_allocation(
+              reinterpret_cast<uintptr_t>(p), n, s,
+              [&](const Oracle::Freed& f, const StreamUse<CUstream>& u) {
+                if (pending.tellp() != 0) return;
+                pending << "seed " << seed << " rep " << rep << " op " << i << ": block " << p
+                        << " handed to stream " << s << " overlaps memory freed at "
+                        << reinterpret_cast<void*>(f.addr) << " whose work on stream "
+                        << u.stream << " is still pending";
+              });
+          ASSERT_EQ(pending.str(), "");
           ptr[op.slot] = p;
           sz[op.slot] = n;
           users[op.slot] = {s};
@@ -226,42 +224,36 @@ TEST_F(StreamSettlingTest, RepeatedCrossStreamWorkloadNeverBeatsPendingWork) {
           users[op.slot].push_back(s);
         } else {
           const auto a = reinterpret_cast<uintptr_t>(ptr[op.slot]);
-          Freed f{a, sz[op.slot], {}, {}};
+          Oracle::Freed f{a, sz[op.slot], s, {}, {}};
           std::vector<CUstream> us = users[op.slot];
           us.push_back(s);
           for (CUstream u : us) {
             CUevent e = nullptr;
             ASSERT_EQ(t.event_create(&e, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
             ASSERT_EQ(t.event_record(e, u), CUDA_SUCCESS);
-            f.events.emplace_back(u, e);
+            f.uses.push_back({u, e});
           }
           for (uintptr_t pg = a / P * P; pg < a + f.size; pg += P) f.pages[pg] = handle_at(pg);
           alloc_->deallocate(ptr[op.slot], s);
-          freed.push_back(std::move(f));
+          oracle.freed(std::move(f));
         }
-        for (size_t j = 0; j < freed.size();) {
-          bool all = true;
-          for (auto& [fs, e] : freed[j].events) all = all && done(e);
-          if (all) {
-            for (auto& [fs, e] : freed[j].events) t.event_destroy(e);
-            freed[j] = std::move(freed.back());
-            freed.pop_back();
-            continue;
+        oracle.forget_done(destroy);
+        std::ostringstream unmapped;
+        oracle.for_each_pending([&](const Oracle::Freed& f) {
+          for (const auto& [pg, h] : f.pages) {
+            if (unmapped.tellp() != 0 || handle_at(pg) == h) continue;
+            unmapped << "seed " << seed << " rep " << rep << " op " << i << ": page "
+                     << reinterpret_cast<void*>(pg) << " unmapped while work on it was pending";
           }
-          for (const auto& [pg, h] : freed[j].pages) {
-            ASSERT_EQ(handle_at(pg), h) << "seed " << seed << " rep " << rep << " op " << i
-                                        << ": page " << reinterpret_cast<void*>(pg)
-                                        << " unmapped while work on it was pending";
-          }
-          ++j;
-        }
+        });
+        ASSERT_EQ(unmapped.str(), "");
       }
     }
     for (CUstream s : streams) sim::release_stream(s);
-    for (Freed& f : freed) {
-      for (auto& [fs, e] : f.events) t.event_destroy(e);
-    }
+    oracle.clear(destroy);
     EXPECT_GT(checked, 0u) << "seed " << seed << ": no reuse under pending work was checked";
+    std::printf("seed %llu: reuses of memory with work pending %zu\n",
+                static_cast<unsigned long long>(seed), checked);
     EXPECT_EQ(sim::async_faults(), 0u);
     EXPECT_EQ(alloc_->check_invariants(), "");
     alloc_.reset();

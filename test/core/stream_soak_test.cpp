@@ -11,6 +11,7 @@
 #include "core/capture_announcements.hpp"
 #include "expanse/errors.hpp"
 #include "reference_model.hpp"
+#include "support/freed_memory_oracle.hpp"
 
 #include <atomic>
 #include <functional>
@@ -29,7 +30,7 @@ constexpr int kDevices = 2;
 constexpr int kShared = 6;  // shared streams per device
 
 struct Use {
-  uint64_t lid;  // logical stream (a recycled handle is a new logical stream)
+  uint64_t stream;  // logical stream, "lid" (a recycled handle is a new logical stream)
   CUevent event;
   int dev;       // the event's device (its context)
   CUstream s;    // the handle it was recorded on (for the failure message)
@@ -37,17 +38,12 @@ struct Use {
 
 std::string describe(const Use& u) {
   std::ostringstream out;
-  out << "(lid " << u.lid << ", stream " << u.s << ", event " << u.event << ", device " << u.dev
+  out << "(lid " << u.stream << ", stream " << u.s << ", event " << u.event << ", device " << u.dev
       << ")";
   return out.str();
 }
 
-struct Freed {
-  size_t size;
-  uint64_t free_lid;
-  std::vector<Use> uses;
-  CUstream free_s;
-};
+using FreedOracle = FreedMemoryOracle<Use>;
 
 // Everything the test launched and freed, per device, by address.
 class Oracle {
@@ -56,11 +52,9 @@ class Oracle {
   Oracle(const driver::DriverTable& t, std::function<std::string(int, void*)> describe)
       : t_(t), describe_(std::move(describe)) {}
 
-  bool done(const Use& u) const { return t_.event_query(u.event) == CUDA_SUCCESS; }
-
   // A new live block [p, p+n) on logical stream lid: no other live block overlaps; every
   // freed block under it has no pending work, except work ordered on lid itself when it was
-  // freed on lid.
+  // freed on lid (Ordered::freed_on_own_stream).
   void on_alloc(int dev, void* p, size_t n, uint64_t lid, CUstream s) {
     std::unique_lock<std::mutex> lock(mu_);
     bool first = false;
@@ -74,21 +68,14 @@ class Oracle {
       fail("live twice: a new block overlaps a live one");
     }
     live[a] = n;
-    auto& freed = freed_[dev];
-    for (auto it = freed.begin(); it != freed.end(); ++it) {
-      if (!(it->first < a + n && a < it->first + it->second.size)) continue;
-      for (const Use& u : it->second.uses) {
-        const bool ordered = u.lid == lid && it->second.free_lid == lid;
-        if (ordered || done(u)) continue;
-        std::ostringstream why;
-        why << "handed to a stream while another stream's work runs: device " << dev << " block "
-            << p << " +" << n << " to lid " << lid << " (stream " << s << "); it overlaps "
-            << reinterpret_cast<void*>(it->first) << " +" << it->second.size
-            << " freed on lid " << it->second.free_lid << " (stream " << it->second.free_s
-            << ") whose use " << describe(u) << " is pending\n";
-        first = why_first(why, dev, a, n) || first;
-      }
-    }
+    freed(dev).check_allocation(a, n, lid, [&](const FreedOracle::Freed& f, const Use& u) {
+      std::ostringstream why;
+      why << "handed to a stream while another stream's work runs: device " << dev << " block "
+          << p << " +" << n << " to lid " << lid << " (stream " << s << "); it overlaps "
+          << reinterpret_cast<void*>(f.addr) << " +" << f.size << " freed on lid " << f.freed_on
+          << " (its history says on which stream) whose use " << describe(u) << " is pending\n";
+      first = why_first(why, dev, a, n) || first;
+    });
     lock.unlock();
     // The allocator's lock is taken after the oracle's is released: the allocator calls the
     // oracle (on_unmap) with its own lock held.
@@ -98,15 +85,16 @@ class Oracle {
       first_ += "allocator now:\n" + view;
     }
   }
-  void on_free(int dev, void* p, Freed f) {
+  // Block [p, p+n) freed on logical stream lid (handle s) after its uses.
+  void on_free(int dev, void* p, size_t n, uint64_t lid, std::vector<Use> uses, CUstream s) {
     std::lock_guard<std::mutex> lock(mu_);
     const auto a = reinterpret_cast<uintptr_t>(p);
-    std::string uses;
-    for (const Use& u : f.uses) uses += " " + describe(u);
-    note(dev, a, "free on lid " + std::to_string(f.free_lid) + " stream " + handle(f.free_s) +
-                     ", uses" + uses);
+    std::string described;
+    for (const Use& u : uses) described += " " + describe(u);
+    note(dev, a, "free on lid " + std::to_string(lid) + " stream " + handle(s) + ", uses" +
+                     described);
     live_[dev].erase(a);
-    freed_[dev].emplace(a, std::move(f));
+    freed(dev).freed(FreedOracle::Freed{a, n, lid, std::move(uses), {}});
   }
   void on_record(int dev, void* p, const Use& u) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -115,36 +103,22 @@ class Oracle {
   // Called by the wrapped cuMemUnmap, before the real one.
   void on_unmap(CUdeviceptr va, size_t n) {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [dev, freed] : freed_) {
-      for (auto& [a, f] : freed) {
-        if (!(a < va + n && va < a + f.size)) continue;
-        for (const Use& u : f.uses) {
-          if (!done(u)) fail("unmapped under pending work");
-        }
-      }
+    for (auto& [dev, books] : freed_) {
+      for (size_t k = books.pending_uses_in(va, n); k > 0; --k) fail("unmapped under pending work");
     }
   }
   // Drops freed blocks whose work is all done; their events go back to the caller.
   void prune(std::vector<Use>& spare) {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [dev, freed] : freed_) {
-      for (auto it = freed.begin(); it != freed.end();) {
-        bool all = true;
-        for (const Use& u : it->second.uses) all = all && done(u);
-        if (!all) {
-          ++it;
-          continue;
-        }
-        for (const Use& u : it->second.uses) spare.push_back(u);
-        it = freed.erase(it);
-      }
+    for (auto& [dev, books] : freed_) {
+      books.forget_done([&](const Use& u) { spare.push_back(u); });
     }
   }
   std::vector<Use> all_uses() {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<Use> out;
-    for (auto& [dev, freed] : freed_) {
-      for (auto& [a, f] : freed) out.insert(out.end(), f.uses.begin(), f.uses.end());
+    for (auto& [dev, books] : freed_) {
+      books.clear([&](const Use& u) { out.push_back(u); });
     }
     freed_.clear();
     return out;
@@ -156,6 +130,9 @@ class Oracle {
   }
 
  private:
+  FreedOracle& freed(int dev) {
+    return freed_.try_emplace(dev, t_, FreedOracle::Ordered::freed_on_own_stream).first->second;
+  }
   void fail(const char* what) {
     if (violations_.fetch_add(1) == 0) first_ = what;
   }
@@ -188,7 +165,7 @@ class Oracle {
   std::map<int, std::map<uintptr_t, std::vector<std::string>>> history_;
   std::mutex mu_;
   std::map<int, std::map<uintptr_t, size_t>> live_;
-  std::map<int, std::multimap<uintptr_t, Freed>> freed_;
+  std::map<int, FreedOracle> freed_;  // by device
   std::atomic<size_t> violations_{0};
   std::string first_;
 };
@@ -354,7 +331,7 @@ TEST(StreamSoak, EightThreadsStreamsRecycledCapturedHeldNeverReuseUnderPendingWo
           // logical stream, and the free is ordered on that one.
           if (same && slot != SIZE_MAX && lid != b.lid) same = false;
           // The oracle first: once deallocate returns, another thread may get the memory.
-          oracle.on_free(b.dev, b.p, Freed{b.n, lid, std::move(b.uses), s});
+          oracle.on_free(b.dev, b.p, b.n, lid, std::move(b.uses), s);
           alloc[static_cast<size_t>(b.dev)]->deallocate(b.p, s);
         };
         if (same && b.slot == SIZE_MAX) {
@@ -427,11 +404,11 @@ TEST(StreamSoak, EightThreadsStreamsRecycledCapturedHeldNeverReuseUnderPendingWo
     if (my_held) sim::release_stream(pts);
     for (Live& b : live) {
       if (b.slot == SIZE_MAX) {
-        oracle.on_free(b.dev, b.p, Freed{b.n, my_lid, std::move(b.uses), pts});
+        oracle.on_free(b.dev, b.p, b.n, my_lid, std::move(b.uses), pts);
         alloc[static_cast<size_t>(b.dev)]->deallocate(b.p, pts);
       } else {
         on_stream(b.dev, b.slot, [&](CUstream s, uint64_t lid, int) {
-          oracle.on_free(b.dev, b.p, Freed{b.n, lid, std::move(b.uses), s});
+          oracle.on_free(b.dev, b.p, b.n, lid, std::move(b.uses), s);
           alloc[static_cast<size_t>(b.dev)]->deallocate(b.p, s);
         });
       }

@@ -359,9 +359,9 @@ TEST_F(TorchAdapterTest, SizesArePrintedAsPyTorchPrintsThem) {
   EXPECT_EQ(ta::format_size(3 * GiB / 2), "1.50 GiB");
 }
 
-// The pluggable pair's OOM (expanse_torch_malloc, src/api/torch_entry.cpp) writes sizes with a
-// formatter of its own: the native folder may include only the public headers, so the two cannot
-// share one. This keeps them writing PyTorch's format alike, at each unit's boundaries.
+// Both OOM messages come from the library (expanse_format_oom); the native folder, which may
+// include only the public headers, keeps a size formatter of its own for its other messages.
+// This keeps the two writing PyTorch's format alike, at each unit's boundaries.
 TEST_F(TorchAdapterTest, PluggablePairsOomWritesSizesAsTheNativeAllocatorDoes) {
   ASSERT_EQ(expanse_set_limit(0, 0), EXPANSE_OK) << expanse_last_error();
   for (uint64_t n : {uint64_t{512}, KiB, KiB + 1, 1536 * KiB / 1024, MiB, MiB + 1, 20 * MiB,
@@ -376,6 +376,54 @@ TEST_F(TorchAdapterTest, PluggablePairsOomWritesSizesAsTheNativeAllocatorDoes) {
     const std::string want = "CUDA out of memory. Tried to allocate " + ta::format_size(n) + ".";
     EXPECT_EQ(m.rfind(want, 0), 0u) << n << ": " << m;
   }
+}
+
+// One formatting serves both: the pluggable pair's exception says what the native allocator's
+// OutOfMemoryError says for the same failure.
+TEST_F(TorchAdapterTest, PluggablePairAndNativeAllocatorWordTheOomAlike) {
+  std::string what;
+  try {
+    void* p = expanse_torch_malloc(2 * GiB, 0, nullptr);
+    if (p != nullptr) live_.push_back(p);
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  const std::string why = expanse_last_error();
+  ASSERT_FALSE(why.empty());
+  EXPECT_EQ(what, ta::oom_message(2 * GiB, 0, stats(), why));
+}
+
+// expanse_format_oom's buffer: sized like expanse_get_segments' arrays (capacity in, total out),
+// written only whole; a caller's shorter expanse_stats is read no further than its struct_size.
+TEST_F(TorchAdapterTest, FormatOomTakesItsCapacityAndWritesOnlyAWholeMessage) {
+  size_t need = 0;
+  ASSERT_EQ(expanse_format_oom(2 * MiB, 0, nullptr, "the sim said no", nullptr, &need), EXPANSE_OK);
+  ASSERT_GT(need, 1u);
+  std::string small(10, 'x');
+  size_t cap = small.size();
+  ASSERT_EQ(expanse_format_oom(2 * MiB, 0, nullptr, "the sim said no", small.data(), &cap),
+            EXPANSE_OK);
+  EXPECT_EQ(cap, need);
+  EXPECT_EQ(small, std::string(10, 'x')) << "a message that does not fit is not written";
+  std::string full(need, 'x');
+  cap = need;
+  ASSERT_EQ(expanse_format_oom(2 * MiB, 0, nullptr, "the sim said no", full.data(), &cap), EXPANSE_OK);
+  EXPECT_EQ(full[need - 1], '\0');
+  full.resize(need - 1);
+  EXPECT_EQ(full, ta::oom_message(2 * MiB, 0, stats(), "the sim said no"));
+  EXPECT_EQ(full.rfind("CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has", 0), 0u) << full;
+
+  expanse_stats old = stats();
+  old.struct_size = sizeof old.struct_size;  // figures past it unknown: none in the message
+  char buf[256];
+  cap = sizeof buf;
+  ASSERT_EQ(expanse_format_oom(2 * MiB, 0, &old, nullptr, buf, &cap), EXPANSE_OK);
+  EXPECT_EQ(std::string(buf), "CUDA out of memory. Tried to allocate 2.00 MiB.");
+
+  EXPECT_EQ(expanse_format_oom(2 * MiB, 0, nullptr, nullptr, nullptr, nullptr), EXPANSE_EINVAL);
+  cap = 5;
+  EXPECT_EQ(expanse_format_oom(2 * MiB, 0, nullptr, nullptr, nullptr, &cap), EXPANSE_EINVAL);
+  EXPECT_NE(std::string(expanse_last_error()).find("buf is NULL"), std::string::npos);
 }
 
 TEST_F(TorchAdapterTest, OomMessageStartsLikePyTorchsAndEndsWithExpansesReason) {

@@ -238,24 +238,21 @@ std::string format_size(uint64_t n) {
 
 std::string oom_message(uint64_t requested, int device, const expanse_stats& s,
                         const std::string& expanse_error) {
-  std::string m = "CUDA out of memory. Tried to allocate " + format_size(requested) + ".";
-  if (s.capacity_bytes != 0) {
-    const bool capped = s.limit_bytes != UINT64_MAX && s.limit_bytes < s.capacity_bytes;
-    const uint64_t cap = capped ? s.limit_bytes : s.capacity_bytes;
-    const uint64_t free = cap > s.touched_bytes ? cap - s.touched_bytes : 0;
-    m += " GPU " + std::to_string(device) + " has a total capacity of " +
-         format_size(s.capacity_bytes) + " of which " + format_size(free) +
-         " is free to expanse (not touched by live blocks" +
-         (capped ? ", under its limit of " + format_size(s.limit_bytes) : std::string()) +
-         "). Of the allocated memory " + format_size(s.allocated_bytes) +
-         " is allocated by PyTorch through expanse, and " + format_size(s.cached_bytes) +
-         " is reserved by expanse but unallocated.";
+  // The library words it (expanse_format_oom), as it does for expanse_torch_malloc.
+  std::string m(1024, '\0');
+  for (int round = 0; round < 2; ++round) {
+    size_t n = m.size();
+    if (expanse_format_oom(requested, device, &s, expanse_error.c_str(), m.data(), &n) !=
+        EXPANSE_OK) {
+      break;
+    }
+    if (n <= m.size()) {
+      m.resize(n - 1);
+      return m;
+    }
+    m.resize(n);
   }
-  // expanse's own messages start with "expanse"; anything else gets the name.
-  if (!expanse_error.empty()) {
-    m += expanse_error.rfind("expanse", 0) == 0 ? " " + expanse_error : " expanse: " + expanse_error;
-  }
-  return m;
+  return "CUDA out of memory. Tried to allocate " + format_size(requested) + ". " + expanse_error;
 }
 
 // ---- memory pools ---------------------------------------------------------------------------

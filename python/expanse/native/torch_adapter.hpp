@@ -126,7 +126,7 @@ std::string format_size(uint64_t bytes);
 // The message of the c10::OutOfMemoryError an allocation of `requested` bytes that expanse
 // refused raises: PyTorch's start ("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a
 // total capacity of ..."), the figures from expanse's stats, then expanse's own explanation
-// (expanse_last_error at the failure).
+// (expanse_last_error at the failure); expanse_format_oom's, the pluggable pair's message.
 std::string oom_message(uint64_t requested, int device, const expanse_stats& s,
                         const std::string& expanse_error);
 
