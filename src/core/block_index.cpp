@@ -58,8 +58,10 @@ void BlockIndex::make_room(PoolSlot p) {
   // A new owner must not make the map grow its buckets either (an empty map may not have sized
   // them yet; a full one grows now, by its own policy).
   for (OwnerMap& o : pools_[p].owned) {
-    if (o.empty() || static_cast<double>(o.size() + 1) > static_cast<double>(o.max_load_factor()) *
-                                                            static_cast<double>(o.bucket_count())) {
+    // (A map never filled has one bucket and no array; an emptied one keeps its array.)
+    if (o.bucket_count() <= 1 ||
+        static_cast<double>(o.size() + 1) >
+            static_cast<double>(o.max_load_factor()) * static_cast<double>(o.bucket_count())) {
       o.reserve(o.size() + 1);
     }
   }
