@@ -307,7 +307,7 @@ TEST_F(ThreadCacheTest, ResetPeaksRacingParksNeverLeavesThePeakBelowWhatUsersHol
   std::thread worker([&] {
     CUstream s = streams[3];
     alloc_->deallocate(alloc_->allocate(S, s), s);  // makes this thread's cache
-    for (size_t i = 0; i < 400000 && below.load() == 0; ++i) {
+    for (size_t i = 0; i < 200000 && below.load() == 0; ++i) {
       void* p = alloc_->allocate(S, s);
       if (alloc_->stats().peak_allocated_bytes < S) below.fetch_add(1);
       alloc_->deallocate(p, s);
