@@ -146,8 +146,8 @@ DeviceStats DeviceAllocator::stats() const {
 
 void DeviceAllocator::reset_peaks() {
   std::lock_guard<std::mutex> lock(mu_);
-  update_peaks_locked();  // every thread's peak credit from 0
-  const ParkedShare parked = parked_share_locked();  // users hold the rest
+  // Every thread's peak credit from 0 in the pass that reads what it parked (users hold the rest).
+  const ParkedShare parked = parked_share_locked(/*zero_credits=*/true);
   stats_.peak_requested_bytes = stats_.requested_bytes - parked.requested;
   stats_.peak_allocated_bytes = stats_.allocated_bytes - parked.bytes;
   stats_.peak_mapped_bytes = supply_.mapped_pages() * page_ + registrable_.bytes();

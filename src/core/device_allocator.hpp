@@ -235,7 +235,10 @@ class DeviceAllocator {
     uint64_t blocks = 0, bytes = 0, requested = 0;
     size_t pages = 0;  // touched by parked blocks only
   };
-  ParkedShare parked_share_locked();
+  // zero_credits: every thread's peak credit from 0 in the same pass (reset_peaks): a block parked
+  // between a credit pass and a separate share pass would count as freed for the new peak while
+  // its credit let the next hit skip the peak update.
+  ParkedShare parked_share_locked(bool zero_credits = false);
   // Clears over_limit_ once the touched pages fit the limit again.
   void recheck_limit_locked();
   // Whether the live block at addr is parked in a thread cache (freed, as users see it).

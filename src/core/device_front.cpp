@@ -220,7 +220,7 @@ size_t DeviceAllocator::flush_caches_locked() {
   return settled + free_parked_all_locked(all);
 }
 
-DeviceAllocator::ParkedShare DeviceAllocator::parked_share_locked() {
+DeviceAllocator::ParkedShare DeviceAllocator::parked_share_locked(bool zero_credits) {
   ParkedShare share;
   if (caches_.empty()) return share;
   // A block's inner pages are its own; its first and last pages stop being touched only when
@@ -229,6 +229,7 @@ DeviceAllocator::ParkedShare DeviceAllocator::parked_share_locked() {
   caches_.for_each([&](ThreadCache& c) {
     std::lock_guard<SpinLock> lock(c.lock);
     absorb_counts_locked(c);
+    if (zero_credits) c.credit_size = c.credit_requested = 0;
     c.for_each_block([&](const CachedBlock& cb) {
       auto it = placement_.index().blocks().find(cb.addr);
       EXPANSE_ASSERT(it != placement_.index().blocks().end() &&

@@ -41,9 +41,9 @@ class PlacementEcho {
   // outputs kept into the next step) reaches a point while last time's block still lives.
   static constexpr size_t kWays = 3;
   // The table grows with the points the workload reaches (two an allocation: its point and its
-  // short point): 40 bytes a slot, at most half of them used, up to kMaxSlots (10 MiB).
+  // short point): 40 bytes a slot, at most half of them used, up to kMaxSlots (20 MiB).
   static constexpr size_t kMinSlots = 256;
-  static constexpr size_t kMaxSlots = size_t{1} << 18;
+  static constexpr size_t kMaxSlots = size_t{1} << 19;
 
   // The point of an allocation of sz bytes made now on `stream`, which holds `live` live blocks
   // of `live_bytes` bytes.

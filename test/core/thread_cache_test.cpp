@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <map>
 #include <random>
@@ -277,6 +278,50 @@ TEST_F(ThreadCacheTest, StatsTellWhatAFlushWouldWithoutFlushing) {
   EXPECT_EQ(q, p);
   alloc_->deallocate(q, s);
   EXPECT_EQ(alloc_->stats().thread_cache_hits, hits + 1) << "the stats read emptied the cache";
+}
+
+// reset_peaks racing a thread that frees and allocates one block through its cache: once an
+// allocation returns, the peak is at least what users hold. A reset that zeroes the threads'
+// credits and reads the parked blocks in two passes lets a block parked between them count as
+// freed for the new peak while its credit survives, so the next hit skips the peak update.
+TEST_F(ThreadCacheTest, ResetPeaksRacingParksNeverLeavesThePeakBelowWhatUsersHold) {
+  make(sim_config(512 * MiB, false), cached_opts(64 * MiB, 64));
+  const size_t S = 1 * MiB;
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> below{0}, rounds{0};
+  // Other threads' caches, full of parked blocks: a reset's passes over the caches take longer.
+  std::vector<std::thread> fillers;
+  std::atomic<int> filled{0};
+  std::vector<CUstream> streams;
+  for (int f = 0; f < 4; ++f) streams.push_back(new_stream());
+  for (int f = 0; f < 3; ++f) {
+    fillers.emplace_back([&, f] {
+      CUstream s = streams[static_cast<size_t>(f)];
+      std::vector<void*> got;
+      for (int i = 0; i < 48; ++i) got.push_back(alloc_->allocate(4096 + 512 * i, s));
+      for (void* p : got) alloc_->deallocate(p, s);
+      filled.fetch_add(1);
+      while (!stop) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
+  }
+  while (filled.load() < 3) std::this_thread::yield();
+  std::thread worker([&] {
+    CUstream s = streams[3];
+    alloc_->deallocate(alloc_->allocate(S, s), s);  // makes this thread's cache
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    for (size_t i = 0; i < 200000 && below.load() == 0; ++i) {
+      if (i % 1024 == 0 && std::chrono::steady_clock::now() > until) break;  // slow builds
+      void* p = alloc_->allocate(S, s);
+      if (alloc_->stats().peak_allocated_bytes < S) below.fetch_add(1);
+      alloc_->deallocate(p, s);
+      rounds.fetch_add(1);
+    }
+    stop = true;
+  });
+  while (!stop) alloc_->reset_peaks();
+  worker.join();
+  for (auto& t : fillers) t.join();
+  EXPECT_EQ(below.load(), 0u) << "after " << rounds.load() << " rounds";
 }
 
 // Memory parked in another thread's cache is reachable before any OOM: a thread fills its cache,
