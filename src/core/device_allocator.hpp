@@ -229,7 +229,8 @@ class DeviceAllocator {
   size_t flush_caches_locked();
   // c's hits and stream queries into stats_ (c.lock held), counted from 0 again.
   void absorb_counts_locked(ThreadCache& c);
-  // What the parked blocks hold, as users see it (freed), and the pages only they touch:
+  // What parked blocks and owed frees hold, as users see it (freed), and the pages only they
+  // touch:
   // stats() tells what a flush would give back without flushing (every cache's counts absorbed).
   struct ParkedShare {
     uint64_t blocks = 0, bytes = 0, requested = 0;

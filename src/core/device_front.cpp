@@ -222,30 +222,38 @@ size_t DeviceAllocator::flush_caches_locked() {
 
 DeviceAllocator::ParkedShare DeviceAllocator::parked_share_locked(bool zero_credits) {
   ParkedShare share;
-  if (caches_.empty()) return share;
+  settle_owed_locked();  // out of host memory, some stay owed: freed as users see them, below
+  if (caches_.empty() && owed_frees_ == 0) return share;
   // A block's inner pages are its own; its first and last pages stop being touched only when
   // every live block with an edge there is parked (Reservation::untouch).
   std::vector<std::pair<uint32_t, size_t>> edges;  // (reservation, page), one per parked edge
+  auto add = [&](CUdeviceptr addr, size_t size, size_t requested) {
+    auto it = placement_.index().blocks().find(addr);
+    EXPANSE_ASSERT(it != placement_.index().blocks().end() &&
+                   it->second.state == BlockState::live);
+    const Reservation& r = placement_.res(it->second.res);
+    const size_t a = r.first_page(addr), z = r.last_page(addr, size);
+    edges.emplace_back(it->second.res, a);
+    if (z != a) {
+      edges.emplace_back(it->second.res, z);
+      share.pages += z - a - 1;
+    }
+    ++share.blocks;
+    share.bytes += size;
+    share.requested += requested;
+  };
   caches_.for_each([&](ThreadCache& c) {
     std::lock_guard<SpinLock> lock(c.lock);
     absorb_counts_locked(c);
     if (zero_credits) c.credit_size = c.credit_requested = 0;
-    c.for_each_block([&](const CachedBlock& cb) {
-      auto it = placement_.index().blocks().find(cb.addr);
-      EXPANSE_ASSERT(it != placement_.index().blocks().end() &&
-                     it->second.state == BlockState::live);
-      const Reservation& r = placement_.res(it->second.res);
-      const size_t a = r.first_page(cb.addr), z = r.last_page(cb.addr, cb.size);
-      edges.emplace_back(it->second.res, a);
-      if (z != a) {
-        edges.emplace_back(it->second.res, z);
-        share.pages += z - a - 1;
-      }
-      ++share.blocks;
-      share.bytes += cb.size;
-      share.requested += cb.requested;
-    });
+    c.for_each_block([&](const CachedBlock& cb) { add(cb.addr, cb.size, cb.requested); });
   });
+  if (owed_frees_ != 0) {
+    for (CUdeviceptr addr : caches_.blocks().owed()) {
+      const FrontBlocks::Entry* e = caches_.blocks().find(addr);
+      add(addr, e->size, e->requested);
+    }
+  }
   std::sort(edges.begin(), edges.end());
   for (size_t i = 0; i < edges.size();) {
     size_t j = i;

@@ -84,6 +84,11 @@ class HostMemoryTest : public CoreTest, public ::testing::WithParamInterface<Fai
       ASSERT_EQ(alloc_->check_invariants(), "");
       const Run r = failing_from(n, [&] { alloc_->deallocate(big, s); });
       failed = r.failed;
+      // As users see it, before anything else settles what is owed: only a free that threw
+      // leaves its block live.
+      const core::DeviceStats seen = alloc_->stats();
+      EXPECT_EQ(seen.live_blocks, r.threw ? 1u : 0u) << "failing from allocation " << n;
+      EXPECT_EQ(seen.allocated_bytes, r.threw ? 4 * MiB : 0u) << "failing from allocation " << n;
       free_again_if_failed(r.threw, big, s, n);
       expect_all_back(n);
       if (HasFailure()) return;
