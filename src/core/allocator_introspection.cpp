@@ -197,7 +197,8 @@ void DeviceAllocator::set_events(AllocatorEvents* e) {
 
 std::vector<SegmentView> DeviceAllocator::segments() const {
   std::lock_guard<std::mutex> lock(mu_);
-  const_cast<DeviceAllocator*>(this)->flush_caches_locked();  // as stats()
+  // Parked blocks back in the books first: the segments show them free, as users see them.
+  const_cast<DeviceAllocator*>(this)->flush_caches_locked();
   std::vector<SegmentView> out;
   const auto& blocks = placement_.index().blocks();
   placement_.for_each_reservation([&](const Reservation& r) {

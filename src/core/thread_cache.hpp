@@ -87,7 +87,7 @@ class ThreadCache {
   uint64_t credit_size = 0;
   uint64_t credit_requested = 0;
   // Allocations served here (each one allocation and one free the allocator never saw) and the
-  // stream queries they made: folded into the allocator's stats at a flush.
+  // stream queries they made: folded into the allocator's stats when read or at a flush.
   uint64_t hits = 0;
   uint64_t queries = 0;
 
