@@ -93,26 +93,28 @@ size_t random_size(std::mt19937_64& rng, int large_percent) {
 
 // Random lifetimes: allocations and frees interleaved at random, most on stream 0, some on the
 // others; now and then a block freed on another stream than its own, or used by another stream
-// (record_stream) before its free.
-Workload random_workload(uint64_t seed, bool one_stream) {
-  std::mt19937_64 rng(seed);
-  Workload w;
-  w.name = "random";
-  const size_t steps = 150 + rng() % 350;
-  const size_t live_cap = (1 + rng() % 4) * GiB;
-  const int large = static_cast<int>(rng() % 12);
+// (record_stream) before its free. Runs until `steps` steps or `blocks` allocations, whichever
+// comes first, with at most live_cap bytes live.
+struct Lifetimes {
+  size_t steps = SIZE_MAX;
+  uint32_t blocks = UINT32_MAX;
+  size_t live_cap = 0;
+  int large_percent = 0;
+  bool one_stream = false;
+};
+void random_lifetimes(std::mt19937_64& rng, const Lifetimes& shape, Workload& w) {
   std::vector<std::pair<uint32_t, uint8_t>> live;  // block, its stream
   size_t live_bytes = 0;
   std::vector<size_t> size;
   auto pick_stream = [&]() -> uint8_t {
-    if (one_stream) return 0;
+    if (shape.one_stream) return 0;
     return rng() % 4 == 0 ? static_cast<uint8_t>(1 + rng() % (kStreams - 1)) : 0;
   };
-  for (size_t i = 0; i < steps; ++i) {
+  for (size_t i = 0; i < shape.steps && w.blocks < shape.blocks; ++i) {
     const bool do_alloc = live.empty() || rng() % 100 < 55;
     if (do_alloc) {
-      const size_t n = random_size(rng, large);
-      if (live_bytes + n > live_cap) continue;
+      const size_t n = random_size(rng, shape.large_percent);
+      if (live_bytes + n > shape.live_cap) continue;
       const uint8_t s = pick_stream();
       const uint32_t b = w.alloc(n, s);
       size.resize(w.blocks, 0);
@@ -129,7 +131,7 @@ Workload random_workload(uint64_t seed, bool one_stream) {
     live_bytes -= size[b];
     const int r = static_cast<int>(rng() % 100);
     uint8_t fs = s;
-    if (one_stream) {
+    if (shape.one_stream) {
     } else if (r < 4) {
       fs = static_cast<uint8_t>((s + 1) % kStreams);  // freed on another stream
     } else if (r < 8) {
@@ -138,6 +140,18 @@ Workload random_workload(uint64_t seed, bool one_stream) {
     w.free(b, fs);
   }
   w.finish();
+}
+
+Workload random_workload(uint64_t seed, bool one_stream) {
+  std::mt19937_64 rng(seed);
+  Workload w;
+  w.name = "random";
+  Lifetimes shape;
+  shape.steps = 150 + rng() % 350;
+  shape.live_cap = (1 + rng() % 4) * GiB;
+  shape.large_percent = static_cast<int>(rng() % 12);
+  shape.one_stream = one_stream;
+  random_lifetimes(rng, shape, w);
   return w;
 }
 
@@ -414,36 +428,11 @@ TEST_F(RepeatedWorkloadTest, ALongRepetitionOnSeveralStreamsMapsNothingInItsThir
     std::mt19937_64 rng(seed);
     Workload w;
     w.name = "long";
-    std::vector<std::pair<uint32_t, uint8_t>> live;
-    std::vector<size_t> size;
-    size_t live_bytes = 0;
-    while (w.blocks < allocs) {
-      if (live.empty() || rng() % 100 < 55) {
-        const size_t n = random_size(rng, 2);
-        if (live_bytes + n > 2 * GiB) continue;
-        const uint8_t st = rng() % 4 == 0 ? static_cast<uint8_t>(1 + rng() % (kStreams - 1)) : 0;
-        const uint32_t b = w.alloc(n, st);
-        size.resize(w.blocks, 0);
-        size[b] = n;
-        live.emplace_back(b, st);
-        live_bytes += n;
-        continue;
-      }
-      const size_t k = rng() % 3 == 0 ? rng() % live.size()
-                                      : live.size() - 1 - rng() % std::min<size_t>(live.size(), 4);
-      const auto [b, st] = live[k];
-      live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
-      live_bytes -= size[b];
-      const int r = static_cast<int>(rng() % 100);
-      uint8_t fs = st;
-      if (r < 4) {
-        fs = static_cast<uint8_t>((st + 1) % kStreams);
-      } else if (r < 8) {
-        w.record(b, static_cast<uint8_t>((st + 1 + rng() % (kStreams - 1)) % kStreams));
-      }
-      w.free(b, fs);
-    }
-    w.finish();
+    Lifetimes shape;
+    shape.blocks = allocs;
+    shape.live_cap = 2 * GiB;
+    shape.large_percent = 2;
+    random_lifetimes(rng, shape, w);
     make(sim_config(round_up(2 * w.peak_live + 1 * GiB, 2 * MiB), false));
     std::string third;
     const std::vector<uint64_t> calls = run(w, {}, 3, &third, true);
