@@ -45,15 +45,15 @@ BlockIt BlockIndex::move_to_pool(BlockIt it, Arena a, PoolSlot p) {
 
 void BlockIndex::make_room(PoolSlot p) {
   EXPANSE_ASSERT(p < pools_.size());
-  if (spare_entry_.empty()) {
+  if (spare_entries_.empty()) {
     SizeSet s;
     s.emplace(0, 0);
-    spare_entry_ = s.extract(s.begin());
+    spare_entries_.keep(s.extract(s.begin()));
   }
-  if (spare_owner_.empty()) {
+  if (spare_owners_.empty()) {
     OwnerMap m;
     m.try_emplace(0);
-    spare_owner_ = m.extract(m.begin());
+    spare_owners_.keep(m.extract(m.begin()));
   }
   // A new owner must not make the map grow its buckets either (an empty map may not have sized
   // them yet; a full one grows now, by its own policy).
@@ -68,13 +68,24 @@ void BlockIndex::make_room(PoolSlot p) {
 }
 
 void BlockIndex::insert_entry(SizeSet& set, const std::pair<size_t, CUdeviceptr>& v) {
-  if (spare_entry_.empty()) {
+  if (spare_entries_.empty()) {
     set.insert(v);
     return;
   }
-  spare_entry_.value() = v;
-  set.insert(std::move(spare_entry_));
+  SizeSet::node_type n = spare_entries_.take();
+  n.value() = v;
+  set.insert(std::move(n));
 }
+
+BlockIt BlockIndex::insert_block(BlockIt hint, CUdeviceptr key, Block&& b) {
+  if (spare_blocks_.empty()) return blocks_.emplace_hint(hint, key, std::move(b));
+  BlockMap::node_type n = spare_blocks_.take();
+  n.key() = key;
+  n.mapped() = std::move(b);
+  return blocks_.insert(hint, std::move(n));
+}
+
+void BlockIndex::erase_block(BlockIt it) { spare_blocks_.keep(blocks_.extract(it)); }
 
 void BlockIndex::index(Arena a, BlockIt it) {
   Block& b = it->second;
@@ -88,11 +99,12 @@ void BlockIndex::index(Arena a, BlockIt it) {
   }
   auto o = f.owned[i].find(b.stream);
   if (o == f.owned[i].end()) {
-    if (spare_owner_.empty()) {
+    if (spare_owners_.empty()) {
       o = f.owned[i].try_emplace(b.stream).first;
     } else {
-      spare_owner_.key() = b.stream;
-      o = f.owned[i].insert(std::move(spare_owner_)).position;
+      OwnerMap::node_type n = spare_owners_.take();
+      n.key() = b.stream;
+      o = f.owned[i].insert(std::move(n)).position;
     }
   }
   insert_entry(o->second, {b.size, it->first});
@@ -103,10 +115,7 @@ void BlockIndex::unindex(Arena a, BlockIt it) {
   EXPANSE_ASSERT(b.state == BlockState::free);
   int i = static_cast<int>(a);
   FreeSets& f = pools_[b.pool];
-  auto keep = [&](SizeSet& set) {
-    SizeSet::node_type n = set.extract({b.size, it->first});
-    if (spare_entry_.empty()) spare_entry_ = std::move(n);
-  };
+  auto keep = [&](SizeSet& set) { spare_entries_.keep(set.extract({b.size, it->first})); };
   if (b.safe) {
     keep(f.safe[i]);
     return;
@@ -115,11 +124,7 @@ void BlockIndex::unindex(Arena a, BlockIt it) {
   EXPANSE_ASSERT(o != f.owned[i].end());
   keep(o->second);
   if (!o->second.empty()) return;
-  if (spare_owner_.empty()) {
-    spare_owner_ = f.owned[i].extract(o);
-  } else {
-    f.owned[i].erase(o);
-  }
+  spare_owners_.keep(f.owned[i].extract(o));
 }
 
 BlockIt BlockIndex::best_fit(Arena a, size_t bytes, StreamKey stream, PoolSlot p) {
@@ -149,11 +154,11 @@ BlockIt BlockIndex::carve(BlockIt it, size_t bytes, Arena a, size_t offset) {
     tail.size -= offset;
     it->second.size = offset;
     index(a, it);
-    it = blocks_.emplace_hint(std::next(it), it->first + offset, std::move(tail));
+    it = insert_block(std::next(it), it->first + offset, std::move(tail));
   }
   Block& b = it->second;
   if (b.size > bytes) {
-    auto r = blocks_.emplace_hint(std::next(it), it->first + bytes, rest_of(b, bytes));
+    auto r = insert_block(std::next(it), it->first + bytes, rest_of(b, bytes));
     index(a, r);
     b.size = bytes;
   }
@@ -165,7 +170,7 @@ void BlockIndex::split_tail(BlockIt it, size_t bytes, Arena a) {
   EXPANSE_ASSERT(bytes % kBlockAlignment == 0 && bytes < b.size);
   Block rest = rest_of(b, bytes);
   b.size = bytes;
-  auto r = blocks_.emplace_hint(std::next(it), it->first + bytes, std::move(rest));
+  auto r = insert_block(std::next(it), it->first + bytes, std::move(rest));
   insert_free(r, a);
 }
 
@@ -214,7 +219,7 @@ BlockIt BlockIndex::insert_free(BlockIt it, Arena a) {
       unindex(a, prev);
       prev->second.size += it->second.size;
       merge_owner(prev->second, it->second);
-      blocks_.erase(it);
+      erase_block(it);
       it = prev;
     }
   }
@@ -225,7 +230,7 @@ BlockIt BlockIndex::insert_free(BlockIt it, Arena a) {
     unindex(a, next);
     it->second.size += next->second.size;
     merge_owner(it->second, next->second);
-    blocks_.erase(next);
+    erase_block(next);
   }
   index(a, it);
   return it;

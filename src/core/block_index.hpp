@@ -9,6 +9,7 @@
 #pragma once
 
 #include "core/reservation.hpp"
+#include "core/spare_nodes.hpp"
 
 #include <cuda.h>
 
@@ -165,10 +166,16 @@ class BlockIndex {
 
   BlockMap blocks_;
   std::vector<FreeSets> pools_ = std::vector<FreeSets>(1);  // by PoolSlot; [0]: the default
-  // Nodes for the next index(), so that it need not allocate: made by make_room, and kept by
-  // unindex from what it takes out.
-  SizeSet::node_type spare_entry_;
-  OwnerMap::node_type spare_owner_;  // its set is empty
+  // Inserts a block at key, after hint, in a spare node if there is one.
+  BlockIt insert_block(BlockIt hint, CUdeviceptr key, Block&& b);
+  // Erases a block, keeping its node.
+  void erase_block(BlockIt it);
+
+  // Nodes for the next index() and carve, so that they need not allocate: made by make_room
+  // (one entry and one owner at least), and kept from what unindex and merges take out.
+  SpareNodes<SizeSet::node_type> spare_entries_;
+  SpareNodes<OwnerMap::node_type> spare_owners_;  // their sets are empty
+  SpareNodes<BlockMap::node_type> spare_blocks_;
 };
 
 }  // namespace expanse::core
