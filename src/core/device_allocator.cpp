@@ -423,7 +423,7 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   StreamOrder::Deps deps = streams_.make_room_for_free(b, ss);
   const PoolSlot join_slot = join != 0 ? pools_.live_slot(join) : kDefaultPool;
   if (join_slot != kDefaultPool) placement_.index().make_room(join_slot);
-  make_room_if_emptying(b);
+  if (b.pool != kDefaultPool) make_room_if_emptying(b);
   // The check above read the entry; a free racing on another thread (park_fast) may have parked
   // the block since: only one of the two frees may have it.
   if (!caches_.blocks().seize(addr)) {
