@@ -423,6 +423,7 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   StreamOrder::Deps deps = streams_.make_room_for_free(b, ss);
   const PoolSlot join_slot = join != 0 ? pools_.live_slot(join) : kDefaultPool;
   if (join_slot != kDefaultPool) placement_.index().make_room(join_slot);
+  if (b.pool != kDefaultPool) make_room_if_emptying(b);
   // The check above read the entry; a free racing on another thread (park_fast) may have parked
   // the block since: only one of the two frees may have it.
   if (!caches_.blocks().seize(addr)) {
@@ -457,13 +458,7 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   ++stats_.num_frees;
   if (events_ != nullptr) events_->on_free(device(), it->first, b.requested, stream);
   streams_.on_free(it, ss, std::move(deps));
-  if (emptied != kDefaultPool) {
-    try {
-      forget_pool(emptied);
-    } catch (const std::bad_alloc&) {
-      // The free is done; the pool, returned and empty, keeps its slot (changed nothing else).
-    }
-  }
+  if (emptied != kDefaultPool) forget_pool(emptied);  // room made above: cannot throw
   trim_after_free();
   recheck_limit_locked();
 }

@@ -274,8 +274,13 @@ class DeviceAllocator {
   // "; pools holding memory: ..." for the out-of-memory message, or "".
   std::string pools_holding_memory() const;
   std::string check_pools_locked() const;
-  // Forgets pool s (returned, no live block), freeing its host staging.
+  // Forgets pool s (returned, no live block), freeing its host staging. Out of host memory it
+  // throws std::bad_alloc having changed nothing; after make_room_to_forget_pool(s) it cannot.
   void forget_pool(PoolSlot s);
+  // Allocates now what forget_pool(s) would. May throw std::bad_alloc; changes nothing else.
+  void make_room_to_forget_pool(PoolSlot s);
+  // Room to forget b's pool when freeing b leaves it, returned, with no live block.
+  void make_room_if_emptying(const Block& b);
   // The mapped handles under pool s's blocks that lie on no page another pool's block, or a
   // default block other than a safe free one, overlaps: what a sleep gives back.
   std::vector<ReclaimableHandle> sleeping_handles(PoolSlot s) const;

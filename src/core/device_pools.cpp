@@ -29,6 +29,8 @@ void DeviceAllocator::release_pool(PoolId id) {
   CheckedScope checked(*this, "pool_release");
   const PoolSlot s = pools_.find(id, "pool_release", device(), true);
   PoolState& p = pools_.at(s);
+  // The last release may forget the pool: out of host memory it fails here, still in use.
+  if (p.use_count == 1) make_room_to_forget_pool(s);
   if (--p.use_count > 0) return;
   // Its staging is freed later, where freeing pinned memory (which synchronizes) cannot run
   // beside a capture: an asleep pool's backup holds its live blocks' bytes until they wake.
@@ -94,25 +96,29 @@ bool DeviceAllocator::return_released_pools() {
   return true;
 }
 
+// Out of host memory it throws with the pool not yet returned (a later try returns it), some of
+// its free blocks perhaps the default pool's already, each wholly in one pool's index.
 void DeviceAllocator::return_pool(PoolSlot s) {
+  PoolState& p = pools_.at(s);
+  const bool forget = p.live_blocks == 0 && p.registrable_blocks == 0;
+  if (forget) make_room_to_forget_pool(s);
   BlockIndex& index = placement_.index();
   std::vector<CUdeviceptr> free_blocks;
-  for (auto& [addr, b] : index.blocks()) {
-    if (b.pool != s) continue;
-    if (b.state == BlockState::free) {
-      free_blocks.push_back(addr);
-    } else if (b.state == BlockState::pending) {
-      b.pool = kDefaultPool;  // indexed when its streams pass the free: into the default pool
-    }
+  for (const auto& [addr, b] : index.blocks()) {
+    if (b.pool == s && b.state == BlockState::free) free_blocks.push_back(addr);
   }
   for (CUdeviceptr addr : free_blocks) {
     auto it = index.blocks().find(addr);  // not merged away: pools never merge with each other
     EXPANSE_ASSERT(it != index.blocks().end() && it->second.pool == s);
+    index.make_room(kDefaultPool);  // moving it then allocates nothing
     index.move_to_pool(it, placement_.arena_of(it->second), kDefaultPool);
   }
-  PoolState& p = pools_.at(s);
+  for (auto& [addr, b] : index.blocks()) {
+    // Indexed when its streams pass the free: into the default pool.
+    if (b.pool == s && b.state == BlockState::pending) b.pool = kDefaultPool;
+  }
   p.returned = true;
-  if (p.live_blocks == 0 && p.registrable_blocks == 0) forget_pool(s);
+  if (forget) forget_pool(s);  // room made: cannot throw
 }
 
 bool DeviceAllocator::trim_pool(PoolId id) {
@@ -212,17 +218,25 @@ PoolStats DeviceAllocator::pool_stats_locked(PoolSlot s) const {
 }
 
 void DeviceAllocator::forget_pool(PoolSlot s) {
+  make_room_to_forget_pool(s);  // out of host memory, nothing changed
   PoolState& p = pools_.at(s);
   // Freed at the next release_host_backup or release_cached (never from a free, which may run
   // beside another thread's capture: cuMemFreeHost synchronizes).
-  // Out of host memory, nothing changed (PoolTable::forget too).
   if (p.backup != nullptr) orphan_backups_.push_back(p.backup);
-  try {
-    pools_.forget(s);
-  } catch (const std::bad_alloc&) {
-    if (p.backup != nullptr) orphan_backups_.pop_back();
-    throw;
+  pools_.forget(s);
+}
+
+void DeviceAllocator::make_room_to_forget_pool(PoolSlot s) {
+  if (pools_.at(s).backup != nullptr && orphan_backups_.size() == orphan_backups_.capacity()) {
+    orphan_backups_.reserve(orphan_backups_.size() + 1);
   }
+  pools_.make_room_to_forget();
+}
+
+void DeviceAllocator::make_room_if_emptying(const Block& b) {
+  if (b.pool == kDefaultPool) return;
+  const PoolState& p = pools_.at(b.pool);
+  if (p.returned && p.live_blocks == 1) make_room_to_forget_pool(b.pool);
 }
 
 std::string DeviceAllocator::pools_holding_memory() const {

@@ -131,6 +131,7 @@ void DeviceAllocator::free_registrable(CUdeviceptr addr, CUstream stream, size_t
   const size_t extent = b.extent;
   const size_t requested = b.requested;
   const uint64_t pool = b.pool;
+  if (pool != 0) make_room_to_forget_pool(pools_.slot_of(pool));  // books() then cannot throw
   auto books = [&] {
     if (pool != 0) {
       const PoolSlot s = pools_.slot_of(pool);

@@ -30,12 +30,25 @@ void PageSupply::unmap_handles(Reservation& r, size_t p, size_t q) {
     EXPANSE_ASSERT(h.end() <= q);
     ++n;
   }
-  drv_.unmap(r.page_addr(p), (q - p) * page_, n);
-  if (events_ != nullptr) events_->on_unmap(drv_.device(), r.page_addr(p), (q - p) * page_);
-  for (const HandleRun& h : r.handles_in(p, q)) {
-    pool_.put(h.pages, r.handles[h.head]);
-    r.note_unmapped(h);
+  // Into the pool before the driver unmaps them (putting may need host memory, taking back does
+  // not): out of host memory, or refused by the driver, they come out again and nothing changed.
+  size_t put = 0;
+  try {
+    for (const HandleRun& h : r.handles_in(p, q)) {
+      pool_.put(h.pages, r.handles[h.head]);
+      ++put;
+    }
+    drv_.unmap(r.page_addr(p), (q - p) * page_, n);
+  } catch (...) {
+    // The pool gives back, per size, the handles put last: these.
+    for (const HandleRun& h : r.handles_in(p, q)) {
+      if (put-- == 0) break;
+      pool_.take(h.pages);
+    }
+    throw;
   }
+  if (events_ != nullptr) events_->on_unmap(drv_.device(), r.page_addr(p), (q - p) * page_);
+  for (const HandleRun& h : r.handles_in(p, q)) r.note_unmapped(h);
   EXPANSE_ASSERT(mapped_pages_ >= q - p);
   mapped_pages_ -= q - p;
 }

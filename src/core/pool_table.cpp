@@ -59,14 +59,23 @@ PoolSlot PoolTable::find(PoolId id, const char* what, int device, bool need_live
 void PoolTable::forget(PoolSlot s) {
   EXPANSE_ASSERT(s != kDefaultPool && slots_[s].in_use() && slots_[s].returned &&
                  slots_[s].live_blocks == 0);
-  // What may fail for want of host memory first, so that on a throw nothing changed.
-  if (free_slots_.size() == free_slots_.capacity()) {
-    free_slots_.reserve(std::max<size_t>(8, 2 * free_slots_.capacity()));
-  }
-  forgotten_.insert(slots_[s].id);
+  make_room_to_forget();  // so that on a throw nothing changed
+  spare_forgotten_.value() = slots_[s].id;
+  forgotten_.insert(std::move(spare_forgotten_));
   by_id_.erase(slots_[s].id);
   slots_[s] = PoolState{};
   free_slots_.push_back(s);
+}
+
+void PoolTable::make_room_to_forget() {
+  if (free_slots_.size() == free_slots_.capacity()) {
+    free_slots_.reserve(std::max<size_t>(8, 2 * free_slots_.capacity()));
+  }
+  if (spare_forgotten_.empty()) {
+    std::unordered_set<PoolId> one{0};
+    spare_forgotten_ = one.extract(one.begin());
+  }
+  forgotten_.reserve(forgotten_.size() + 1);  // inserting one more does not rehash
 }
 
 std::vector<PoolSlot> PoolTable::awaiting_return() const {

@@ -86,8 +86,13 @@ class PoolTable {
   }
   PoolState& at(PoolSlot s) noexcept { return slots_[s]; }
   const PoolState& at(PoolSlot s) const noexcept { return slots_[s]; }
-  // Forgets the pool in slot s (returned, no live block): its slot may serve another pool.
+  // Forgets the pool in slot s (returned, no live block): its slot may serve another pool. Out
+  // of host memory it throws std::bad_alloc having changed nothing; after make_room_to_forget it
+  // cannot fail.
   void forget(PoolSlot s);
+  // Allocates now what the next forget() would: a caller makes room before the first step it
+  // cannot undo. May throw std::bad_alloc; changes nothing else.
+  void make_room_to_forget();
   // Pools released and not yet returned.
   std::vector<PoolSlot> awaiting_return() const;
   // f(slot, state) for every pool in the table.
@@ -108,6 +113,7 @@ class PoolTable {
   std::vector<PoolSlot> free_slots_;
   std::unordered_map<PoolId, PoolSlot> by_id_;
   std::unordered_set<PoolId> forgotten_;  // ids released and forgotten: errors say so
+  std::unordered_set<PoolId>::node_type spare_forgotten_;  // for the next forget()
 };
 
 }  // namespace expanse::core

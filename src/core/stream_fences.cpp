@@ -114,8 +114,11 @@ bool StreamOrder::sync_context(CUcontext ctx) {
   for (auto& [k, st] : streams_) {
     if (st.ctx != ctx) continue;
     st.safe_seq = st.free_seq;
-    for (const Fence& f : st.fences) events_.put(f.ctx, f.event);
-    st.fences.clear();
+    // One at a time: out of host memory in put, no event is both pooled and a fence.
+    while (!st.fences.empty()) {
+      events_.put(st.fences.front().ctx, st.fences.front().event);
+      st.fences.pop_front();
+    }
   }
   return true;
 }
@@ -189,6 +192,9 @@ void StreamOrder::release_pending() {
     }
     BlockIt it = pending_[i].it;
     EXPANSE_ASSERT(it->second.state == BlockState::pending);
+    // Out of host memory it throws here, the block still pending (a later poll settles it);
+    // from here on indexing it allocates nothing.
+    index.make_room(it->second.pool);
     pending_[i] = std::move(pending_.back());
     pending_.pop_back();
     const Arena a = placement_.arena_of(it->second);

@@ -101,6 +101,12 @@ uint64_t dead_handle_uses();
 // on thread 3 in mode RELAXED"). Empty when none was.
 std::string capture_log();
 
+// Whether the calling thread is inside a sim entry point now (in-process only). A driver's own
+// host memory is not the application's heap (libcuda allocates with its own malloc): tests that
+// make the application's operator new fail (test/support/host_alloc_failure.hpp) let the sim's
+// allocations through, so that the sim never fails half done where the real driver would not.
+bool inside_call() noexcept;
+
 // --- what is outstanding ---------------------------------------------------------------------
 struct Outstanding {
   size_t reservations = 0;

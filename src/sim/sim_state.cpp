@@ -463,6 +463,8 @@ size_t pending_events() {
 
 // ---- outstanding --------------------------------------------------------------------------------
 
+bool inside_call() noexcept { return detail::current_call() != nullptr; }
+
 Outstanding outstanding(int device) {
   std::lock_guard<std::mutex> lock(state_mutex());
   State& s = state_locked();

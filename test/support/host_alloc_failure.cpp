@@ -1,5 +1,7 @@
 #include "support/host_alloc_failure.hpp"
 
+#include "sim/sim.hpp"
+
 #include <cstdlib>
 #include <new>
 
@@ -14,7 +16,8 @@ thread_local size_t t_count = 0;    // how many fail from there
 thread_local size_t t_failed = 0;
 
 bool should_fail() noexcept {
-  if (!t_armed) return false;
+  // The driver's own allocations are not the application's (sim::inside_call).
+  if (!t_armed || expanse::sim::inside_call()) return false;
   const size_t call = ++t_calls;
   if (call < t_first || call - t_first >= t_count) return false;
   ++t_failed;

@@ -1,5 +1,6 @@
 // Host memory running out, on demand: the calling thread's operator new fails (std::bad_alloc)
 // from its n-th call on, so that tests can see what a failure at each allocation point leaves.
+// Calls made inside a sim entry point neither count nor fail: the driver's host memory is its own.
 //
 // The replacement operator new / delete live in host_alloc_failure.cpp: link it into the test
 // executable (one per executable; it replaces them for the whole program, and costs one
