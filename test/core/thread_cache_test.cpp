@@ -202,6 +202,30 @@ TEST_F(ThreadCacheTest, PeaksCountWhatUsersHoldOnly) {
   EXPECT_EQ(st.allocated_bytes, 0u);
 }
 
+// A registrable block (its own path into the books) counts toward the peak what users hold, as
+// any allocation does: not the blocks parked in thread caches (live in the books, freed for
+// users), and it spends every thread's peak credit, so that a cache hit after it that raises
+// what users hold raises the peak.
+TEST_F(ThreadCacheTest, RegistrableAllocationsKeepPeaksToWhatUsersHold) {
+  make(sim_config(256 * MiB, false), cached_opts());
+  const size_t P = alloc_->page_size();
+  CUstream s = new_stream();
+  alloc_->create_pool(7, /*registrable=*/true);
+  void* x = alloc_->allocate(1 * MiB, s);  // users hold 1 MiB: the peak
+  alloc_->deallocate(x, s);                // parked; this thread's credit covers 1 MiB
+  void* r = alloc_->allocate(1 * MiB, s, 7);  // one page, its own handle
+  EXPECT_EQ(alloc_->stats().peak_allocated_bytes, P) << "the parked block counted as held";
+  EXPECT_EQ(alloc_->stats().peak_requested_bytes, 1 * MiB);
+  void* x2 = alloc_->allocate(1 * MiB, s);  // from the cache: users hold P + 1 MiB
+  EXPECT_EQ(x2, x);
+  EXPECT_EQ(alloc_->stats().peak_allocated_bytes, P + 1 * MiB)
+      << "a credit earned before the registrable allocation hid the new peak";
+  EXPECT_EQ(alloc_->stats().peak_requested_bytes, 2 * MiB);
+  alloc_->deallocate(x2, s);
+  alloc_->deallocate(r, s);
+  alloc_->release_pool(7);
+}
+
 // Same stream and size only: another stream, another size, or a block another stream used gets
 // no cached block.
 TEST_F(ThreadCacheTest, HandsBackOnlyToTheSameStreamAndSize) {
