@@ -419,6 +419,50 @@ TEST_F(ThreadCacheTest, BypassedWhileACaptureOrRouteExists) {
 }
 
 // ---- many threads at once ------------------------------------------------------------------------
+// record_stream racing the block's own free on another thread (the application's race: it
+// names a block it may be freeing): either record_stream comes first (the free then waits for
+// the other stream, nothing parked) or it fails (the block is freed). It must never take the
+// block's front entry away once the free has parked it: the cache would then hold a block with
+// no entry, and the next hit would write through a dangling one.
+TEST_F(ThreadCacheTest, RecordStreamRacingTheFreeNeverStripsAParkedBlock) {
+  make(sim_config(256 * MiB, false), cached_opts());
+  CUstream s1 = new_stream(), s2 = new_stream();
+  std::atomic<void*> shown{nullptr};
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> recorded{0}, refused{0};
+  std::thread owner([&] {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    for (size_t i = 0; std::chrono::steady_clock::now() < until; ++i) {
+      void* p = alloc_->allocate(64 * KiB, s1);
+      shown.store(p);
+      for (int spin = 0; spin < static_cast<int>(i % 64); ++spin) std::this_thread::yield();
+      alloc_->deallocate(p, s1);
+      for (int spin = 0; spin < 4; ++spin) std::this_thread::yield();  // parked a while
+    }
+    stop = true;
+  });
+  std::atomic<size_t> stripped{0};
+  std::thread recorder([&] {
+    while (!stop) {
+      void* q = shown.load();
+      if (q == nullptr) continue;
+      try {
+        alloc_->record_stream(q, s2);
+        recorded.fetch_add(1);
+        if (!alloc_->check_invariants().empty()) stripped.fetch_add(1);
+      } catch (const usage_error&) {
+        refused.fetch_add(1);
+      }
+    }
+  });
+  owner.join();
+  recorder.join();
+  EXPECT_EQ(stripped.load(), 0u) << recorded.load() << " records, " << refused.load() << " refused";
+  EXPECT_EQ(alloc_->check_invariants(), "");
+  EXPECT_GT(recorded.load(), 0u);
+  EXPECT_GT(refused.load(), 0u);
+}
+
 
 // Threads on their own streams and on shared ones, freeing their blocks and each other's (through
 // a mailbox), while one thread calls release_cached and stats and another makes the device run
