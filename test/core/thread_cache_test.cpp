@@ -419,6 +419,96 @@ TEST_F(ThreadCacheTest, BypassedWhileACaptureOrRouteExists) {
 }
 
 // ---- many threads at once ------------------------------------------------------------------------
+// A stream destroyed with blocks parked under it, its handle value taken by a new stream: the new
+// stream has a new identity, so gets none of them, and once they go back to the books (a flush)
+// no stream reuses them while the old stream's work may still run (only a synchronize proves it).
+TEST_F(ThreadCacheTest, BlocksParkedUnderADestroyedStreamWaitForItsWork) {
+  make(sim_config(256 * MiB, false), cached_opts());
+  const auto& t = drv_->table();
+  CUstream s1 = new_stream();
+  void* x = alloc_->allocate(4 * MiB, s1);
+  sim::hold_stream(s1);  // its work (and the record the free is ordered after) stays pending
+  alloc_->deallocate(x, s1);  // parked under s1
+  ASSERT_EQ(t.stream_destroy(s1), CUDA_SUCCESS);
+  streams_.erase(std::find(streams_.begin(), streams_.end(), s1));
+  CUstream s2 = new_stream();  // usually s1's handle value again
+  const auto xa = reinterpret_cast<uintptr_t>(x);
+  void* y = alloc_->allocate(4 * MiB, s2);
+  EXPECT_NE(y, x) << "a block parked under a destroyed stream went to the stream taking its handle";
+  (void)alloc_->segments();  // flushes: x is freed into the books, on the destroyed stream
+  void* z = alloc_->allocate(4 * MiB, s2);
+  const auto za = reinterpret_cast<uintptr_t>(z);
+  EXPECT_FALSE(za < xa + 4 * MiB && xa < za + 4 * MiB)
+      << "reused while the destroyed stream's work was pending";
+  alloc_->deallocate(y, s2);
+  alloc_->deallocate(z, s2);
+  sim::release_all();
+}
+
+// A stream captured by another thread, the capture not announced (no expanse_capture_begin, no
+// route): the capturing stream is asked for at every call, so no block parked before the capture
+// is handed to it (its graph would use default-pool memory at every replay), and a block freed on
+// it during the capture is not parked (the graph's work on it runs at replays).
+TEST_F(ThreadCacheTest, AnUnannouncedCaptureGetsNoParkedBlockAndParksNothing) {
+  for (CUstreamCaptureMode mode : {CU_STREAM_CAPTURE_MODE_RELAXED,
+                                   CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                                   CU_STREAM_CAPTURE_MODE_GLOBAL}) {
+    make(sim_config(256 * MiB, false), cached_opts());
+    const auto& t = drv_->table();
+    CUstream s = new_stream();
+    void* before = alloc_->allocate(1 * MiB, s);  // live across the capture
+    void* x = alloc_->allocate(1 * MiB, s);
+    alloc_->deallocate(x, s);  // parked under s
+    std::atomic<int> phase{0};  // 1: capturing; 2: this thread is done with the capture
+    CUresult ended = CUDA_ERROR_UNKNOWN;
+    std::thread capturer([&] {
+      PrimaryCtx c(t);
+      const bool began = t.stream_begin_capture(s, mode) == CUDA_SUCCESS;
+      phase = 1;
+      if (!began) return;  // `ended` stays an error
+      while (phase.load() != 2) std::this_thread::yield();
+      CUgraph g = nullptr;
+      ended = t.stream_end_capture(s, &g);
+      if (g != nullptr) t.graph_destroy(g);
+    });
+    while (phase.load() != 1) std::this_thread::yield();
+    void* in = alloc_->allocate(1 * MiB, s);
+    EXPECT_NE(in, x) << "mode " << mode << ": a parked block went into a capture";
+    alloc_->deallocate(before, s);  // during the capture
+    alloc_->deallocate(in, s);
+    phase = 2;
+    capturer.join();
+    ASSERT_EQ(ended, CUDA_SUCCESS) << "mode " << mode << ": " << sim::capture_log();
+    std::vector<void*> after;
+    for (int i = 0; i < 3; ++i) after.push_back(alloc_->allocate(1 * MiB, s));
+    for (void* p : {before, in}) {
+      EXPECT_TRUE(std::find(after.begin(), after.end(), p) == after.end())
+          << "mode " << mode << ": a block freed during the capture was parked";
+    }
+    for (void* p : after) alloc_->deallocate(p, s);
+    alloc_->capture_ended(s);
+  }
+}
+
+// A pool's block is never parked for the default pool, nor a default block handed to a pool.
+TEST_F(ThreadCacheTest, PoolBlocksAndDefaultBlocksNeverCross) {
+  make(sim_config(256 * MiB, false), cached_opts());
+  CUstream s = new_stream();
+  alloc_->create_pool(3);
+  void* p = alloc_->allocate(1 * MiB, s, 3);
+  alloc_->deallocate(p, s);
+  void* d = alloc_->allocate(1 * MiB, s);
+  EXPECT_NE(d, p) << "a pool's block went to the default pool";
+  alloc_->deallocate(d, s);  // parked
+  void* q = alloc_->allocate(1 * MiB, s, 3);
+  EXPECT_NE(q, d) << "a parked default block went to a pool";
+  alloc_->deallocate(q, s);
+  void* d2 = alloc_->allocate(1 * MiB, s);
+  EXPECT_EQ(d2, d);
+  alloc_->deallocate(d2, s);
+  alloc_->release_pool(3);
+}
+
 // record_stream racing the block's own free on another thread (the application's race: it
 // names a block it may be freeing): either record_stream comes first (the free then waits for
 // the other stream, nothing parked) or it fails (the block is freed). It must never take the
