@@ -179,9 +179,32 @@ std::string DeviceAllocator::check_invariants_locked() const {
   }
   err = check_pools_locked();
   if (!err.empty()) return err;
+  err = check_parked_locked();
+  if (!err.empty()) return err;
   // Held pages may exceed the limit only transiently, after a limit was lowered below what
   // cannot be trimmed: no check.
   return "";
+}
+
+// Every block in a thread cache is live in the books, and its front entry says a cache holds it.
+std::string DeviceAllocator::check_parked_locked() const {
+  std::string err;
+  const_cast<ThreadCaches&>(caches_).for_each([&](ThreadCache& c) {
+    std::lock_guard<SpinLock> lock(c.lock);
+    c.for_each_block([&](const CachedBlock& cb) {
+      if (!err.empty()) return;
+      auto it = placement_.index().blocks().find(cb.addr);
+      const FrontBlocks::Entry* e = caches_.blocks().find(cb.addr);
+      if (it == placement_.index().blocks().end() || it->second.state != BlockState::live) {
+        err = "parked block " + hex(cb.addr) + " is not live in the books";
+      } else if (e == nullptr) {
+        err = "parked block " + hex(cb.addr) + " has no front entry";
+      } else if (e->state.load(std::memory_order_acquire) != FrontBlocks::cached) {
+        err = "parked block " + hex(cb.addr) + "'s front entry says the user holds it";
+      }
+    });
+  });
+  return err;
 }
 
 // ---- memory history ---------------------------------------------------------------------------

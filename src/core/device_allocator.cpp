@@ -490,9 +490,15 @@ void DeviceAllocator::record_stream(void* ptr, CUstream stream) {
                       std::to_string(device()) + ": " + describe_pointer_locked(ptr) +
                       "; nothing was changed");
   }
-  StreamOrder::Call call(streams_);
   // Used by another stream: its free must wait for that stream, so it never enters a cache.
-  caches_.blocks().erase(addr);
+  // The check above read the entry without stopping a free on another thread (park_fast) from
+  // parking the block since: its entry goes only while the user still holds it.
+  if (!caches_.blocks().erase_unless_cached(addr)) {
+    throw usage_error("expanse: record_stream of " + hex(addr) + " on device " +
+                      std::to_string(device()) + ": a block another thread freed at the same " +
+                      "time (a thread cache holds it); nothing was changed");
+  }
+  StreamOrder::Call call(streams_);
   StreamOrder::StreamState& ss = streams_.state(stream, id);
   streams_.fence_if_owed(ss);
   streams_.add_user(it->second, ss);

@@ -244,6 +244,8 @@ class DeviceAllocator {
   void recheck_limit_locked();
   // Whether the live block at addr is parked in a thread cache (freed, as users see it).
   bool parked_locked(CUdeviceptr addr) const;
+  // "" when every parked block is live in the books with a front entry marked cached.
+  std::string check_parked_locked() const;
   // A thread exited with these blocks parked (ThreadCaches::GiveBack).
   void give_back(std::vector<CachedBlock>& blocks, ThreadCache& c);
   // Peaks as users see them (parked blocks are not allocated), after an allocation no peak

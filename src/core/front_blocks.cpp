@@ -65,6 +65,16 @@ void FrontBlocks::erase(CUdeviceptr addr) {
   s.map.erase(addr);
 }
 
+bool FrontBlocks::erase_unless_cached(CUdeviceptr addr) {
+  Shard& s = shard(addr);
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.map.find(addr);
+  if (it == s.map.end()) return true;
+  if (it->second.state.load(std::memory_order_acquire) != live) return false;
+  s.map.erase(it);
+  return true;
+}
+
 std::vector<CUdeviceptr> FrontBlocks::owed() const {
   std::vector<CUdeviceptr> out;
   for (Shard& s : shards_) {

@@ -54,6 +54,9 @@ class FrontBlocks {
   int user_holds(CUdeviceptr addr, size_t* requested) const;
   // Removes addr if here.
   void erase(CUdeviceptr addr);
+  // record_stream (device lock held): removes addr if here and live; false, leaving it, if a
+  // thread cache holds it (a free racing on another thread may have parked it since any check).
+  bool erase_unless_cached(CUdeviceptr addr);
   // The addresses of the entries marked owed (device lock held). May throw std::bad_alloc.
   std::vector<CUdeviceptr> owed() const;
 

@@ -202,6 +202,30 @@ TEST_F(ThreadCacheTest, PeaksCountWhatUsersHoldOnly) {
   EXPECT_EQ(st.allocated_bytes, 0u);
 }
 
+// A registrable block (its own path into the books) counts toward the peak what users hold, as
+// any allocation does: not the blocks parked in thread caches (live in the books, freed for
+// users), and it spends every thread's peak credit, so that a cache hit after it that raises
+// what users hold raises the peak.
+TEST_F(ThreadCacheTest, RegistrableAllocationsKeepPeaksToWhatUsersHold) {
+  make(sim_config(256 * MiB, false), cached_opts());
+  const size_t P = alloc_->page_size();
+  CUstream s = new_stream();
+  alloc_->create_pool(7, /*registrable=*/true);
+  void* x = alloc_->allocate(1 * MiB, s);  // users hold 1 MiB: the peak
+  alloc_->deallocate(x, s);                // parked; this thread's credit covers 1 MiB
+  void* r = alloc_->allocate(1 * MiB, s, 7);  // one page, its own handle
+  EXPECT_EQ(alloc_->stats().peak_allocated_bytes, P) << "the parked block counted as held";
+  EXPECT_EQ(alloc_->stats().peak_requested_bytes, 1 * MiB);
+  void* x2 = alloc_->allocate(1 * MiB, s);  // from the cache: users hold P + 1 MiB
+  EXPECT_EQ(x2, x);
+  EXPECT_EQ(alloc_->stats().peak_allocated_bytes, P + 1 * MiB)
+      << "a credit earned before the registrable allocation hid the new peak";
+  EXPECT_EQ(alloc_->stats().peak_requested_bytes, 2 * MiB);
+  alloc_->deallocate(x2, s);
+  alloc_->deallocate(r, s);
+  alloc_->release_pool(7);
+}
+
 // Same stream and size only: another stream, another size, or a block another stream used gets
 // no cached block.
 TEST_F(ThreadCacheTest, HandsBackOnlyToTheSameStreamAndSize) {
@@ -395,6 +419,140 @@ TEST_F(ThreadCacheTest, BypassedWhileACaptureOrRouteExists) {
 }
 
 // ---- many threads at once ------------------------------------------------------------------------
+// A stream destroyed with blocks parked under it, its handle value taken by a new stream: the new
+// stream has a new identity, so gets none of them, and once they go back to the books (a flush)
+// no stream reuses them while the old stream's work may still run (only a synchronize proves it).
+TEST_F(ThreadCacheTest, BlocksParkedUnderADestroyedStreamWaitForItsWork) {
+  make(sim_config(256 * MiB, false), cached_opts());
+  const auto& t = drv_->table();
+  CUstream s1 = new_stream();
+  void* x = alloc_->allocate(4 * MiB, s1);
+  sim::hold_stream(s1);  // its work (and the record the free is ordered after) stays pending
+  alloc_->deallocate(x, s1);  // parked under s1
+  ASSERT_EQ(t.stream_destroy(s1), CUDA_SUCCESS);
+  streams_.erase(std::find(streams_.begin(), streams_.end(), s1));
+  CUstream s2 = new_stream();  // usually s1's handle value again
+  const auto xa = reinterpret_cast<uintptr_t>(x);
+  void* y = alloc_->allocate(4 * MiB, s2);
+  EXPECT_NE(y, x) << "a block parked under a destroyed stream went to the stream taking its handle";
+  (void)alloc_->segments();  // flushes: x is freed into the books, on the destroyed stream
+  void* z = alloc_->allocate(4 * MiB, s2);
+  const auto za = reinterpret_cast<uintptr_t>(z);
+  EXPECT_FALSE(za < xa + 4 * MiB && xa < za + 4 * MiB)
+      << "reused while the destroyed stream's work was pending";
+  alloc_->deallocate(y, s2);
+  alloc_->deallocate(z, s2);
+  sim::release_all();
+}
+
+// A stream captured by another thread, the capture not announced (no expanse_capture_begin, no
+// route): the capturing stream is asked for at every call, so no block parked before the capture
+// is handed to it (its graph would use default-pool memory at every replay), and a block freed on
+// it during the capture is not parked (the graph's work on it runs at replays).
+TEST_F(ThreadCacheTest, AnUnannouncedCaptureGetsNoParkedBlockAndParksNothing) {
+  for (CUstreamCaptureMode mode : {CU_STREAM_CAPTURE_MODE_RELAXED,
+                                   CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                                   CU_STREAM_CAPTURE_MODE_GLOBAL}) {
+    make(sim_config(256 * MiB, false), cached_opts());
+    const auto& t = drv_->table();
+    CUstream s = new_stream();
+    void* before = alloc_->allocate(1 * MiB, s);  // live across the capture
+    void* x = alloc_->allocate(1 * MiB, s);
+    alloc_->deallocate(x, s);  // parked under s
+    std::atomic<int> phase{0};  // 1: capturing; 2: this thread is done with the capture
+    CUresult ended = CUDA_ERROR_UNKNOWN;
+    std::thread capturer([&] {
+      PrimaryCtx c(t);
+      const bool began = t.stream_begin_capture(s, mode) == CUDA_SUCCESS;
+      phase = 1;
+      if (!began) return;  // `ended` stays an error
+      while (phase.load() != 2) std::this_thread::yield();
+      CUgraph g = nullptr;
+      ended = t.stream_end_capture(s, &g);
+      if (g != nullptr) t.graph_destroy(g);
+    });
+    while (phase.load() != 1) std::this_thread::yield();
+    void* in = alloc_->allocate(1 * MiB, s);
+    EXPECT_NE(in, x) << "mode " << mode << ": a parked block went into a capture";
+    alloc_->deallocate(before, s);  // during the capture
+    alloc_->deallocate(in, s);
+    phase = 2;
+    capturer.join();
+    ASSERT_EQ(ended, CUDA_SUCCESS) << "mode " << mode << ": " << sim::capture_log();
+    std::vector<void*> after;
+    for (int i = 0; i < 3; ++i) after.push_back(alloc_->allocate(1 * MiB, s));
+    for (void* p : {before, in}) {
+      EXPECT_TRUE(std::find(after.begin(), after.end(), p) == after.end())
+          << "mode " << mode << ": a block freed during the capture was parked";
+    }
+    for (void* p : after) alloc_->deallocate(p, s);
+    alloc_->capture_ended(s);
+  }
+}
+
+// A pool's block is never parked for the default pool, nor a default block handed to a pool.
+TEST_F(ThreadCacheTest, PoolBlocksAndDefaultBlocksNeverCross) {
+  make(sim_config(256 * MiB, false), cached_opts());
+  CUstream s = new_stream();
+  alloc_->create_pool(3);
+  void* p = alloc_->allocate(1 * MiB, s, 3);
+  alloc_->deallocate(p, s);
+  void* d = alloc_->allocate(1 * MiB, s);
+  EXPECT_NE(d, p) << "a pool's block went to the default pool";
+  alloc_->deallocate(d, s);  // parked
+  void* q = alloc_->allocate(1 * MiB, s, 3);
+  EXPECT_NE(q, d) << "a parked default block went to a pool";
+  alloc_->deallocate(q, s);
+  void* d2 = alloc_->allocate(1 * MiB, s);
+  EXPECT_EQ(d2, d);
+  alloc_->deallocate(d2, s);
+  alloc_->release_pool(3);
+}
+
+// record_stream racing the block's own free on another thread (the application's race: it
+// names a block it may be freeing): either record_stream comes first (the free then waits for
+// the other stream, nothing parked) or it fails (the block is freed). It must never take the
+// block's front entry away once the free has parked it: the cache would then hold a block with
+// no entry, and the next hit would write through a dangling one.
+TEST_F(ThreadCacheTest, RecordStreamRacingTheFreeNeverStripsAParkedBlock) {
+  make(sim_config(256 * MiB, false), cached_opts());
+  CUstream s1 = new_stream(), s2 = new_stream();
+  std::atomic<void*> shown{nullptr};
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> recorded{0}, refused{0};
+  std::thread owner([&] {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    for (size_t i = 0; std::chrono::steady_clock::now() < until; ++i) {
+      void* p = alloc_->allocate(64 * KiB, s1);
+      shown.store(p);
+      for (int spin = 0; spin < static_cast<int>(i % 64); ++spin) std::this_thread::yield();
+      alloc_->deallocate(p, s1);
+      for (int spin = 0; spin < 4; ++spin) std::this_thread::yield();  // parked a while
+    }
+    stop = true;
+  });
+  std::atomic<size_t> stripped{0};
+  std::thread recorder([&] {
+    while (!stop) {
+      void* q = shown.load();
+      if (q == nullptr) continue;
+      try {
+        alloc_->record_stream(q, s2);
+        recorded.fetch_add(1);
+        if (!alloc_->check_invariants().empty()) stripped.fetch_add(1);
+      } catch (const usage_error&) {
+        refused.fetch_add(1);
+      }
+    }
+  });
+  owner.join();
+  recorder.join();
+  EXPECT_EQ(stripped.load(), 0u) << recorded.load() << " records, " << refused.load() << " refused";
+  EXPECT_EQ(alloc_->check_invariants(), "");
+  EXPECT_GT(recorded.load(), 0u);
+  EXPECT_GT(refused.load(), 0u);
+}
+
 
 // Threads on their own streams and on shared ones, freeing their blocks and each other's (through
 // a mailbox), while one thread calls release_cached and stats and another makes the device run
