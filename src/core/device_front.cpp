@@ -276,6 +276,7 @@ void DeviceAllocator::absorb_counts_locked(ThreadCache& c) {
 void DeviceAllocator::give_back(std::vector<CachedBlock>& blocks, ThreadCache& c) {
   std::lock_guard<std::mutex> lock(mu_);
   CheckedScope checked(*this, "thread exit");
+  StreamOrder::ThreadExit exiting(streams_);
   {
     std::lock_guard<SpinLock> l(c.lock);
     absorb_counts_locked(c);

@@ -63,6 +63,7 @@ StreamOrder::Recorded StreamOrder::record_fence_or_throw(StreamState& ss, bool a
     return Recorded::not_now;
   }
   if (ss.kind == StreamIdentity::capturing) return Recorded::not_now;  // would be captured
+  if (ss.kind == StreamIdentity::per_thread && thread_exiting_) return Recorded::not_now;
   if (ss.owner_thread != 0 && ss.owner_thread != this_thread_serial()) return Recorded::not_now;
   DeviceDriver::ScopedContext scope(drv_, ss.ctx);
   if (!scope.ok()) return Recorded::not_now;

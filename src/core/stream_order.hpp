@@ -107,6 +107,21 @@ class StreamOrder {
    private:
     StreamOrder& o_;
   };
+  // The calling thread is exiting (its cache's blocks go back from a thread_local destructor):
+  // while this scope lasts no fence is recorded on its per-thread stream. The driver may have
+  // torn that stream down already and would make a fresh, empty one on use, whose fence
+  // completes at once while the old stream's work still runs; the blocks stay unproven until a
+  // context synchronize proves them instead.
+  class ThreadExit {
+   public:
+    explicit ThreadExit(StreamOrder& o) : o_(o) { o_.thread_exiting_ = true; }
+    ~ThreadExit() { o_.thread_exiting_ = false; }
+    ThreadExit(const ThreadExit&) = delete;
+    ThreadExit& operator=(const ThreadExit&) = delete;
+
+   private:
+    StreamOrder& o_;
+  };
   // ss is not forgotten while this scope lasts (allocate() holds a reference to it).
   class Hold {
    public:
@@ -243,6 +258,7 @@ class StreamOrder {
   StreamKey next_key_ = StreamKey{1} << 63;  // made-up keys; driver ids stay below
   StreamKey in_use_ = 0;  // see Hold
   StreamKey current_ = 0;  // see Call; 0 outside a call
+  bool thread_exiting_ = false;  // see ThreadExit
   uint64_t seq_clock_ = 0;  // numbers every free on every stream (StreamState::free_seq)
   uint64_t use_clock_ = 0;  // counts state() calls (StreamState::last_used)
   std::vector<Pending> pending_;

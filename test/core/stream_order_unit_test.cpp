@@ -98,6 +98,30 @@ TEST_F(StreamOrderUnitTest, ABlockAnotherStreamUsedIsPendingUntilThatStreamPasse
   EXPECT_EQ(placement_->index().free_blocks(), 1u);
 }
 
+// A thread's exit gives its cache's blocks back from a thread_local destructor, when the driver
+// may have torn the thread's per-thread stream down already (a record there would land on a
+// fresh, empty stream and prove nothing): a free owing a fence records none on that stream then;
+// the block waits for a context synchronize. Outside an exit, the same free records one.
+TEST_F(StreamOrderUnitTest, AnExitingThreadRecordsNoFenceOnItsPerThreadStream) {
+  StreamOrder::Call call(*streams_);
+  StreamOrder::StreamState& ss = state(CU_STREAM_PER_THREAD);
+  ASSERT_EQ(ss.kind, core::StreamIdentity::per_thread);
+  auto free_owing_a_fence = [&](size_t offset) {
+    core::BlockIt it = live_block(ss, offset, P);
+    it->second.freed_by = ss.key + 1;  // placed in memory another stream freed: it wants it back
+    StreamOrder::Deps deps =
+        streams_->end_uses(it->second, ss, streams_->make_room_for_free(it->second, ss));
+    const uint64_t records = sim::call_count(driver::EntryPoint::event_record);
+    streams_->on_free(it, ss, std::move(deps));
+    return sim::call_count(driver::EntryPoint::event_record) - records;
+  };
+  {
+    StreamOrder::ThreadExit exiting(*streams_);
+    EXPECT_EQ(free_owing_a_fence(0), 0u) << "a fence on the exiting thread's per-thread stream";
+  }
+  EXPECT_EQ(free_owing_a_fence(4 * P), 1u) << "the free owed a fence and the thread lives";
+}
+
 TEST_F(StreamOrderUnitTest, EventPoolReusesEventsPerContext) {
   core::EventPool pool(*dd_);
   CUcontext ctx = dd_->primary();
