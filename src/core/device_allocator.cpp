@@ -373,12 +373,7 @@ void DeviceAllocator::make_live(BlockIt it, size_t requested, StreamOrder::Strea
   stats_.allocated_bytes += b.size;
   ++stats_.live_blocks;
   ++stats_.num_allocs;
-  if (caches_.empty()) {
-    stats_.peak_requested_bytes = std::max(stats_.peak_requested_bytes, stats_.requested_bytes);
-    stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
-  } else {
-    update_peaks_locked();  // parked blocks are live in the books, not for users
-  }
+  peaks_after_allocation_locked();
   if (events_ != nullptr) events_->on_alloc(device(), it->first, requested, stream);
 }
 

@@ -251,6 +251,9 @@ class DeviceAllocator {
   // Peaks as users see them (parked blocks are not allocated), after an allocation no peak
   // credit covered; every thread's credit starts again from 0.
   void update_peaks_locked();
+  // After an allocation under the lock: the books' figures are the users' when no cache exists;
+  // otherwise update_peaks_locked (parked blocks are live in the books, not for users).
+  void peaks_after_allocation_locked();
   // The freeing thread's peak credit grows by a free through the locked path.
   void credit_free(size_t size, size_t requested);
 
@@ -281,7 +284,8 @@ class DeviceAllocator {
   void forget_pool(PoolSlot s);
   // Allocates now what forget_pool(s) would. May throw std::bad_alloc; changes nothing else.
   void make_room_to_forget_pool(PoolSlot s);
-  // Room to forget b's pool when freeing b leaves it, returned, with no live block.
+  // Room to forget b's pool (not the default) when freeing b leaves it, returned, with no live
+  // block.
   void make_room_if_emptying(const Block& b);
   // The mapped handles under pool s's blocks that lie on no page another pool's block, or a
   // default block other than a safe free one, overlaps: what a sleep gives back.

@@ -301,6 +301,15 @@ void DeviceAllocator::update_peaks_locked() {
       std::max<uint64_t>(stats_.peak_requested_bytes, stats_.requested_bytes - parked_requested);
 }
 
+void DeviceAllocator::peaks_after_allocation_locked() {
+  if (!caches_.empty()) {
+    update_peaks_locked();
+    return;
+  }
+  stats_.peak_requested_bytes = std::max(stats_.peak_requested_bytes, stats_.requested_bytes);
+  stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+}
+
 void DeviceAllocator::credit_free(size_t size, size_t requested) {
   if (caches_.empty()) return;
   ThreadCache* c = caches_.mine(false);

@@ -234,7 +234,7 @@ void DeviceAllocator::make_room_to_forget_pool(PoolSlot s) {
 }
 
 void DeviceAllocator::make_room_if_emptying(const Block& b) {
-  if (b.pool == kDefaultPool) return;
+  EXPANSE_ASSERT(b.pool != kDefaultPool);  // the free asks only for pool blocks (its hot path)
   const PoolState& p = pools_.at(b.pool);
   if (p.returned && p.live_blocks == 1) make_room_to_forget_pool(b.pool);
 }

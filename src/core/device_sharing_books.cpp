@@ -69,12 +69,7 @@ void* DeviceAllocator::allocate_registrable(size_t bytes, uint64_t pool, CUstrea
     ++stats_.live_blocks;
     ++stats_.num_allocs;
     stats_.num_created_pages += pages;
-    if (caches_.empty()) {
-      stats_.peak_requested_bytes = std::max(stats_.peak_requested_bytes, stats_.requested_bytes);
-      stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
-    } else {
-      update_peaks_locked();  // parked blocks are not the users'; every credit is spent
-    }
+    peaks_after_allocation_locked();
     stats_.peak_va_reserved_bytes =
         std::max<uint64_t>(stats_.peak_va_reserved_bytes,
                            placement_.va_reserved() + registrable_.bytes() + imports_.bytes());

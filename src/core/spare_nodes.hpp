@@ -18,7 +18,6 @@ template <class Node, size_t N = 2>
 class SpareNodes {
  public:
   bool empty() const noexcept { return count_ == 0; }
-  size_t size() const noexcept { return count_; }
 
   // Keeps n if there is room (an empty handle is dropped); otherwise n's node is freed here.
   void keep(Node&& n) noexcept {
