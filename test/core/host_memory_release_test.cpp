@@ -5,21 +5,13 @@
 // n-th host allocation of the call, persistently or once, for every n until the call makes no
 // more; after each it checks the live blocks' bytes, the books against the sim, and that the same
 // call with memory back leaves what a call that never failed leaves.
-#include "core_fixture.hpp"
-#include "support/host_alloc_failure.hpp"
+#include "host_memory_fixture.hpp"
 
 #include <new>
 #include <string>
 
 namespace expanse::test {
 namespace {
-
-struct Failing {
-  size_t count;  // how many allocations fail from the n-th (SIZE_MAX: all of them)
-  const char* name;
-};
-
-void PrintTo(const Failing& f, std::ostream* os) { *os << f.name; }
 
 // What a call leaves that a later one sees.
 struct Books {
@@ -35,7 +27,7 @@ std::ostream& operator<<(std::ostream& os, const Books& b) {
             << ", live " << b.live << ", allocated " << b.allocated << "}";
 }
 
-class HostMemoryReleaseTest : public CoreTest, public ::testing::WithParamInterface<Failing> {
+class HostMemoryReleaseTest : public HostMemoryFailureTest {
  protected:
   struct Kept {
     void* p;
@@ -47,20 +39,6 @@ class HostMemoryReleaseTest : public CoreTest, public ::testing::WithParamInterf
     const core::DeviceStats st = alloc_->stats();
     return {st.mapped_bytes, st.physical_bytes, st.va_reserved_bytes, st.live_blocks,
             st.allocated_bytes};
-  }
-
-  // Whether op threw std::bad_alloc; *failed: whether an allocation failed at all.
-  template <class Op>
-  bool failing_from(size_t n, bool* failed, Op&& op) {
-    bool threw = false;
-    HostAllocFailure fail(n, GetParam().count);
-    try {
-      op();
-    } catch (const std::bad_alloc&) {
-      threw = true;
-    }
-    *failed = fail.failed() != 0;
-    return threw;
   }
 
   // Every kept block still holds its bytes, and the books agree with the driver.
@@ -99,7 +77,9 @@ class HostMemoryReleaseTest : public CoreTest, public ::testing::WithParamInterf
       make(sim_config(1 * GiB));
       CUstream s = new_stream();
       std::vector<Kept> kept = setup(s);
-      const bool threw = failing_from(n, &failed, [&] { op(s); });
+      const Run r = failing_from(n, [&] { op(s); });
+      failed = r.failed;
+      const bool threw = r.threw;
       expect_intact(kept, n);
       op(s);  // memory back
       EXPECT_EQ(books(), want) << "failing from allocation " << n;
@@ -172,7 +152,9 @@ TEST_P(HostMemoryReleaseTest, ReleasingAnEmptyPoolForgetsItOrChangesNothing) {
     make(sim_config(1 * GiB));
     constexpr core::PoolId kPool = 7;
     alloc_->create_pool(kPool);
-    const bool threw = failing_from(n, &failed, [&] { alloc_->release_pool(kPool); });
+    const Run r = failing_from(n, [&] { alloc_->release_pool(kPool); });
+    failed = r.failed;
+    const bool threw = r.threw;
     EXPECT_EQ(alloc_->has_pool(kPool), threw) << "failing from allocation " << n;
     if (threw) {
       EXPECT_NO_THROW(alloc_->release_pool(kPool))
@@ -225,7 +207,9 @@ TEST_P(HostMemoryReleaseTest, TheFreeOfAReturnedPoolsLastBlockForgetsIt) {
     alloc_->release_pool(kPool);
     alloc_->release_cached();  // returned: its memory is the default pool's, p still live
     ASSERT_TRUE(alloc_->has_pool(kPool));
-    const bool threw = failing_from(n, &failed, [&] { alloc_->deallocate(p, s); });
+    const Run r = failing_from(n, [&] { alloc_->deallocate(p, s); });
+    failed = r.failed;
+    const bool threw = r.threw;
     if (threw) {
       EXPECT_TRUE(alloc_->owns(p)) << "a free that threw freed; failing from allocation " << n;
       EXPECT_NO_THROW(alloc_->deallocate(p, s)) << "failing from allocation " << n;
@@ -242,11 +226,7 @@ TEST_P(HostMemoryReleaseTest, TheFreeOfAReturnedPoolsLastBlockForgetsIt) {
   EXPECT_GT(n, 1u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Failing, HostMemoryReleaseTest,
-                         ::testing::Values(Failing{SIZE_MAX, "FromThenOn"}, Failing{1, "Once"}),
-                         [](const ::testing::TestParamInfo<Failing>& p) {
-                           return std::string(p.param.name);
-                         });
+EXPANSE_INSTANTIATE_FAILING(HostMemoryReleaseTest);
 
 }  // namespace
 }  // namespace expanse::test

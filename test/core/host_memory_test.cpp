@@ -4,9 +4,8 @@
 // eviction, flush or thread exit) and host memory runs out there. Each test fails the n-th
 // host allocation of the operation, persistently or once, for every n until the operation makes
 // no more, and then checks the books, frees what is left and sees every byte come back.
-#include "core_fixture.hpp"
 #include "expanse/errors.hpp"
-#include "support/host_alloc_failure.hpp"
+#include "host_memory_fixture.hpp"
 
 #include <new>
 #include <thread>
@@ -21,14 +20,7 @@ core::AllocatorOptions cached_opts(size_t bytes, size_t entries) {
   return o;
 }
 
-struct Failing {
-  size_t count;  // how many allocations fail from the n-th (SIZE_MAX: all of them)
-  const char* name;
-};
-
-void PrintTo(const Failing& f, std::ostream* os) { *os << f.name; }
-
-class HostMemoryTest : public CoreTest, public ::testing::WithParamInterface<Failing> {
+class HostMemoryTest : public HostMemoryFailureTest {
  protected:
   // Everything freed: release_cached gives every block and every page back.
   void expect_all_back(size_t n) {
@@ -46,24 +38,6 @@ class HostMemoryTest : public CoreTest, public ::testing::WithParamInterface<Fai
     EXPECT_EQ(alloc_->check_invariants(), "") << "failing from allocation " << n;
     EXPECT_NO_THROW(alloc_->deallocate(p, s)) << "a free that threw left the block half freed; "
                                               << "failing from allocation " << n;
-  }
-
-  // Runs op with this thread's host allocations failing from the n-th on (as GetParam() says).
-  struct Run {
-    bool threw = false;   // op threw std::bad_alloc
-    bool failed = false;  // some allocation failed
-  };
-  template <class Op>
-  Run failing_from(size_t n, Op&& op) {
-    Run r;
-    HostAllocFailure fail(n, GetParam().count);
-    try {
-      op();
-    } catch (const std::bad_alloc&) {
-      r.threw = true;
-    }
-    r.failed = fail.failed() != 0;
-    return r;
   }
 
   // Parking a 4 MiB block in a cache of 4 MiB evicts the four 1 MiB blocks parked before it,
@@ -156,11 +130,7 @@ TEST_P(HostMemoryTest, LockedFreeFailsWholeOrCompletes) {
   EXPECT_GT(n, 2u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Failing, HostMemoryTest,
-                         ::testing::Values(Failing{SIZE_MAX, "FromThenOn"}, Failing{1, "Once"}),
-                         [](const ::testing::TestParamInfo<Failing>& p) {
-                           return std::string(p.param.name);
-                         });
+EXPANSE_INSTANTIATE_FAILING(HostMemoryTest);
 
 }  // namespace
 }  // namespace expanse::test
