@@ -100,6 +100,7 @@ struct ReplayArgs {
   bool compare = false;
   std::string plot, torch_conf;  // either implies compare
   std::string cost_table;
+  std::string host;
 };
 
 int cmd_replay(const ReplayArgs& a) {
@@ -110,6 +111,7 @@ int cmd_replay(const ReplayArgs& a) {
   req.conf = conf::parse_config(conf::from_environment());
   req.min_capacity = a.min_capacity;
   req.repeat = a.repeat;
+  if (!a.host.empty()) req.host = replay::parse_host_model(a.host);
   const size_t g = replay::replay_granularity(req.conf);
   req.capacity = size_t{80} << 30;
   if (!a.capacity.empty()) {
@@ -256,6 +258,13 @@ int run(int argc, char** argv) {
                          "what each pass leaves live (default 1)")
       ->type_name("N")
       ->check(CLI::Range(1, 1000));
+  replay_cmd->add_option("--host", ra.host,
+                         "How the host issues the trace: torch (default: PyTorch's native "
+                         "allocator path, backward passes on a second thread, thread caches, the "
+                         "GPU running behind), plain (one thread, no thread caches, the GPU "
+                         "keeping up), or keys over torch: gpu_lag=N,threads=1|2,"
+                         "thread_caches=on|off,stream=null|legacy")
+      ->type_name("MODEL");
   replay_cmd->add_flag("--json", ra.json, "Print one JSON object");
   replay_cmd->add_flag("--compare", ra.compare,
                        "Also run models of PyTorch's caching allocator (plain and with "

@@ -107,6 +107,7 @@ Json replay_json(const ReplayReport& r) {
   j["streams"] = t.streams.size();
   j["peak_live_bytes"] = t.peak_live_bytes;
   if (t.torch_peak_reserved_bytes) j["torch_peak_reserved_bytes"] = *t.torch_peak_reserved_bytes;
+  j["host"] = p.host.describe();
   j["capacity_bytes"] = p.capacity;
   j["page_size_bytes"] = p.page_size;
   j["ooms"] = p.ooms;
@@ -180,8 +181,12 @@ std::string replay_text(const ReplayReport& r) {
   }
   o << "device       sim, " << conf::format_size(p.capacity) << ", page "
     << conf::format_size(p.page_size) << "\n";
+  o << "host         " << p.host.describe() << "\n";
   o << "expanse      peak mapped " << bytes_text(p.stats.peak_mapped_bytes)
-    << ratio_text(p.stats.peak_mapped_bytes, live) << "\n";
+    << ratio_text(p.stats.peak_mapped_bytes, live) << ", peak physical "
+    << conf::format_size(p.stats.peak_physical_bytes) << "; pages created "
+    << p.stats.num_created_pages << ", released " << p.stats.num_released_pages
+    << ", reclaimed " << p.stats.num_reclaimed_pages << "\n";
   o << "OOMs         " << p.ooms;
   if (p.ooms != 0) {
     o << " (first at operation " << p.first_oom_op;

@@ -41,6 +41,7 @@ const std::vector<std::string>& known_keys() {
       "sim_posix_fd",        // sim devices support POSIX file-descriptor handles
       "sim_rdma",            // sim devices support GPUDirect RDMA with VMM
       "sim_host_capacity",   // pinned host memory (cuMemHostAlloc) the sim hands out in all
+      "sim_gpu_lag",         // ticks of the host clock the sim GPU runs behind (replays tick per operation)
       "peer_access",      // auto | none: grant peers that can access a device its memory
       "rdma",             // auto | off: ask cuMemCreate for GPUDirect RDMA where supported
       "registrable",      // every default-pool block its own exportable handle (ipc, NCCL)

@@ -29,6 +29,12 @@ struct SimOptions {
   // Pinned host memory (cuMemHostAlloc) the sim hands out in all, over every context; beyond it
   // cuMemHostAlloc answers CUDA_ERROR_OUT_OF_MEMORY (a host that cannot lock more pages).
   size_t host_capacity = size_t{1} << 40;
+  // How far the GPU runs behind the host, in ticks of the host clock (sim::advance_host_clock):
+  // work put on a stream (an event record, a copy) completes only once the clock has advanced
+  // this far past the moment it was issued, as on a GPU busy with the application's earlier
+  // kernels. 0: work completes when issued (unless its stream is held). Synchronizing waits for
+  // the work, so it completes it at once either way.
+  uint64_t gpu_lag = 0;
 };
 
 // Parses the sim_* keys of an EXPANSE_CONF string (other known keys are accepted and ignored;

@@ -5,11 +5,18 @@
 #include "core/device_allocator.hpp"
 #include "driver/driver.hpp"
 #include "conf/env_config.hpp"
+#include "replay/host_model.hpp"
 #include "expanse/errors.hpp"
 #include "sim/sim.hpp"
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <utility>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -36,6 +43,71 @@ void release_before(const trace::Trace& t, uint64_t op, size_t& next,
   }
 }
 
+bool conf_sets(const conf::Config& conf, const std::string& key) {
+  for (const auto& kv : conf::parse_pairs(conf.text)) {
+    if (kv.first == key) return true;
+  }
+  return false;
+}
+
+// The second host thread of the host model (PyTorch's autograd engine thread): runs what it is
+// handed while the main thread waits, so operations keep the trace's order. Each thread has the
+// device's primary context current, as PyTorch's threads do after cudaSetDevice.
+class HostThreads {
+ public:
+  explicit HostThreads(const DeviceStreams& streams) : streams_(streams), main_(streams) {}
+  ~HostThreads() { stop(); }
+  HostThreads(const HostThreads&) = delete;
+  HostThreads& operator=(const HostThreads&) = delete;
+
+  // Runs job on the autograd thread (started on first use) and waits for it; rethrows what it
+  // threw.
+  void run_on_autograd(const std::function<void()>& job) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!worker_.joinable()) worker_ = std::thread([this] { loop(); });
+    job_ = &job;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return job_ == nullptr; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+  // Ends the autograd thread (its thread cache goes back to the allocator as it exits).
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!worker_.joinable()) return;
+      quit_ = true;
+      cv_.notify_all();
+    }
+    worker_.join();
+  }
+
+ private:
+  void loop() {
+    DeviceStreams::Current current(streams_);
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return job_ != nullptr || quit_; });
+      if (job_ == nullptr) return;
+      try {
+        (*job_)();
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+      job_ = nullptr;
+      cv_.notify_all();
+    }
+  }
+
+  const DeviceStreams& streams_;
+  DeviceStreams::Current main_;  // the main thread's context, for the replay's life
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const std::function<void()>* job_ = nullptr;
+  bool quit_ = false;
+  std::exception_ptr error_;
+  std::thread worker_;
+};
+
 }  // namespace
 
 size_t replay_granularity(const conf::Config& conf) {
@@ -44,7 +116,7 @@ size_t replay_granularity(const conf::Config& conf) {
 
 ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_t capacity,
                           bool stop_at_first_oom, const ReplayProgress& progress, int passes,
-                          bool record_mapped) {
+                          bool record_mapped, const HostModel& host) {
   const auto t0 = Clock::now();
   if (capacity > kMaxReplayCapacity) {
     throw usage_error("replay: a device of " + conf::format_size(capacity) +
@@ -55,34 +127,44 @@ ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_
   cfg.devices = 1;
   cfg.capacity = capacity;
   cfg.backing = false;  // replay never touches the memory
+  if (!conf_sets(conf, "sim_gpu_lag")) cfg.gpu_lag = host.gpu_lag;
   auto drv = driver::load_sim(cfg, "replay");
 
   ReplayResult r;
   r.capacity = capacity;
+  r.host = host;
+  r.host.gpu_lag = cfg.gpu_lag;
   passes = std::max(passes, 1);
   const uint64_t total = t.ops.size() * static_cast<uint64_t>(passes);
+  const std::vector<uint8_t> thread_of =
+      host.autograd_thread ? autograd_threads(t) : std::vector<uint8_t>(t.ops.size(), 0);
   {
     DeviceStreams streams(*drv, 0, t.streams);
-    // One thread replays: thread caches would only keep freed blocks from the placement.
     conf::AllocatorOptions opts = conf::options_for_device(conf, capacity);
-    opts.thread_cache_bytes = 0;
+    if (!host.thread_caches) opts.thread_cache_bytes = 0;
     core::DeviceAllocator alloc(*drv, 0, opts);
     r.page_size = alloc.page_size();
+    // The trace's legacy default stream as the host passes it: PyTorch passes NULL.
+    auto stream_for = [&](uint32_t s) {
+      CUstream h = streams[s];
+      return h == nullptr && !host.null_stream ? CU_STREAM_LEGACY : h;
+    };
     std::vector<void*> ptr(t.blocks, nullptr);
     std::vector<uint32_t> stream_of(passes > 1 ? t.blocks : 0, 0);  // each block's alloc stream
     core::DeviceStats peaks;  // the highest of each pass's peaks
     bool stopped = false;
+    HostThreads threads(streams);  // the autograd thread, when the model has one
     for (int pass = 1; pass <= passes && !stopped; ++pass) {
       const core::DeviceStats before = alloc.stats();
       PassResult pr;
       size_t next_release = 0;
-      for (uint64_t i = 0; i < t.ops.size(); ++i) {
+      // Operation i, on whichever thread makes it; false: stop here (the first OOM).
+      auto run_op = [&](uint64_t i) {
         const trace::TraceOp& op = t.ops[i];
-        release_before(t, i, next_release, alloc);
         if (op.type == trace::TraceOp::Type::alloc) {
           std::string failure;
           try {
-            ptr[op.block] = alloc.allocate(op.size, streams[op.stream]);
+            ptr[op.block] = alloc.allocate(op.size, stream_for(op.stream));
             if (passes > 1) stream_of[op.block] = op.stream;
           } catch (const out_of_memory& e) {
             failure = e.what();
@@ -96,25 +178,51 @@ ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_
               r.first_oom_pass = pass;
               r.first_oom = failure;
             }
-            if (stop_at_first_oom) {
-              stopped = true;
-              break;
-            }
+            if (stop_at_first_oom) return false;
           }
         } else if (ptr[op.block] != nullptr) {
-          alloc.deallocate(ptr[op.block], streams[op.stream]);
+          alloc.deallocate(ptr[op.block], stream_for(op.stream));
           ptr[op.block] = nullptr;
         }
-        ++r.ops_done;
-        if (record_mapped && pass == 1) r.mapped_after_op.push_back(alloc.stats().mapped_bytes);
-        if (progress && (r.ops_done & 4095) == 0) progress(r.ops_done, total);
+        return true;
+      };
+      for (uint64_t i = 0; i < t.ops.size() && !stopped;) {
+        // Releases happen between operations, on the main thread.
+        release_before(t, i, next_release, alloc);
+        // A run of operations of one thread (a release ends it: the main thread makes those).
+        uint64_t end = i + 1;
+        while (end < t.ops.size() && thread_of[end] == thread_of[i] &&
+               (next_release >= t.releases.size() || t.releases[next_release].op > end)) {
+          ++end;
+        }
+        const uint64_t done_before = i;
+        auto run_span = [&] {
+          for (; i < end; ++i) {
+            if (!run_op(i)) {
+              stopped = true;
+              return;
+            }
+            // The GPU moves on as the host issues work (sim_gpu_lag).
+            sim::advance_host_clock(1);
+            ++r.ops_done;
+            if (record_mapped && pass == 1) {
+              r.mapped_after_op.push_back(alloc.stats().mapped_bytes);
+            }
+            if (progress && (r.ops_done & 4095) == 0) progress(r.ops_done, total);
+          }
+        };
+        if (thread_of[done_before] == 0) {
+          run_span();
+        } else {
+          threads.run_on_autograd(run_span);
+        }
       }
       if (!stopped) release_before(t, t.ops.size(), next_release, alloc);
       if (pass < passes && !stopped) {
         // What the pass left live goes before the next one starts from nothing live.
         for (uint32_t b = 0; b < t.blocks; ++b) {
           if (ptr[b] == nullptr) continue;
-          alloc.deallocate(ptr[b], streams[stream_of[b]]);
+          alloc.deallocate(ptr[b], stream_for(stream_of[b]));
           ptr[b] = nullptr;
         }
       }
@@ -132,6 +240,7 @@ ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_
           std::max(peaks.peak_va_reserved_bytes, after.peak_va_reserved_bytes);
       if (pass < passes) alloc.reset_peaks();  // the next pass's peaks are its own
     }
+    threads.stop();  // its thread cache goes back to the allocator before the stats
     r.stats = alloc.stats();
     r.stats.peak_requested_bytes = peaks.peak_requested_bytes;
     r.stats.peak_allocated_bytes = peaks.peak_allocated_bytes;
@@ -146,7 +255,7 @@ ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_
 }
 
 MinCapacity find_min_capacity(const trace::Trace& t, const conf::Config& conf, size_t start,
-                              const SearchProgress& progress) {
+                              const SearchProgress& progress, const HostModel& host) {
   const auto t0 = Clock::now();
   const size_t g = replay_granularity(conf);
   MinCapacity out;
@@ -159,7 +268,7 @@ MinCapacity find_min_capacity(const trace::Trace& t, const conf::Config& conf, s
         progress(out.probes, std::max(expected, out.probes), done, total);
       };
     }
-    return replay_trace(t, conf, units * g, true, p);
+    return replay_trace(t, conf, units * g, true, p, 1, false, host);
   };
   auto expected_probes = [](size_t lo, size_t hi) {
     int n = 0;

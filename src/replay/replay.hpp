@@ -5,6 +5,7 @@
 
 #include "conf/config.hpp"
 #include "core/stats.hpp"
+#include "replay/host_model.hpp"
 #include "trace/trace.hpp"
 
 #include <cstdint>
@@ -24,6 +25,7 @@ struct PassResult {
 };
 
 struct ReplayResult {
+  HostModel host;        // how the operations were issued (gpu_lag as the sim used it)
   size_t capacity = 0;   // device bytes
   size_t page_size = 0;  // the allocator's page
   uint64_t ops_done = 0;      // over all passes
@@ -55,11 +57,14 @@ size_t replay_granularity(const conf::Config& conf);
 // usage errors from the allocator, and usage_error for a capacity above kMaxReplayCapacity.
 // The trace's inferred empty_cache() calls (trace::Trace::releases) release the allocator's
 // cached pages (DeviceAllocator::release_cached) before the operation they precede; its
-// free-and-retries release nothing (see replay.cpp).
+// free-and-retries release nothing (see replay.cpp). host: which threads issue the operations,
+// on which stream handle, and how far the sim's GPU runs behind (sim_gpu_lag in conf, when
+// given, wins over host.gpu_lag).
 ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_t capacity,
                           bool stop_at_first_oom = false,
                           const ReplayProgress& progress = {}, int passes = 1,
-                          bool record_mapped = false);
+                          bool record_mapped = false,
+                          const HostModel& host = default_host_model());
 
 struct MinCapacity {
   size_t bytes = 0;  // the smallest capacity found that replays with no OOM
@@ -77,6 +82,7 @@ using SearchProgress =
 // 64 x start). Each probe is a fresh sim and allocator. Assumes that a trace that replays on a
 // device replays on any larger one. Throws trace::input_error if even 64 x start is not enough.
 MinCapacity find_min_capacity(const trace::Trace& t, const conf::Config& conf, size_t start,
-                              const SearchProgress& progress = {});
+                              const SearchProgress& progress = {},
+                              const HostModel& host = default_host_model());
 
 }  // namespace expanse::replay

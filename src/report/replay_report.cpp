@@ -23,7 +23,7 @@ ReplayReport make_replay_report(const ReplayRequest& req, const ReportProgress& 
                             [&](uint64_t done, uint64_t total) {
                               report(fraction(done, total), "replay");
                             },
-                            req.repeat);
+                            req.repeat, false, req.host);
   if (req.min_capacity) {
     rep.min_capacity = find_min_capacity(
         rep.trace, req.conf, req.capacity,
@@ -31,7 +31,8 @@ ReplayReport make_replay_report(const ReplayRequest& req, const ReportProgress& 
           report((probe - 1 + fraction(done, total)) / expected,
                  "min-capacity: replay " + std::to_string(probe) + "/" +
                      std::to_string(expected));
-        });
+        },
+        req.host);
   }
   rep.wall_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return rep;

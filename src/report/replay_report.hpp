@@ -19,6 +19,7 @@ struct ReplayRequest {
   size_t capacity = 0;    // device bytes, a multiple of replay_granularity(conf)
   bool min_capacity = false;
   int repeat = 1;  // passes of the replay at `capacity` (the min-capacity search runs one)
+  HostModel host = default_host_model();  // how the operations are issued
 };
 
 struct ReplayReport {

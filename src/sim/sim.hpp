@@ -83,6 +83,13 @@ void hold_stream(CUstream stream);
 void release_stream(CUstream stream);
 // Releases every held stream, destroyed ones and other threads' per-thread streams included.
 void release_all();
+// The host clock that a GPU running behind follows (SimConfig::gpu_lag, EXPANSE_CONF
+// sim_gpu_lag): work issued on any stream at tick t completes once the clock reaches
+// t + gpu_lag (and what it waits for has completed, and its stream is not held). The clock
+// starts at 0 and moves only here: a replay advances it once per operation of its trace.
+// With gpu_lag 0 the clock changes nothing.
+void advance_host_clock(uint64_t ticks);
+uint64_t host_clock();
 // Number of events recorded but not complete, over all streams.
 size_t pending_events();
 // Asynchronous copies / memsets (cuMemcpyHtoDAsync, cuMemcpyDtoHAsync, cuMemsetD8Async) whose

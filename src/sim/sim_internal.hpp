@@ -149,6 +149,7 @@ struct Stream : std::enable_shared_from_this<Stream> {
     Effect effect;
     uintptr_t host_lo = 0;
     uintptr_t host_hi = 0;
+    uint64_t due = 0;  // the host clock at which the GPU reaches it (State::host_clock)
   };
   CUstream handle = nullptr;  // the value handed out (CU_STREAM_LEGACY / _PER_THREAD for those)
   uint64_t id = 0;            // cuStreamGetId: unique over the process, never reused
@@ -203,6 +204,8 @@ struct State {
   State& operator=(const State&) = delete;
 
   SimConfig cfg;
+  // The host clock (sim::advance_host_clock): work issued at tick t is due at t + cfg.gpu_lag.
+  uint64_t host_clock = 0;
   Policy policy;
   CostTable costs;
   bool initialized = false;

@@ -172,6 +172,7 @@ void progress(State& s) {
         while (!st.pending.empty()) {
           const Stream::Item& item = st.pending.front();
           const bool ready =
+              item.due <= s.host_clock &&
               std::all_of(item.deps.begin(), item.deps.end(),
                           [](const Stream::Dep& d) { return d.stream->done_seq >= d.seq; });
           if (!ready) break;
@@ -439,6 +440,18 @@ void release_all() {
   for (auto& [key, st] : s.per_thread_streams) st->held = false;
   for (auto& d : s.devices) d->default_stream->held = false;
   detail::progress(s);
+}
+
+void advance_host_clock(uint64_t ticks) {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  State& s = state_locked();
+  s.host_clock += ticks;
+  detail::progress(s);
+}
+
+uint64_t host_clock() {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  return state_locked().host_clock;
 }
 
 uint64_t async_faults() {

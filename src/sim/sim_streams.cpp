@@ -116,6 +116,7 @@ CUresult submit(State& s, Stream& st, std::vector<Stream::Dep> deps, Submitted* 
   item.effect = std::move(effect);
   item.host_lo = host_lo;
   item.host_hi = host_hi;
+  item.due = s.host_clock + s.cfg.gpu_lag;
   st.pending.push_back(std::move(item));
   s.busy[&st] = st.shared_from_this();
   detail::progress(s);
