@@ -27,6 +27,11 @@ struct AllocatorOptions {
   // Every device for which cuDeviceCanAccessPeer says it can gets READWRITE access to every
   // mapping (EXPANSE_CONF peer_access:auto|none); expanse_enable_peer_access adds one explicitly.
   bool peer_access_auto = true;
+  // What a NULL stream argument means (EXPANSE_CONF null_stream:legacy|per_thread): the legacy
+  // default stream of the current context, one stream for every thread (CUDA's default, and what
+  // PyTorch and RMM pass), or, for code built with --default-stream per-thread, the calling
+  // thread's per-thread default stream.
+  bool null_stream_per_thread = false;
   // cuMemCreate asks for GPUDirect RDMA capability where the device supports it (rdma:auto|off).
   bool rdma = true;
   // Every allocation of the default pool is a registrable block (EXPANSE_CONF registrable:on):

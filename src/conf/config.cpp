@@ -102,6 +102,12 @@ Config parse_config(const std::string& text) {
                             "' is not one of auto, none");
         }
         c.allocator.peer_access_auto = value == "auto";
+      } else if (key == "null_stream") {
+        if (value != "legacy" && value != "per_thread") {
+          throw usage_error("EXPANSE_CONF: key 'null_stream': '" + value +
+                            "' is not one of legacy, per_thread");
+        }
+        c.allocator.null_stream_per_thread = value == "per_thread";
       } else if (key == "registrable") {
         c.allocator.registrable = parse_bool_for(key, value);
       } else if (key == "rdma") {

@@ -43,6 +43,7 @@ const std::vector<std::string>& known_keys() {
       "sim_host_capacity",   // pinned host memory (cuMemHostAlloc) the sim hands out in all
       "sim_gpu_lag",         // ticks of the host clock the sim GPU runs behind (replays tick per operation)
       "peer_access",      // auto | none: grant peers that can access a device its memory
+      "null_stream",      // legacy | per_thread: what a NULL stream argument means
       "rdma",             // auto | off: ask cuMemCreate for GPUDirect RDMA where supported
       "registrable",      // every default-pool block its own exportable handle (ipc, NCCL)
       "max_handle_size",  // largest physical handle backing a block (page_size: one per page)

@@ -2,6 +2,7 @@
 
 #include "core/capture_announcements.hpp"
 #include "core/check.hpp"
+#include "core/debug_counters.hpp"
 #include "core/format.hpp"
 #include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
@@ -326,26 +327,31 @@ BlockIt DeviceAllocator::place_once(size_t sz, Arena a, StreamKey stream, PageRe
 // it so.
 BlockIt DeviceAllocator::find_block(size_t sz, Arena a, StreamKey stream, PageRequest& req,
                                     size_t* offset, bool whole_pages) {
+  const BlockIt none = placement_.index().end();
+  if (!whole_pages) {
+    BlockIt ready = placement_.find_ready(sz, a, stream, supply_.pages_left(), offset);
+    if (ready != none) { dbg::add(dbg::place_ready); return ready; }
+  }
   bool blocked = false;
   BlockIt it = placement_.find_mapped(sz, a, stream, offset, &blocked, whole_pages);
-  const BlockIt none = placement_.index().end();
-  if (it != none && !blocked) return it;
+  if (it != none && !blocked) { dbg::add(dbg::place_mapped); return it; }
   // Other streams' frees may have completed since: make them usable before mapping more.
   if (streams_.has_unfinished_frees()) {
     streams_.poll(false);
     it = placement_.find_mapped(sz, a, stream, offset, &blocked, whole_pages);
-    if (it != none) return it;
+    if (it != none) { dbg::add(dbg::place_mapped); return it; }
   } else if (it != none) {
-    return it;
+    dbg::add(dbg::place_mapped); return it;
   }
   // (Measured on the shared traces, default device, `--repeat 3`: skipping mapped candidates
   // whose handles need a split left 41 / 33 calls in pass 2 of cs336a_medium_128_train /
   // cs336b_ctx128_fullstep and broke the two-warm-up steady-state test; placing by mapped pages
   // alone gives 0 / 0.)
   it = placement_.find_tight(sz, a, stream, Placement::kMappedSearchBudget, offset, whole_pages);
-  if (it != none) return it;
+  if (it != none) { dbg::add(dbg::place_tight); return it; }
   Reservation* fresh = placement_.add_reservation(a, sz);
   if (fresh != nullptr) {
+    dbg::add(dbg::place_fresh);
     *offset = 0;
     return placement_.index().blocks().find(fresh->base);
   }

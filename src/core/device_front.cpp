@@ -24,15 +24,10 @@
 namespace expanse::core {
 namespace {
 
-// Streams StreamOrder can key without the lock's help (legacy: learned per thread).
+// Streams StreamOrder keys by their driver id, which the front can use without the lock.
 bool cacheable(const StreamIdentity& id) noexcept {
   return id.kind == StreamIdentity::created || id.kind == StreamIdentity::per_thread ||
          id.kind == StreamIdentity::legacy;
-}
-
-// The key StreamOrder gives id's stream on this thread (0: not known here).
-StreamKey key_of(const ThreadCache& c, const StreamIdentity& id) noexcept {
-  return id.kind == StreamIdentity::legacy ? c.legacy_key(id.id) : id.id;
 }
 
 }  // namespace
@@ -58,7 +53,7 @@ void* DeviceAllocator::take_cached(size_t bytes, const StreamIdentity& id) {
   bool covered = false;
   {
     std::lock_guard<SpinLock> lock(c->lock);
-    const StreamKey key = key_of(*c, id);
+    const StreamKey key = id.id;
     if (key == 0 || !c->take(key, bytes, &b)) return nullptr;
     ++c->hits;
     c->queries += id.queries;
@@ -81,7 +76,7 @@ bool DeviceAllocator::park_fast(void* ptr, const StreamIdentity& id, size_t expe
   // A thread's first park takes the locked path, which makes its cache.
   ThreadCache* c = caches_.mine(false);
   if (c == nullptr) return false;
-  const StreamKey key = key_of(*c, id);  // legacy keys: written only by this thread
+  const StreamKey key = id.id;
   if (key == 0) return false;
   const auto addr = reinterpret_cast<CUdeviceptr>(ptr);
   FrontBlocks::Entry* e = nullptr;
@@ -112,8 +107,12 @@ bool DeviceAllocator::park_fast(void* ptr, const StreamIdentity& id, size_t expe
 bool DeviceAllocator::park_locked(BlockIt it, StreamOrder::StreamState& ss,
                                   const StreamIdentity& id) {
   const Block& b = it->second;
+  // Only the small-block arena's blocks: a large block holds whole pages that placement and the
+  // echo must see free (parked, they are held beside the pages the next larger block maps, and
+  // its next allocation at another point of the workload misses its settled place).
   if (!cacheable(id) || !front_open() || b.pool != kDefaultPool || !b.users.empty() ||
-      b.stream != ss.key || b.size > opts_.thread_cache_bytes) {
+      b.stream != ss.key || b.size > opts_.thread_cache_bytes ||
+      placement_.arena_of(b) != Arena::small) {
     return false;
   }
   ThreadCache* c = caches_.mine(true);
@@ -123,7 +122,6 @@ bool DeviceAllocator::park_locked(BlockIt it, StreamOrder::StreamState& ss,
     FrontBlocks::Entry* e =
         caches_.blocks().insert_cached(it->first, ss.key, b.size, b.requested);
     std::lock_guard<SpinLock> lock(c->lock);
-    if (id.kind == StreamIdentity::legacy) c->learn_legacy_key(id.id, ss.key);
     c->put(ss.key, CachedBlock{it->first, b.size, b.requested, e, 0}, opts_.thread_cache_bytes,
            opts_.thread_cache_entries, &evicted);
     c->credit_size += b.size;

@@ -1,6 +1,7 @@
 // One request's search for handles to fill its slots (PageSupply::ensure_pages): the pool, new
 // handles, reclaim, release-and-create, and last a wait for every stream's freed memory.
 #include "core/check.hpp"
+#include "core/debug_counters.hpp"
 #include "core/page_supply.hpp"
 
 #include <algorithm>
@@ -40,6 +41,7 @@ class PageSupply::Gathering {
   // Releases the largest pooled handle to create its pages again (allowed even over the limit).
   void exchange_largest() {
     const size_t n = s_.pool_.largest();
+    dbg::add(dbg::exch_large_n); dbg::add(dbg::exch_large_pages, n);
     s_.release_pooled(n);
     credit_ += n;
   }
@@ -161,6 +163,7 @@ void PageSupply::Gathering::create_more() {
     }
     if (exchange) credit_ -= slot.pages();
     take(slot, h);
+    dbg::add(dbg::create_n); dbg::add(dbg::create_pages, slot.pages());
     req_.created += slot.pages();
     s_.stats_.num_created_pages += slot.pages();
     s_.note_peaks(in_hand_);
@@ -184,6 +187,7 @@ void PageSupply::Gathering::reclaim_more(bool create) {
   while (s_.reserved_pages_ == 0 && !pool.empty() && pool.smallest() < largest &&
          s_.exchange_pays(pool.smallest())) {
     const size_t n = pool.smallest();
+    dbg::add(dbg::exch_small_n); dbg::add(dbg::exch_small_pages, n);
     s_.release_pooled(n);
     credit_ += n;
   }

@@ -1,6 +1,7 @@
 #include "core/page_supply.hpp"
 
 #include "core/check.hpp"
+#include "core/debug_counters.hpp"
 #include "driver_api/cost_model.hpp"
 
 #include <algorithm>
@@ -174,6 +175,7 @@ void PageSupply::split_handle(Reservation& r, size_t head, CUdeviceptr addr, siz
   const size_t first = r.first_page(addr), last = r.last_page(addr, bytes);
   const PageRange inner = r.inner_pages(addr, bytes);
   const size_t n = r.handle_pages(head);
+  dbg::add(dbg::split_n); dbg::add(dbg::split_pages, n);
   unmap_handles(r, head, head + n);
   release_pooled(n);
   const size_t a = std::max(head, first), z = std::min(head + n, last + 1);
@@ -209,6 +211,7 @@ void PageSupply::add_extra(const std::vector<HandleSlot>& extra, Filled& filled)
       continue;
     } else {
       stats_.num_created_pages += s.pages();
+      dbg::add(dbg::extra_create_n); dbg::add(dbg::extra_create_pages, s.pages());
     }
     filled.emplace_back(s, h);
     in_hand += s.pages();
@@ -280,6 +283,7 @@ size_t PageSupply::reclaim(size_t want) {
     got += all[i].pages;
   }
   unmap_into_pool(std::move(take));
+  dbg::add(dbg::reclaim_n); dbg::add(dbg::reclaim_pages, got);
   stats_.num_reclaimed_pages += got;
   return got;
 }

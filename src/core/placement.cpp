@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <cstdlib>
 
 namespace expanse::core {
 
@@ -24,6 +25,59 @@ BlockIt Placement::find_mapped(size_t sz, Arena a, StreamKey stream, size_t* off
     *offset = off;
     return true;
   });
+}
+
+BlockIt Placement::find_ready(size_t sz, Arena a, StreamKey stream, size_t pages_left,
+                              size_t* offset) {
+  return index_.first_fit_where(a, sz, stream, kMappedSearchBudget, [&](BlockIt c) {
+    return ready_offset(c, sz, pages_left, offset);
+  });
+}
+
+// Where in free block c a block of sz bytes needs no driver call. Candidates, in order: c's
+// start (where best fit puts it), c's end, then each handle boundary inside c as the block's
+// start and as its end. A block whose ends fall on handle boundaries leaves every handle whole,
+// so one placed at a size the workload has not had before still finds its pages mapped.
+bool Placement::ready_offset(BlockIt c, size_t sz, size_t pages_left, size_t* off) const {
+  const Block& cb = c->second;
+  if (cb.size < sz) return false;
+  const Reservation& r = res(cb.res);
+  const size_t max_new = (sz + page_ - 1) / page_;
+  const CUdeviceptr lo = c->first, hi = c->first + cb.size;
+  auto fits = [&](CUdeviceptr x) {
+    if (x < lo || x + sz > hi || (x - lo) % kBlockAlignment != 0) return false;
+    const size_t fresh = r.untouched_pages(x, sz);
+    if (fresh > max_new || fresh > pages_left) return false;
+    return handles_fit(c, static_cast<size_t>(x - lo), sz, HandleFit::ready);
+  };
+  size_t tight = 0;
+  if (tight_offset(c, sz, &tight) && fits(lo + tight)) {
+    *off = tight;
+    return true;
+  }
+  if (fits(hi - sz)) {
+    *off = static_cast<size_t>(hi - sz - lo);
+    return true;
+  }
+  // Handle boundaries inside c: a block starting on a handle's first page, or ending at its end.
+  // Bounded: a free block of many one-page handles fits at its start if anywhere.
+  const size_t kBoundaryBudget = std::getenv("XB") ? std::strtoul(std::getenv("XB"), nullptr, 10) : 256;
+  size_t looked = 0;
+  const size_t first = r.first_page(lo), last = r.last_page(lo, cb.size);
+  for (const HandleRun& h : r.handles_in(first, last + 1)) {
+    if (++looked > kBoundaryBudget) break;
+    const CUdeviceptr start = r.page_addr(h.head);
+    if (start >= lo && fits(start)) {
+      *off = static_cast<size_t>(start - lo);
+      return true;
+    }
+    const CUdeviceptr end = r.page_addr(h.end());
+    if (end >= lo + sz && end <= hi && fits(end - sz)) {
+      *off = static_cast<size_t>(end - sz - lo);
+      return true;
+    }
+  }
+  return false;
 }
 
 BlockIt Placement::find_tight(size_t sz, Arena a, StreamKey stream, size_t budget,

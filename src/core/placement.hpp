@@ -79,6 +79,14 @@ class Placement {
   // the block shares no page with another (a pool's memory is whole pages).
   BlockIt find_mapped(size_t sz, Arena a, StreamKey stream, size_t* offset, bool* blocked,
                       bool whole_pages = false);
+  // The smallest free block `stream` may use (among the first kMappedSearchBudget in size order)
+  // that holds a placement of sz bytes needing no driver call: every page mapped and accessible,
+  // and both ends of the block on ends of the handles there (a one-page handle on an edge page,
+  // which a neighbour may share), so that no handle is split. Not only at the block's start:
+  // also at its end and at every handle boundary inside it, so that blocks of sizes the workload
+  // has not had before fit between the boundaries earlier blocks left (docs/design.md,
+  // "Settling on a varying workload").
+  BlockIt find_ready(size_t sz, Arena a, StreamKey stream, size_t pages_left, size_t* offset);
   // The smallest free block `stream` may use that holds a placement of sz bytes touching at most
   // ceil(sz / page) new pages, among the first `budget` in size order.
   BlockIt find_tight(size_t sz, Arena a, StreamKey stream, size_t budget, size_t* offset,
@@ -110,6 +118,9 @@ class Placement {
   // and accessible.
   enum class HandleFit { ready, splittable };
   bool handles_fit(BlockIt c, size_t off, size_t sz, HandleFit fit) const;
+  // An offset into free block c for sz bytes that needs no driver call and touches at most
+  // ceil(sz / page) (and pages_left) new pages (find_ready).
+  bool ready_offset(BlockIt c, size_t sz, size_t pages_left, size_t* off) const;
   // An offset into free block c for sz bytes that touches at most ceil(sz / page) new pages.
   // whole_pages: on the first page boundary inside c, always.
   bool tight_offset(BlockIt c, size_t sz, size_t* off, bool whole_pages = false) const;

@@ -31,6 +31,8 @@ CUstream handle_for(StreamIdentity::Kind kind, CUstream s) {
 
 StreamIdentity StreamOrder::identify(CUstream s, const char* what, const void* ptr) {
   try {
+    // Code built with --default-stream per-thread means its per-thread stream by NULL.
+    if (s == nullptr && opts_.null_stream_per_thread) return drv_.identify(CU_STREAM_PER_THREAD);
     return drv_.identify(s);
   } catch (const driver::driver_error& e) {
     throw usage_error("expanse: " + std::string(what) +
@@ -44,12 +46,8 @@ StreamKey StreamOrder::key_for(const StreamIdentity& id) {
   switch (id.kind) {
     case StreamIdentity::created:
     case StreamIdentity::per_thread:
+    case StreamIdentity::legacy:
       return id.id;
-    case StreamIdentity::legacy: {
-      auto [it, added] = legacy_keys_.try_emplace({id.id, this_thread_serial()}, 0);
-      if (added) it->second = next_key_++;
-      return it->second;
-    }
     case StreamIdentity::unknown:
       return next_key_++;
     case StreamIdentity::capturing:

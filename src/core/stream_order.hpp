@@ -11,10 +11,10 @@
 //   context proves its work done.
 // - CU_STREAM_PER_THREAD is the calling thread's stream of its current context (its own id);
 //   only that thread can record on it, other threads wait for its context instead.
-// - NULL / CU_STREAM_LEGACY: the legacy stream of the current context, keyed per calling thread
-//   too (in code built with --default-stream per-thread, NULL is that thread's per-thread stream);
-//   fences go on the legacy stream, which waits for every blocking stream of its context, the
-//   per-thread ones included, so they cover both meanings.
+// - NULL / CU_STREAM_LEGACY: the legacy stream of the current context, one stream whichever
+//   thread names it (its driver id), as CUDA, PyTorch and RMM mean NULL; any thread may record
+//   on it. Code built with --default-stream per-thread means its own per-thread stream by NULL:
+//   EXPANSE_CONF null_stream:per_thread makes NULL mean CU_STREAM_PER_THREAD.
 // - a driver without stream ids (older than CUDA 12.0): every call gets a fresh key, so nothing
 //   is reused before a fence, recorded at the free by the freeing thread, or a context sync.
 // Events live in the stream's context and are recorded with that context current. Any failure to
@@ -254,7 +254,6 @@ class StreamOrder {
   const AllocatorOptions& opts_;
   EventPool events_;
   std::unordered_map<StreamKey, StreamState> streams_;
-  std::map<std::pair<uint64_t, uint64_t>, StreamKey> legacy_keys_;  // (legacy id, thread) -> key
   StreamKey next_key_ = StreamKey{1} << 63;  // made-up keys; driver ids stay below
   StreamKey in_use_ = 0;  // see Hold
   StreamKey current_ = 0;  // see Call; 0 outside a call

@@ -96,22 +96,6 @@ std::vector<CachedBlock> ThreadCache::take_all() {
   return out;
 }
 
-StreamKey ThreadCache::legacy_key(uint64_t legacy_id) const noexcept {
-  for (const auto& [id, key] : legacy_) {
-    if (id == legacy_id) return key;
-  }
-  return 0;
-}
-
-void ThreadCache::learn_legacy_key(uint64_t legacy_id, StreamKey key) {
-  for (auto& [id, k] : legacy_) {
-    if (id == legacy_id) {
-      k = key;
-      return;
-    }
-  }
-  legacy_.emplace_back(legacy_id, key);
-}
 
 // ---- the thread's caches --------------------------------------------------------------------------
 

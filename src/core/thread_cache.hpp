@@ -74,11 +74,6 @@ class ThreadCache {
   size_t requested_bytes() const noexcept { return requested_; }
   size_t entries() const noexcept { return entries_; }
 
-  // The legacy stream's key on this thread (StreamOrder keys it per thread), learned under the
-  // device lock: 0 if unknown.
-  StreamKey legacy_key(uint64_t legacy_id) const noexcept;
-  void learn_legacy_key(uint64_t legacy_id, StreamKey key);
-
   mutable SpinLock lock;
   ThreadCaches* owner = nullptr;  // nullptr once the allocator is gone
   bool thread_gone = false;       // its thread exited: the registry drops it at the next flush
@@ -98,7 +93,6 @@ class ThreadCache {
     std::vector<CachedBlock> blocks;  // oldest first
   };
   std::vector<Bin> bins_;
-  std::vector<std::pair<uint64_t, StreamKey>> legacy_;
   size_t bytes_ = 0;
   size_t requested_ = 0;
   size_t entries_ = 0;

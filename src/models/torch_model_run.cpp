@@ -157,6 +157,7 @@ TorchRun run_torch_model(const trace::Trace& t, const trace::TorchSettings& s,
       }
     }
   };
+  size_t next_mark = 0;
   for (uint64_t i = 0; i < t.ops.size(); ++i) {
     const trace::TraceOp& op = t.ops[i];
     m.set_op(i);
@@ -171,6 +172,11 @@ TorchRun run_torch_model(const trace::Trace& t, const trace::TorchSettings& s,
     if (o.recorded_addresses) note_freed();
     r.ops_done = i + 1;
     if (o.record_reserved) r.reserved_after_op.push_back(m.reserved());
+    if (next_mark < o.marks.size() && o.marks[next_mark] == i) {
+      r.marks.push_back({i, m.driver_calls().total(), m.driver_calls().seconds(), m.reserved(),
+                         m.peak_reserved()});
+      ++next_mark;
+    }
   }
   if (r.ops_done == t.ops.size()) {  // releases recorded after the last operation
     m.set_op(t.ops.size());

@@ -50,6 +50,17 @@ struct TorchRunOptions {
   // and free-and-retries, which the trace's operations alone do not cause on an unbounded
   // device.
   bool inferred_releases = true;
+  // Operations (ascending) after which the run's figures are kept (TorchRun::marks).
+  std::vector<uint64_t> marks;
+};
+
+// A model run's figures after one of TorchRunOptions::marks.
+struct TorchMark {
+  uint64_t op = 0;
+  uint64_t driver_calls_total = 0;  // since the run began
+  double modeled_driver_seconds = 0;
+  uint64_t reserved = 0;       // now
+  uint64_t peak_reserved = 0;  // the most so far
 };
 
 struct TorchRun {
@@ -63,6 +74,7 @@ struct TorchRun {
   std::map<std::string, uint64_t> driver_calls;
   std::vector<uint64_t> reserved_after_op;
   std::vector<TorchSegmentEvent> segment_events;
+  std::vector<TorchMark> marks;
   bool start_failed = false;  // the start state did not fit `capacity`: an OOM at op 0
 };
 

@@ -18,7 +18,8 @@ struct HostModel {
   // (sim_gpu_lag). On a GPU the application's kernels queue ahead of every fence.
   uint64_t gpu_lag = 0;
   // The backward passes on a second thread (PyTorch's autograd engine runs a CUDA device's
-  // backward on a thread of its own): see autograd_threads().
+  // backward on a thread of its own): the trace's own threads where it has them (a generated
+  // workload), else autograd_threads(). Thread 0 is the main thread, any other the second.
   bool autograd_thread = false;
   // Thread caches as the library sets them (EXPANSE_CONF thread_cache), instead of off.
   bool thread_caches = false;

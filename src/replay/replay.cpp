@@ -115,8 +115,12 @@ size_t replay_granularity(const conf::Config& conf) {
 }
 
 ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_t capacity,
-                          bool stop_at_first_oom, const ReplayProgress& progress, int passes,
-                          bool record_mapped, const HostModel& host) {
+                          const ReplayOptions& o) {
+  const HostModel& host = o.host;
+  const bool stop_at_first_oom = o.stop_at_first_oom;
+  const ReplayProgress& progress = o.progress;
+  const bool record_mapped = o.record_mapped;
+  int passes = o.passes;
   const auto t0 = Clock::now();
   if (capacity > kMaxReplayCapacity) {
     throw usage_error("replay: a device of " + conf::format_size(capacity) +
@@ -137,7 +141,9 @@ ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_
   passes = std::max(passes, 1);
   const uint64_t total = t.ops.size() * static_cast<uint64_t>(passes);
   const std::vector<uint8_t> thread_of =
-      host.autograd_thread ? autograd_threads(t) : std::vector<uint8_t>(t.ops.size(), 0);
+      !host.autograd_thread          ? std::vector<uint8_t>(t.ops.size(), 0)
+      : t.threads.size() == t.ops.size() ? t.threads
+                                         : autograd_threads(t);
   {
     DeviceStreams streams(*drv, 0, t.streams);
     conf::AllocatorOptions opts = conf::options_for_device(conf, capacity);
@@ -154,6 +160,7 @@ ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_
     core::DeviceStats peaks;  // the highest of each pass's peaks
     bool stopped = false;
     HostThreads threads(streams);  // the autograd thread, when the model has one
+    size_t next_mark = 0;
     for (int pass = 1; pass <= passes && !stopped; ++pass) {
       const core::DeviceStats before = alloc.stats();
       PassResult pr;
@@ -207,6 +214,12 @@ ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_
             ++r.ops_done;
             if (record_mapped && pass == 1) {
               r.mapped_after_op.push_back(alloc.stats().mapped_bytes);
+            }
+            if (pass == 1 && next_mark < o.marks.size() && o.marks[next_mark] == i) {
+              const core::DeviceStats now = alloc.stats();
+              r.marks.push_back({i, now.total_driver_calls(), now.modeled_driver_ns * 1e-9,
+                                 now.physical_bytes, now.peak_physical_bytes});
+              ++next_mark;
             }
             if (progress && (r.ops_done & 4095) == 0) progress(r.ops_done, total);
           }
@@ -268,7 +281,11 @@ MinCapacity find_min_capacity(const trace::Trace& t, const conf::Config& conf, s
         progress(out.probes, std::max(expected, out.probes), done, total);
       };
     }
-    return replay_trace(t, conf, units * g, true, p, 1, false, host);
+    ReplayOptions ro;
+    ro.stop_at_first_oom = true;
+    ro.progress = p;
+    ro.host = host;
+    return replay_trace(t, conf, units * g, ro);
   };
   auto expected_probes = [](size_t lo, size_t hi) {
     int n = 0;

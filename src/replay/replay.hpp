@@ -24,6 +24,15 @@ struct PassResult {
   uint64_t peak_mapped_bytes = 0;
 };
 
+// The first pass's figures at one of ReplayOptions::marks.
+struct ReplayMark {
+  uint64_t op = 0;                  // after this operation of the trace
+  uint64_t driver_calls_total = 0;  // since the replay began
+  double modeled_driver_seconds = 0;
+  uint64_t physical_bytes = 0;       // now
+  uint64_t peak_physical_bytes = 0;  // the most so far
+};
+
 struct ReplayResult {
   HostModel host;        // how the operations were issued (gpu_lag as the sim used it)
   size_t capacity = 0;   // device bytes
@@ -37,6 +46,7 @@ struct ReplayResult {
   std::vector<PassResult> passes;
   std::vector<uint64_t> mapped_after_op;  // with record_mapped: mapped bytes after each op of
                                           // the first pass
+  std::vector<ReplayMark> marks;          // at ReplayOptions::marks, first pass
   double wall_seconds = 0;
 };
 
@@ -50,21 +60,29 @@ using ReplayProgress = std::function<void(uint64_t done, uint64_t total)>;
 // The sim device's granularity under conf (sim_granularity), and capacity rounded down to it.
 size_t replay_granularity(const conf::Config& conf);
 
+struct ReplayOptions {
+  bool stop_at_first_oom = false;  // end the replay at the first OOM
+  ReplayProgress progress;
+  int passes = 1;             // back to back on the same allocator
+  bool record_mapped = false;  // ReplayResult::mapped_after_op
+  // Which threads issue the operations, on which stream handle, and how far the sim's GPU runs
+  // behind (sim_gpu_lag in the conf, when given, wins over host.gpu_lag).
+  HostModel host = default_host_model();
+  // Operations (indices into the trace's ops, ascending) after which the first pass's figures
+  // are kept (ReplayResult::marks): per-step figures of a workload.
+  std::vector<uint64_t> marks;
+};
+
 // Replays t on one sim device of `capacity` bytes (a multiple of replay_granularity) with the
-// allocator options of conf, `passes` times back to back on the same allocator (so that steady
+// allocator options of conf, o.passes times back to back on the same allocator (so that steady
 // state shows): the blocks a pass leaves live are freed before the next one. An OOM is counted
 // and its block's free skipped; with stop_at_first_oom the replay ends there. Throws driver /
 // usage errors from the allocator, and usage_error for a capacity above kMaxReplayCapacity.
 // The trace's inferred empty_cache() calls (trace::Trace::releases) release the allocator's
 // cached pages (DeviceAllocator::release_cached) before the operation they precede; its
-// free-and-retries release nothing (see replay.cpp). host: which threads issue the operations,
-// on which stream handle, and how far the sim's GPU runs behind (sim_gpu_lag in conf, when
-// given, wins over host.gpu_lag).
+// free-and-retries release nothing (see replay.cpp).
 ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_t capacity,
-                          bool stop_at_first_oom = false,
-                          const ReplayProgress& progress = {}, int passes = 1,
-                          bool record_mapped = false,
-                          const HostModel& host = default_host_model());
+                          const ReplayOptions& o = {});
 
 struct MinCapacity {
   size_t bytes = 0;  // the smallest capacity found that replays with no OOM

@@ -189,8 +189,10 @@ CompareReport make_compare_report(const ReplayReport& rep, const conf::Config& c
     c.series.recorded_reserved = std::move(recorded);
     c.series.pytorch_reserved = std::move(pt.reserved_after_op);
     c.series.expandable_reserved = std::move(ex.reserved_after_op);
-    c.series.expanse_mapped =
-        replay_trace(t, conf, r.capacity, false, {}, 1, /*record_mapped=*/true).mapped_after_op;
+    ReplayOptions series;
+    series.record_mapped = true;
+    series.host = r.host;  // the report's replay, as it ran
+    c.series.expanse_mapped = replay_trace(t, conf, r.capacity, series).mapped_after_op;
   }
   c.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return c;

@@ -19,11 +19,11 @@ ReplayReport make_replay_report(const ReplayRequest& req, const ReportProgress& 
   rep.trace = trace::load_trace(req.path, req.device);
   rep.load_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
 
-  rep.replay = replay_trace(rep.trace, req.conf, req.capacity, false,
-                            [&](uint64_t done, uint64_t total) {
-                              report(fraction(done, total), "replay");
-                            },
-                            req.repeat, false, req.host);
+  ReplayOptions o;
+  o.progress = [&](uint64_t done, uint64_t total) { report(fraction(done, total), "replay"); };
+  o.passes = req.repeat;
+  o.host = req.host;
+  rep.replay = replay_trace(rep.trace, req.conf, req.capacity, o);
   if (req.min_capacity) {
     rep.min_capacity = find_min_capacity(
         rep.trace, req.conf, req.capacity,

@@ -65,6 +65,9 @@ struct Trace {
   std::optional<uint64_t> torch_peak_reserved_bytes;  // snapshots: PyTorch's own segments
   std::vector<uint64_t> streams;  // the trace's stream ids (0 = the legacy default stream)
   std::vector<TraceOp> ops;       // preexisting allocations first, then the trace in order
+  // Which host thread made each operation (0, 1, ...), where the source says (a generated
+  // workload); empty where it does not (replays then model it: replay/host_model.hpp).
+  std::vector<uint8_t> threads;
   std::vector<TraceRelease> releases;  // inferred from a snapshot's segment events, by op
   uint32_t blocks = 0;
   // Snapshots: what PyTorch's caching allocator itself did (segments, their events, settings).

@@ -42,6 +42,18 @@ std::string sample_csv() {
 
 conf::Config sim_conf() { return conf::parse_config(""); }
 
+replay::ReplayOptions passes(int n) {
+  replay::ReplayOptions o;
+  o.passes = n;
+  return o;
+}
+
+replay::ReplayOptions stop_first(int n) {
+  replay::ReplayOptions o = passes(n);
+  o.stop_at_first_oom = true;
+  return o;
+}
+
 TEST(Replay, SmallTraceReplaysWithoutOom) {
   Trace t = load_rmm_csv("sample.csv", sample_csv());
   ASSERT_EQ(t.streams.size(), 2u);
@@ -68,7 +80,7 @@ TEST(Replay, OnePassIsTheWholeReplay) {
 TEST(Replay, RepeatedPassesReachSteadyState) {
   Trace t = load_rmm_csv("sample.csv", sample_csv());
   const replay::ReplayResult one = replay::replay_trace(t, sim_conf(), 8 * GiB);
-  const replay::ReplayResult r = replay::replay_trace(t, sim_conf(), 8 * GiB, false, {}, 3);
+  const replay::ReplayResult r = replay::replay_trace(t, sim_conf(), 8 * GiB, passes(3));
   ASSERT_EQ(r.passes.size(), 3u);
   EXPECT_EQ(r.ops_done, 3 * t.ops.size());
   EXPECT_EQ(r.ooms, 0u);
@@ -107,7 +119,7 @@ TEST(Replay, BlocksLeftLiveByAPassAreFreedBeforeTheNext) {
   ASSERT_GT(t.live_at_end_bytes, 200 * MiB);
   const replay::MinCapacity m = replay::find_min_capacity(t, sim_conf(), 1 * GiB);
   ASSERT_LT(m.bytes, t.peak_live_bytes + t.live_at_end_bytes);
-  const replay::ReplayResult r = replay::replay_trace(t, sim_conf(), m.bytes, false, {}, 3);
+  const replay::ReplayResult r = replay::replay_trace(t, sim_conf(), m.bytes, passes(3));
   EXPECT_EQ(r.ooms, 0u) << r.first_oom;
   // At the end, exactly what the last pass left live is live.
   EXPECT_EQ(r.stats.live_blocks, t.allocs - t.frees);
@@ -122,9 +134,9 @@ TEST(Replay, StopAtFirstOomEndsEveryPass) {
   csv += "1,t,allocate,0x2000000,10485760,0x0\n";
   csv += "1,t,free,0x2000000,10485760,0x0\n";
   Trace t = load_rmm_csv("two.csv", csv);
-  replay::ReplayResult r = replay::replay_trace(t, sim_conf(), 20 * MiB, false, {}, 2);
+  replay::ReplayResult r = replay::replay_trace(t, sim_conf(), 20 * MiB, passes(2));
   EXPECT_EQ(r.ooms, 0u) << r.first_oom;
-  r = replay::replay_trace(t, sim_conf(), 10 * MiB, true, {}, 2);
+  r = replay::replay_trace(t, sim_conf(), 10 * MiB, stop_first(2));
   EXPECT_EQ(r.ooms, 1u);
   EXPECT_EQ(r.first_oom_pass, 1);
   EXPECT_EQ(r.first_oom_op, 1u);
@@ -159,7 +171,7 @@ TEST(Replay, TooSmallADeviceCountsOoms) {
   EXPECT_GT(r.ooms, 0u);
   EXPECT_NE(r.first_oom.find("out of memory"), std::string::npos);
   EXPECT_EQ(r.ops_done, t.ops.size());  // the replay goes on past an OOM
-  replay::ReplayResult s = replay::replay_trace(t, sim_conf(), 64 * MiB, true);
+  replay::ReplayResult s = replay::replay_trace(t, sim_conf(), 64 * MiB, stop_first(1));
   EXPECT_EQ(s.ooms, 1u);
   EXPECT_EQ(s.ops_done, s.first_oom_op);
 }
