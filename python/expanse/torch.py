@@ -15,18 +15,20 @@ supported: torch.compile's CUDA graph trees (mode="reduce-overhead" needs
 torch._inductor.config.triton.cudagraph_trees = False) and sharing CUDA tensors between
 processes.
 
-Where the native allocator cannot be built (no C++ compiler, no CUDA headers, no ninja), use()
-falls back, with a warning naming what is lost, to the pluggable pair (CUDAPluggableAllocator
-with expanse_torch_malloc / expanse_torch_free): an OOM is then a RuntimeError("CUDA out of
-memory. Tried to allocate ..."), torch.cuda.memory_stats() and friends are not supported (the
-expanse module has them: expanse.memory_stats(), ...), and torch.cuda.graph captures are announced
-to expanse (see expanse.capture_begin), so that no expanse call from another thread invalidates
-them.
+Where the native allocator cannot be built (no C++ compiler, no ninja, no usable CUDA headers:
+see choose_cuda_headers), use() falls back, with a warning naming what is lost, to the pluggable
+pair (CUDAPluggableAllocator with expanse_torch_malloc / expanse_torch_free): an OOM is then a
+RuntimeError("CUDA out of memory. Tried to allocate ..."), torch.cuda.memory_stats() and friends
+are not supported (the expanse module has them: expanse.memory_stats(), ...), and
+torch.cuda.graph captures are announced to expanse (see expanse.capture_begin), so that no
+expanse call from another thread invalidates them.
 """
 import ctypes
-import glob
 import hashlib
+import importlib.util
+import logging
 import os
+import re
 import shutil
 import threading
 import warnings
@@ -35,6 +37,8 @@ import expanse as _expanse
 
 MALLOC = "expanse_torch_malloc"
 FREE = "expanse_torch_free"
+
+_log = logging.getLogger("expanse.torch")
 
 _allocator = None
 # Held through the whole of use(): PyTorch takes one allocator, once, so a second caller waits for
@@ -159,28 +163,200 @@ def _include_dir():
                             "package or the library; set EXPANSE_INCLUDE to its include folder")
 
 
-def _cuda_runtime_include(cpp_extension):
-    """The CUDA runtime headers to compile against: those of the nvidia wheels PyTorch depends on
-    (they match its CUDA), else the toolkit's (CUDA_HOME); None when neither is there."""
+# The CUDA headers the native allocator's compile reads: torch's c10/cuda headers include
+# cuda_runtime_api.h, cuda_runtime.h and cuda.h, and those include the rest (what the compiler
+# lists, g++ -M, for torch 2.11 against CUDA 13.0 and 12.8: the same files). A folder lacking one
+# fails the compile, or worse takes that one header from another CUDA on the compiler's path.
+CUDA_HEADERS = ("cuda_runtime_api.h", "cuda_runtime.h", "cuda.h", "crt/host_config.h",
+                "crt/host_defines.h", "builtin_types.h", "channel_descriptor.h",
+                "cuda_device_runtime_api.h", "device_types.h", "driver_functions.h",
+                "driver_types.h", "library_types.h", "surface_types.h", "texture_types.h",
+                "vector_functions.h", "vector_functions.hpp", "vector_types.h")
+
+# Toolkit homes tried after CUDA_HOME and nvcc's (tests replace it).
+_DEFAULT_CUDA_HOMES = ("/usr/local/cuda",)
+# Searched by the compiler anyway: -I would put them ahead of the C++ library's own headers.
+_SYSTEM_INCLUDES = ("/usr/include", "/usr/local/include")
+
+
+class CudaHeaders:
+    """The CUDA headers the native allocator compiles against: source (where they come from),
+    folders (the include folders, in order), version ((major, minor) read from
+    cuda_runtime_api.h, or None) and refused (each candidate tried before, as (source, folders,
+    why))."""
+
+    def __init__(self, source, folders, version, refused):
+        self.source = source
+        self.folders = list(folders)
+        self.version = version
+        self.refused = list(refused)
+
+    def include_paths(self):
+        return [f for f in self.folders if os.path.realpath(f) not in _SYSTEM_INCLUDES]
+
+    def __str__(self):
+        cuda = f", CUDA {self.version[0]}.{self.version[1]}" if self.version else ""
+        text = f"CUDA headers from {self.source} ({', '.join(self.folders)}{cuda})"
+        if self.refused:
+            text += "; refused: " + _tried(self.refused)
+        return text
+
+
+def _tried(refused):
+    return "; ".join(f"{source} ({', '.join(folders) or 'no folder'}): {why}"
+                     for source, folders, why in refused)
+
+
+def _torch_cuda(torch):
+    """torch's CUDA version as (major, minor), or None (a CPU build, or not said)."""
     try:
-        import nvidia
-        roots = list(getattr(nvidia, "__path__", []))
-    except ImportError:
-        roots = []
-    for root in roots:  # nvidia/cuda_runtime/include (CUDA 12), nvidia/cu13/include (CUDA 13)
-        for pattern in ("*/include", "*/*/include"):
-            for inc in sorted(glob.glob(os.path.join(root, pattern))):
-                if os.path.isfile(os.path.join(inc, "cuda_runtime_api.h")):
-                    return inc
-    cuda_home = getattr(cpp_extension, "CUDA_HOME", None)
-    if cuda_home and os.path.isfile(os.path.join(cuda_home, "include", "cuda_runtime_api.h")):
-        return os.path.join(cuda_home, "include")
+        major, minor = str(torch.version.cuda).split(".")[:2]
+        return int(major), int(minor)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _nvidia_roots():
+    """The folders of the `nvidia` namespace package, where the nvidia wheels put their files."""
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return []
+    return list(spec.submodule_search_locations or []) if spec else []
+
+
+def _wheel_candidates(cuda, roots):
+    """(source, folders) of the nvidia wheels' headers for torch's CUDA (every layout when it is
+    not known). CUDA 13 wheels share nvidia/cu13/include; CUDA 12's have the runtime in
+    nvidia/cuda_runtime/include and crt/ in nvidia/cuda_nvcc/include (nvidia-cuda-nvcc-cu12)."""
+    out = []
+    for root in roots:
+        if cuda is None:
+            try:
+                names = sorted((n for n in os.listdir(root) if re.fullmatch(r"cu\d+", n)),
+                               key=lambda n: -int(n[2:]))
+            except OSError:
+                names = []
+        else:
+            names = [f"cu{cuda[0]}"] if cuda[0] >= 13 else []
+        out += [(f"the nvidia wheels (nvidia/{n})", [os.path.join(root, n, "include")])
+                for n in names]
+        if cuda is None or cuda[0] <= 12:
+            out.append(("the nvidia wheels (nvidia/cuda_runtime, nvidia/cuda_nvcc)",
+                        [os.path.join(root, d, "include") for d in ("cuda_runtime", "cuda_nvcc")]))
+    return out
+
+
+def _toolkit_candidates(cpp_extension):
+    out = [(f"{var}={os.environ[var]}", [os.path.join(os.environ[var], "include")])
+           for var in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(var)]
+    home = getattr(cpp_extension, "CUDA_HOME", None)
+    if home:
+        out.append(("torch.utils.cpp_extension.CUDA_HOME", [os.path.join(home, "include")]))
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+        out.append((f"nvcc on PATH ({nvcc})", [os.path.join(home, "include")]))
+    out += [(home, [os.path.join(home, "include")]) for home in _DEFAULT_CUDA_HOMES]
+    return out
+
+
+def _header_version(folders):
+    for folder in folders:
+        try:
+            with open(os.path.join(folder, "cuda_runtime_api.h"), errors="replace") as f:
+                m = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", f.read())
+        except OSError:
+            continue
+        if m:
+            v = int(m.group(1))
+            return v // 1000, v % 1000 // 10
     return None
+
+
+def _missing_headers(folders):
+    return [h for h in CUDA_HEADERS
+            if not any(os.path.isfile(os.path.join(f, h)) for f in folders)]
+
+
+def _refusal(folders, cuda):
+    """Why these folders cannot be compiled against (None: they can)."""
+    present = [f for f in folders if os.path.isdir(f)]
+    if not present:
+        return "no such folder"
+    missing = _missing_headers(present)
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4
+                                          else "")
+        return f"{shown} missing"
+    version = _header_version(present)
+    # torch's own headers lay out classes by CUDA_VERSION: another major version's headers
+    # would compile a class torch does not have.
+    if cuda is not None and version is not None and version[0] != cuda[0]:
+        return (f"CUDA {version[0]}.{version[1]} headers, but torch is built with CUDA "
+                f"{cuda[0]}.{cuda[1]}")
+    return None
+
+
+def _install_advice(cuda, wheel_missing):
+    """What to install when no candidate is usable. The pip packages are named only for CUDA 12
+    and 13, whose names on PyPI were checked."""
+    version = f"{cuda[0]}.{cuda[1]}" if cuda else "matching torch's"
+    advice = (f"Install the CUDA {version} toolkit (and set CUDA_HOME to it unless it is "
+              "/usr/local/cuda or its nvcc is on PATH)")
+    if cuda is not None and cuda[0] in (12, 13):
+        crt, runtime = (("nvidia-cuda-crt", "nvidia-cuda-runtime") if cuda[0] == 13 else
+                        ("nvidia-cuda-nvcc-cu12", "nvidia-cuda-runtime-cu12"))
+        missing = wheel_missing if wheel_missing is not None else list(CUDA_HEADERS)
+        packages = ([runtime] if any(not h.startswith("crt/") for h in missing) else []) + \
+                   ([crt] if any(h.startswith("crt/") for h in missing) else [])
+        spec = " ".join(f'"{p}=={cuda[0]}.{cuda[1]}.*"' for p in packages)
+        advice += f", or complete the nvidia wheels torch uses: pip install {spec}"
+        if crt in packages:
+            advice += f" ({crt} brings crt/host_config.h and the rest of crt/)"
+    return advice + "."
+
+
+def choose_cuda_headers(torch, cpp_extension):
+    """The CUDA headers to compile the native allocator against, as CudaHeaders: the first
+    candidate holding every header of CUDA_HEADERS (and, where both are known, of torch's CUDA
+    major version), tried in this order: the nvidia wheels of torch's CUDA (they match the
+    runtime torch loads), CUDA_HOME / CUDA_PATH, torch.utils.cpp_extension.CUDA_HOME, the
+    toolkit of the nvcc on PATH, /usr/local/cuda. NativeUnavailable names every folder tried,
+    what each lacks and what to install."""
+    cuda = _torch_cuda(torch)
+    refused, seen, wheel_missing = [], set(), None
+    roots = _nvidia_roots()
+    if not roots:
+        refused.append(("the nvidia wheels", [], "no nvidia package is importable"))
+    for source, folders in _wheel_candidates(cuda, roots) + _toolkit_candidates(cpp_extension):
+        key = tuple(os.path.realpath(f) for f in folders)
+        if key in seen:
+            continue
+        seen.add(key)
+        why = _refusal(folders, cuda)
+        if why is None:
+            present = [f for f in folders if os.path.isdir(f)]
+            return CudaHeaders(source, present, _header_version(present), refused)
+        refused.append((source, folders, why))
+        if wheel_missing is None and source.startswith("the nvidia wheels") and \
+                any(os.path.isdir(f) for f in folders):
+            wheel_missing = _missing_headers([f for f in folders if os.path.isdir(f)])
+    raise NativeUnavailable(
+        "no usable CUDA runtime headers (the native allocator's compile reads "
+        f"cuda_runtime_api.h, cuda_runtime.h, cuda.h and the headers they include: "
+        f"{len(CUDA_HEADERS)} files, expanse.torch.CUDA_HEADERS); tried: {_tried(refused)}. "
+        + _install_advice(cuda, wheel_missing))
 
 
 def native_build_args(torch, cpp_extension):
     """The arguments of torch.utils.cpp_extension.load that build the native allocator, or
     NativeUnavailable naming what this machine lacks."""
+    return _native_build(torch, cpp_extension)[0]
+
+
+def _native_build(torch, cpp_extension):
+    """native_build_args' answer and the CudaHeaders it compiles against."""
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None:
         raise NativeUnavailable(f"no C++ compiler found (CXX={cxx!r} is not on PATH)")
@@ -189,10 +365,7 @@ def native_build_args(torch, cpp_extension):
                                 "(pip install ninja)")
     lib = os.path.realpath(_expanse.library_path())
     include = _include_dir()
-    cuda_inc = _cuda_runtime_include(cpp_extension)
-    if cuda_inc is None:
-        raise NativeUnavailable("no CUDA runtime headers (cuda_runtime_api.h: neither the nvidia "
-                                "wheels' include folders nor CUDA_HOME's)")
+    headers = choose_cuda_headers(torch, cpp_extension)
     sources = [os.path.join(_NATIVE_DIR, f) for f in _NATIVE_SOURCES]
     missing = [f for f in sources + [os.path.join(_NATIVE_DIR, "torch_adapter.hpp"),
                                      os.path.join(_NATIVE_DIR, "torch_version.hpp")]
@@ -203,7 +376,7 @@ def native_build_args(torch, cpp_extension):
     # One build per torch, library, header location and source content: a cached build never
     # mixes them. The content, not only ninja's time stamps: a reinstall may bring new sources
     # older than the cached build (a package manager's cache links files extracted earlier).
-    key = hashlib.sha1("\0".join([torch.__version__, lib, include, cuda_inc]).encode())
+    key = hashlib.sha1("\0".join([torch.__version__, lib, include] + headers.folders).encode())
     compiled = sources + [os.path.join(_NATIVE_DIR, "torch_adapter.hpp"),
                           os.path.join(_NATIVE_DIR, "torch_version.hpp"),
                           os.path.join(include, "expanse", "expanse.h"),
@@ -215,15 +388,24 @@ def native_build_args(torch, cpp_extension):
     build_dir = os.environ.get("EXPANSE_TORCH_BUILD_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
         "expanse", "torch_native", f"{torch.__version__}-{key.hexdigest()[:12]}")
+    # Said where users see it (a warning) when a folder looked in was refused and this build
+    # compiles: a failure then comes with why these headers and not the others.
+    compiles = not os.path.isfile(os.path.join(build_dir, NATIVE_NAME + ".so"))
+    looked_in = any(folders for _, folders, _ in headers.refused)
+    _log.log(logging.WARNING if looked_in and compiles else logging.INFO,
+             "expanse.torch: the native allocator %s against %s", "compiles" if compiles
+             else "is built", headers)
     # The CUDA runtime is the one PyTorch loaded, reached through libtorch_cuda's own
     # dependencies: linking a toolkit's libcudart could load a second, different one.
     torch_lib = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "lib")
     ldflags = [lib, "-Wl,-rpath," + os.path.dirname(lib),
                "-L" + torch_lib, "-ltorch_cuda", "-lc10_cuda"]
-    return dict(name=NATIVE_NAME, sources=sources,
-                extra_include_paths=[_NATIVE_DIR, include, cuda_inc], extra_cflags=["-O2"],
+    args = dict(name=NATIVE_NAME, sources=sources,
+                extra_include_paths=[_NATIVE_DIR, include] + headers.include_paths(),
+                extra_cflags=["-O2"],
                 extra_ldflags=ldflags, with_cuda=False, build_directory=build_dir,
                 is_python_module=False, verbose=os.environ.get("EXPANSE_TORCH_VERBOSE") == "1")
+    return args, headers
 
 
 def _install_native(torch):
@@ -231,13 +413,14 @@ def _install_native(torch):
         from torch.utils import cpp_extension
     except ImportError as e:
         raise NativeUnavailable(f"torch.utils.cpp_extension cannot be imported ({e})") from e
-    args = native_build_args(torch, cpp_extension)
+    args, headers = _native_build(torch, cpp_extension)
     os.makedirs(args["build_directory"], exist_ok=True)
     try:
         built = cpp_extension.load(**args)
     except Exception as e:  # noqa: BLE001  (compiler and ninja failures come in many types)
         raise NativeUnavailable(f"building the native allocator in {args['build_directory']} "
-                                f"failed ({type(e).__name__}: {str(e).strip()[-2000:]})") from e
+                                f"against {headers} failed "
+                                f"({type(e).__name__}: {str(e).strip()[-2000:]})") from e
     # load() returns the library's path for a non-Python module (and loads it already).
     path = built if isinstance(built, str) else os.path.join(args["build_directory"],
                                                              NATIVE_NAME + ".so")
