@@ -9,6 +9,11 @@
 // Tests call the driver only through the DriverTable, so the same test runs on a real GPU. The
 // sim's extra controls (call counts, failure injection, held streams, outstanding state) come
 // through SimHooks, which is null on the real driver; tests that need it skip there.
+//
+// On a real driver the suite must run to its end and show every answer the driver gave:
+// - a rule that probes what the driver answers to a sequence of calls records each answer
+//   (Answers) and reports every difference when it ends, adapting to what the driver did
+//   instead of stopping at the first difference or cascading from it.
 #pragma once
 
 #include "driver/driver.hpp"
@@ -96,6 +101,40 @@ inline unsigned char* host_ptr(CUdeviceptr p) {
 
 // "CUDA_ERROR_INVALID_VALUE (1)": readable CUresult in assertion messages.
 std::string result_name(CUresult r);
+
+// The driver's answer to each call of a probed sequence, checked against the rule's code. Every
+// difference is reported when the case ends (report() or the destructor), one failure per call,
+// naming it; when there is any, every answer of the case is printed in order, so one run on a
+// real driver shows them all. The answer is returned for the case to adapt to (a map that the
+// rule expected to be refused but that succeeded is unmapped, not mapped again).
+class Answers {
+ public:
+  Answers() = default;
+  ~Answers() { report(); }
+  Answers(const Answers&) = delete;
+  Answers& operator=(const Answers&) = delete;
+
+  // Records got as the answer of the call named `call` ("cuMemMap in a GLOBAL capture"); a
+  // difference is reported at the line that recorded it.
+  CUresult operator()(const std::string& call, CUresult expected, CUresult got,
+                      const char* file = __builtin_FILE(), int line = __builtin_LINE());
+  // Reports what is not reported yet.
+  void report();
+  // Every answer so far, one line each, a difference marked.
+  std::string transcript() const;
+  size_t differences() const;
+
+ private:
+  struct Answer {
+    std::string call;
+    CUresult expected;
+    CUresult got;
+    const char* file;
+    int line;
+  };
+  std::vector<Answer> answers_;
+  size_t reported_ = 0;
+};
 
 class Conformance : public ::testing::TestWithParam<Variant> {
  protected:
