@@ -316,7 +316,8 @@ void Conformance::SetUp() {
     const std::string err = hooks_->reset_uninitialized();
     ASSERT_TRUE(err.empty()) << err;
   }
-  table_ = &s.driver->table();
+  // In an isolated child every call is journaled before it is made (isolation.hpp).
+  table_ = &journaled(s.driver->table());
   ASSERT_CU(CUDA_SUCCESS, t().init(0));
   ASSERT_CU(CUDA_SUCCESS, t().device_get_count(&device_count_));
   ASSERT_GT(device_count_, 0);
@@ -389,6 +390,13 @@ void* Conformance::library_symbol(const char* name) const {
 
 void Conformance::must(CUresult r, const std::string& what) const {
   if (r != CUDA_SUCCESS) throw std::runtime_error(what + " returned " + result_name(r));
+}
+
+bool Conformance::ran_isolated() {
+  if (hooks_ != nullptr || in_isolated_child()) return false;
+  const std::string name = current_test_full_name();
+  report_isolated(run_isolated(name), name);
+  return true;
 }
 
 size_t Conformance::total_mem(int device) const {

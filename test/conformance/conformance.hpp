@@ -13,10 +13,15 @@
 // On a real driver the suite must run to its end and show every answer the driver gave:
 // - a rule that probes what the driver answers to a sequence of calls records each answer
 //   (Answers) and reports every difference when it ends, adapting to what the driver did
-//   instead of stopping at the first difference or cascading from it.
+//   instead of stopping at the first difference or cascading from it;
+// - a rule whose misuse the real driver may answer with a crash runs there in a child process
+//   (CONFORMANCE_ISOLATE_ON_REAL_DRIVER, isolation.hpp): a crash is one failure of that rule,
+//   naming the last driver call it made; a misuse that is undefined behaviour on the real driver
+//   and need not be asked of it at all stays a sim-only rule (CONFORMANCE_REQUIRE_SIM).
 #pragma once
 
 #include "driver/driver.hpp"
+#include "isolation.hpp"
 
 #include <cuda.h>
 #include <gtest/gtest.h>
@@ -217,6 +222,11 @@ class Conformance : public ::testing::TestWithParam<Variant> {
   // Throws (failing the test) unless r is CUDA_SUCCESS.
   void must(CUresult r, const std::string& what) const;
 
+  // On a driver without sim hooks (the real one), and not already in the child: runs this case in
+  // a child process, reports its outcome as this case's and returns true (the caller returns).
+  // Use through CONFORMANCE_ISOLATE_ON_REAL_DRIVER.
+  bool ran_isolated();
+
  private:
   const driver::DriverTable* table_ = nullptr;
   SimHooks* hooks_ = nullptr;
@@ -239,6 +249,14 @@ class Conformance : public ::testing::TestWithParam<Variant> {
 #define CONFORMANCE_REQUIRE_SIM(why)                                   \
   do {                                                                 \
     if (hooks() == nullptr) GTEST_SKIP() << "sim-only rule: " << why;  \
+  } while (0)
+
+// First in a rule whose misuse a real driver may answer with a crash: there the rule runs in a
+// child process (isolation.hpp), whose crash is one failure of the rule naming its last driver
+// call; the sims answer in process (their hooks and books are checked there).
+#define CONFORMANCE_ISOLATE_ON_REAL_DRIVER() \
+  do {                                       \
+    if (ran_isolated()) return;              \
   } while (0)
 
 // Two adjacent reservations, or a skip when the driver (or, for the sim, the host VA layout, as
