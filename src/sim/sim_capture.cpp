@@ -16,11 +16,16 @@
 // - cuMemCreate and cuMemAddressReserve are NOT: a real driver (H100, 580) answered SUCCESS
 //   during GLOBAL and THREAD_LOCAL captures, from the capturing thread and from a GLOBAL-mode
 //   thread beside a GLOBAL capture, and the captures ended valid (test/gpu/RESULTS.md).
-// - cuMemAddressFree, cuMemRelease, cuMemMap/Unmap, cuMemSetAccess: not yet measured; kept
+// - cuMemMap is NOT either: a real driver (H200, 580.159.04) answered SUCCESS during a GLOBAL
+//   capture of the calling thread. That the capture stays valid, and other threads and modes,
+//   are taken as for cuMemCreate [INF] (PyTorch maps expandable-segment pages inside captures
+//   without switching to RELAXED, which agrees).
+// - cuMemAddressFree, cuMemRelease, cuMemUnmap, cuMemSetAccess: not yet measured; kept
 //   unsafe [INF], like cudaMalloc (the doc's example): not stream-ordered, unseen by capture
 //   (NCCL and mscclpp switch their thread to RELAXED around these calls, PyTorch around
 //   cudaMalloc). Stricter than the truth costs nothing here: expanse switches to RELAXED around
-//   its VMM calls anyway. The conformance rule CaptureVmmCalls asks a real driver each one.
+//   its VMM calls anyway. The conformance rule on VMM calls under a capture (capture_test.cpp)
+//   asks a real driver each one and reports every answer.
 // - cuEventQuery/Synchronize, cuStreamQuery/Synchronize of work outside the capture: PyTorch
 //   switches to RELAXED around its allocator's cudaEventQuery during capture (pytorch#158352);
 //   ROCm's HIP, which mirrors CUDA here, refuses them under another thread's GLOBAL capture

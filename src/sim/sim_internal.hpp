@@ -370,7 +370,7 @@ const char*& current_call() noexcept;
 bool blocking_capture_in(const State& s, int device) noexcept;
 // Invalidates every capture with a blocking stream of device (implicit legacy dependency).
 void invalidate_blocking_captures(State& s, int device) noexcept;
-// For a "potentially unsafe" call (cuMemCreate, cuMemMap, ... see sim_capture.cpp): SUCCESS, or
+// For a "potentially unsafe" call (cuMemUnmap, cuMemRelease, ... see sim_capture.cpp): SUCCESS, or
 // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED after invalidating the capture(s) that forbid it, as
 // the calling thread's capture mode and the captures under way decide.
 CUresult check_unsafe_call(State& s) noexcept;

@@ -619,7 +619,9 @@ CUresult sim_mem_retain_allocation_handle(CUmemGenericAllocationHandle* handle, 
 CUresult sim_mem_map(CUdeviceptr ptr, size_t size, size_t offset,
                      CUmemGenericAllocationHandle handle, unsigned long long flags) {
   return run(EntryPoint::mem_map, true, [&](State& s, CallSize& units) {
-    if (const CUresult c = detail::check_unsafe_call(s); c != CUDA_SUCCESS) return c;
+    // Allowed during a capture (measured: H200, driver 580.159.04, from the capturing thread of a
+    // GLOBAL capture); the capture stays valid, and other threads and modes are as for
+    // cuMemCreate [INF].
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     if (flags != 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
     Allocation* a = live_handle(s, handle);

@@ -1,11 +1,13 @@
 #include "conformance.hpp"
 
+#include "driver_api/error_names.hpp"
 #include "sim/sim.hpp"
 
 #include <dlfcn.h>
 
 #include <algorithm>
 #include <exception>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -34,26 +36,7 @@ std::string to_string(const SimOutstanding& o) {
 }
 
 std::string result_name(CUresult r) {
-  const char* name = nullptr;
-  switch (r) {
-    case CUDA_SUCCESS: name = "CUDA_SUCCESS"; break;
-    case CUDA_ERROR_INVALID_VALUE: name = "CUDA_ERROR_INVALID_VALUE"; break;
-    case CUDA_ERROR_OUT_OF_MEMORY: name = "CUDA_ERROR_OUT_OF_MEMORY"; break;
-    case CUDA_ERROR_NOT_INITIALIZED: name = "CUDA_ERROR_NOT_INITIALIZED"; break;
-    case CUDA_ERROR_DEINITIALIZED: name = "CUDA_ERROR_DEINITIALIZED"; break;
-    case CUDA_ERROR_STUB_LIBRARY: name = "CUDA_ERROR_STUB_LIBRARY"; break;
-    case CUDA_ERROR_NO_DEVICE: name = "CUDA_ERROR_NO_DEVICE"; break;
-    case CUDA_ERROR_INVALID_DEVICE: name = "CUDA_ERROR_INVALID_DEVICE"; break;
-    case CUDA_ERROR_INVALID_CONTEXT: name = "CUDA_ERROR_INVALID_CONTEXT"; break;
-    case CUDA_ERROR_INVALID_HANDLE: name = "CUDA_ERROR_INVALID_HANDLE"; break;
-    case CUDA_ERROR_NOT_FOUND: name = "CUDA_ERROR_NOT_FOUND"; break;
-    case CUDA_ERROR_NOT_READY: name = "CUDA_ERROR_NOT_READY"; break;
-    case CUDA_ERROR_ILLEGAL_ADDRESS: name = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
-    case CUDA_ERROR_NOT_PERMITTED: name = "CUDA_ERROR_NOT_PERMITTED"; break;
-    case CUDA_ERROR_NOT_SUPPORTED: name = "CUDA_ERROR_NOT_SUPPORTED"; break;
-    case CUDA_ERROR_UNKNOWN: name = "CUDA_ERROR_UNKNOWN"; break;
-    default: break;
-  }
+  const char* name = driver::error_name(static_cast<int>(r));
   std::ostringstream s;
   s << (name != nullptr ? name : "CUresult") << " (" << static_cast<int>(r) << ")";
   return s.str();
@@ -64,6 +47,42 @@ std::string result_name(CUresult r) {
   if (got == expected) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << call_expr << "\n  returned " << result_name(got)
                                        << "\n  expected " << result_name(expected);
+}
+
+// ---- Answers ----------------------------------------------------------------------------------
+
+CUresult Answers::operator()(const std::string& call, CUresult expected, CUresult got,
+                             const char* file, int line) {
+  answers_.push_back({call, expected, got, file, line});
+  return got;
+}
+
+size_t Answers::differences() const {
+  size_t n = 0;
+  for (const Answer& a : answers_) n += a.got != a.expected ? 1 : 0;
+  return n;
+}
+
+std::string Answers::transcript() const {
+  std::ostringstream s;
+  for (const Answer& a : answers_) {
+    s << (a.got == a.expected ? "  same  " : "  DIFF  ") << a.call << ": " << result_name(a.got);
+    if (a.got != a.expected) s << ", the rule says " << result_name(a.expected);
+    s << "\n";
+  }
+  return s.str();
+}
+
+void Answers::report() {
+  bool any = false;
+  for (; reported_ < answers_.size(); ++reported_) {
+    const Answer& a = answers_[reported_];
+    if (a.got == a.expected) continue;
+    any = true;
+    ADD_FAILURE_AT(a.file, a.line) << a.call << "\n  returned " << result_name(a.got)
+                                   << "\n  expected " << result_name(a.expected);
+  }
+  if (any) std::cout << "The driver's answers, in order:\n" << transcript() << std::flush;
 }
 
 namespace {
@@ -297,7 +316,8 @@ void Conformance::SetUp() {
     const std::string err = hooks_->reset_uninitialized();
     ASSERT_TRUE(err.empty()) << err;
   }
-  table_ = &s.driver->table();
+  // In an isolated child every call is journaled before it is made (isolation.hpp).
+  table_ = &journaled(s.driver->table());
   ASSERT_CU(CUDA_SUCCESS, t().init(0));
   ASSERT_CU(CUDA_SUCCESS, t().device_get_count(&device_count_));
   ASSERT_GT(device_count_, 0);
@@ -370,6 +390,13 @@ void* Conformance::library_symbol(const char* name) const {
 
 void Conformance::must(CUresult r, const std::string& what) const {
   if (r != CUDA_SUCCESS) throw std::runtime_error(what + " returned " + result_name(r));
+}
+
+bool Conformance::ran_isolated() {
+  if (hooks_ != nullptr || in_isolated_child()) return false;
+  const std::string name = current_test_full_name();
+  report_isolated(run_isolated(name), name);
+  return true;
 }
 
 size_t Conformance::total_mem(int device) const {

@@ -9,9 +9,19 @@
 // Tests call the driver only through the DriverTable, so the same test runs on a real GPU. The
 // sim's extra controls (call counts, failure injection, held streams, outstanding state) come
 // through SimHooks, which is null on the real driver; tests that need it skip there.
+//
+// On a real driver the suite must run to its end and show every answer the driver gave:
+// - a rule that probes what the driver answers to a sequence of calls records each answer
+//   (Answers) and reports every difference when it ends, adapting to what the driver did
+//   instead of stopping at the first difference or cascading from it;
+// - a rule whose misuse the real driver may answer with a crash runs there in a child process
+//   (CONFORMANCE_ISOLATE_ON_REAL_DRIVER, isolation.hpp): a crash is one failure of that rule,
+//   naming the last driver call it made; a misuse that is undefined behaviour on the real driver
+//   and need not be asked of it at all stays a sim-only rule (CONFORMANCE_REQUIRE_SIM).
 #pragma once
 
 #include "driver/driver.hpp"
+#include "isolation.hpp"
 
 #include <cuda.h>
 #include <gtest/gtest.h>
@@ -97,6 +107,40 @@ inline unsigned char* host_ptr(CUdeviceptr p) {
 // "CUDA_ERROR_INVALID_VALUE (1)": readable CUresult in assertion messages.
 std::string result_name(CUresult r);
 
+// The driver's answer to each call of a probed sequence, checked against the rule's code. Every
+// difference is reported when the case ends (report() or the destructor), one failure per call,
+// naming it; when there is any, every answer of the case is printed in order, so one run on a
+// real driver shows them all. The answer is returned for the case to adapt to (a map that the
+// rule expected to be refused but that succeeded is unmapped, not mapped again).
+class Answers {
+ public:
+  Answers() = default;
+  ~Answers() { report(); }
+  Answers(const Answers&) = delete;
+  Answers& operator=(const Answers&) = delete;
+
+  // Records got as the answer of the call named `call` ("cuMemMap in a GLOBAL capture"); a
+  // difference is reported at the line that recorded it.
+  CUresult operator()(const std::string& call, CUresult expected, CUresult got,
+                      const char* file = __builtin_FILE(), int line = __builtin_LINE());
+  // Reports what is not reported yet.
+  void report();
+  // Every answer so far, one line each, a difference marked.
+  std::string transcript() const;
+  size_t differences() const;
+
+ private:
+  struct Answer {
+    std::string call;
+    CUresult expected;
+    CUresult got;
+    const char* file;
+    int line;
+  };
+  std::vector<Answer> answers_;
+  size_t reported_ = 0;
+};
+
 class Conformance : public ::testing::TestWithParam<Variant> {
  protected:
   void SetUp() override;
@@ -178,6 +222,11 @@ class Conformance : public ::testing::TestWithParam<Variant> {
   // Throws (failing the test) unless r is CUDA_SUCCESS.
   void must(CUresult r, const std::string& what) const;
 
+  // On a driver without sim hooks (the real one), and not already in the child: runs this case in
+  // a child process, reports its outcome as this case's and returns true (the caller returns).
+  // Use through CONFORMANCE_ISOLATE_ON_REAL_DRIVER.
+  bool ran_isolated();
+
  private:
   const driver::DriverTable* table_ = nullptr;
   SimHooks* hooks_ = nullptr;
@@ -200,6 +249,14 @@ class Conformance : public ::testing::TestWithParam<Variant> {
 #define CONFORMANCE_REQUIRE_SIM(why)                                   \
   do {                                                                 \
     if (hooks() == nullptr) GTEST_SKIP() << "sim-only rule: " << why;  \
+  } while (0)
+
+// First in a rule whose misuse a real driver may answer with a crash: there the rule runs in a
+// child process (isolation.hpp), whose crash is one failure of the rule naming its last driver
+// call; the sims answer in process (their hooks and books are checked there).
+#define CONFORMANCE_ISOLATE_ON_REAL_DRIVER() \
+  do {                                       \
+    if (ran_isolated()) return;              \
   } while (0)
 
 // Two adjacent reservations, or a skip when the driver (or, for the sim, the host VA layout, as

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every check that needs a real GPU, run from a build made on another x86-64 machine (this is
 # what a session runs on the `device` tool's lent H100/H200; results go to test/gpu/RESULTS.md):
-#   nvidia-smi, `expanse info`, the conformance suite (its libcuda.so.1 variant), `expanse
+#   nvidia-smi, `expanse info`, the conformance suite (every rule's answers are shown, a rule
+#   that crashes the driver is one failure naming its last call and the run goes on), `expanse
 #   selftest` (checks + cost calibration), `expanse stress` (32 GiB on an 80 GiB GPU), the nvcc
 #   tests (Thrust's CUDA backend; invariant 3 under running kernels), the hot path on the real
 #   driver next to the sim on the same machine, sleep and wake of 1, 8 and 40 GiB pools, and PyTorch with expanse as its allocator
