@@ -11,6 +11,7 @@
 // Prints one row per step and a summary: the steps from the 10th on where expanse made more
 // driver calls than expandable segments, and the most expanse's peak exceeded theirs.
 #include "conf/config.hpp"
+#include "conf/env_config.hpp"
 #include "models/torch_model_run.hpp"
 #include "replay/replay.hpp"
 #include "trace/torch_settings.hpp"
@@ -42,7 +43,7 @@ int main(int argc, char** argv) {
   ro.marks = run.step_ends;
   if (const char* h = std::getenv("EXPANSE_BENCH_HOST")) ro.host = replay::parse_host_model(h);
   const replay::ReplayResult ex =
-      replay::replay_trace(run.trace, conf::parse_config(""), capacity, ro);
+      replay::replay_trace(run.trace, conf::parse_config(conf::from_environment()), capacity, ro);
 
   const double GiB = 1024.0 * 1024.0 * 1024.0;
   std::printf("%d steps of a GPT-2-like model (seed %llu), %s\n", shape.steps,

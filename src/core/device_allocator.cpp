@@ -8,6 +8,7 @@
 #include "expanse/errors.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <new>
 
 namespace expanse::core {
@@ -178,18 +179,20 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
   streams_.fence_if_owed(ss);  // frees of it that others wait for (stream_watch.cpp)
   // Where this stream's allocation went the last time it was at this point of its workload
   // (a settled layout repeats), else where this stream freed a block of this size lately.
-  const uint64_t point = echo_.point(sz, ss.key, ss.live_refs, ss.live_bytes);
-  const uint64_t short_point = echo_.short_point(sz, ss.key, ss.live_refs, ss.live_bytes);
+  const uint64_t point = echo_.point(sz, ss.key, ss.large_refs, ss.large_bytes);
+  const uint64_t short_point = echo_.short_point(sz, ss.key, ss.large_refs, ss.large_bytes);
   BlockIt reused = placement_.index().end();
-  if (slot == kDefaultPool) reused = place_echoed(point, short_point, sz, a, ss);
-  if (reused == placement_.index().end()) {
+  static const bool xnoecho = std::getenv("XNOECHO") != nullptr;
+  static const bool xnorecent = std::getenv("XNORECENT") != nullptr;
+  if (slot == kDefaultPool && !xnoecho) reused = place_echoed(point, short_point, sz, a, ss);
+  if (reused == placement_.index().end() && !xnorecent) {
     reused = placement_.reuse_recent(ss.recent, ss.key, sz, a, supply_.pages_left(), slot);
   }
   if (reused != placement_.index().end()) {
     make_live(reused, bytes, ss, stream);
     echo_.remember(point, reused->first);
     echo_.remember_short(short_point, point, reused->first);
-    echo_.note(sz, false);
+    if (a == Arena::large) echo_.note(sz, false);
     return reinterpret_cast<void*>(reused->first);
   }
 
@@ -202,7 +205,7 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
     make_live(it, bytes, ss, stream);
     echo_.remember(point, it->first);
     echo_.remember_short(short_point, point, it->first);
-    echo_.note(sz, false);
+    if (a == Arena::large) echo_.note(sz, false);
     return reinterpret_cast<void*>(it->first);
   } catch (const out_of_memory&) {
     ++stats_.num_ooms;
@@ -328,6 +331,12 @@ BlockIt DeviceAllocator::place_once(size_t sz, Arena a, StreamKey stream, PageRe
 BlockIt DeviceAllocator::find_block(size_t sz, Arena a, StreamKey stream, PageRequest& req,
                                     size_t* offset, bool whole_pages) {
   const BlockIt none = placement_.index().end();
+  static const bool xpure = std::getenv("XPURE") != nullptr;
+  if (xpure) {
+    if (streams_.has_unfinished_frees()) streams_.poll(false);
+    BlockIt t = placement_.find_tight(sz, a, stream, 1u << 30, offset, whole_pages);
+    if (t != none) return t;
+  }
   if (!whole_pages) {
     BlockIt ready = placement_.find_ready(sz, a, stream, supply_.pages_left(), offset);
     if (ready != none) { dbg::add(dbg::place_ready); return ready; }
@@ -342,6 +351,17 @@ BlockIt DeviceAllocator::find_block(size_t sz, Arena a, StreamKey stream, PageRe
     if (it != none) { dbg::add(dbg::place_mapped); return it; }
   } else if (it != none) {
     dbg::add(dbg::place_mapped); return it;
+  }
+  if (blocked) dbg::add(dbg::blocked_n);
+  static const bool xwait = std::getenv("XWAIT") != nullptr;
+  if (blocked && xwait &&
+      (supply_.held_pages() + (sz + page_ - 1) / page_) * page_ > stats_.peak_physical_bytes) {
+    // A split of unproven memory is what a GPU that kept up would do here; growing instead
+    // would raise the peak: wait for the proof.
+    streams_.poll(true);
+    req.waited = true;
+    it = placement_.find_mapped(sz, a, stream, offset, &blocked, whole_pages);
+    if (it != none && !blocked) { dbg::add(dbg::place_mapped); return it; }
   }
   // (Measured on the shared traces, default device, `--repeat 3`: skipping mapped candidates
   // whose handles need a split left 41 / 33 calls in pass 2 of cs336a_medium_128_train /
@@ -436,7 +456,7 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   caches_.blocks().erase(addr);  // back in the books for good (if it ever was parked)
   credit_free(b.size, b.requested);
   deps = streams_.end_uses(b, ss, std::move(deps));
-  echo_.note(b.size, true);
+  if (placement_.arena_of(b) == Arena::large) echo_.note(b.size, true);
   if (asleep) {
     b.state = BlockState::live;  // freed as a live block; its pages are gone (not touched)
   } else {

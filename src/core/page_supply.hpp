@@ -72,6 +72,12 @@ class PageSupply {
     EXPANSE_ASSERT(n <= touched_pages_);
     touched_pages_ -= n;
   }
+  // The high-water gate (AllocatorOptions::high_water_slack): the most pages held before free
+  // memory's pages are taken rather than new ones created; SIZE_MAX without one.
+  size_t gate_pages() const noexcept {
+    if (opts_.high_water_slack == kNoLimit) return SIZE_MAX;
+    return high_water_ + high_water_ / 256 + opts_.high_water_slack / page_;
+  }
   // Raises the mapped/physical peaks to now (plus in_hand pages created but not yet mapped or
   // pooled).
   void note_peaks(size_t in_hand);

@@ -29,7 +29,8 @@ BlockIt Placement::find_mapped(size_t sz, Arena a, StreamKey stream, size_t* off
 
 BlockIt Placement::find_ready(size_t sz, Arena a, StreamKey stream, size_t pages_left,
                               size_t* offset) {
-  return index_.first_fit_where(a, sz, stream, kMappedSearchBudget, [&](BlockIt c) {
+  static const size_t budget = std::getenv("XC") ? std::strtoul(std::getenv("XC"), nullptr, 10) : kMappedSearchBudget;
+  return index_.first_fit_where(a, sz, stream, budget, [&](BlockIt c) {
     return ready_offset(c, sz, pages_left, offset);
   });
 }
@@ -115,6 +116,17 @@ BlockIt Placement::reuse_recent(std::vector<ReusePlace>& recent, StreamKey strea
   for (size_t i = recent.size(); i-- > 0;) {
     const ReusePlace place = recent[i];
     if (place.size != sz) continue;
+    static const int xrs = std::getenv("XRS") ? std::atoi(std::getenv("XRS")) : 0;
+    if (xrs != 0) {
+      auto c = index_.blocks().upper_bound(place.addr);
+      if (c == index_.blocks().begin()) continue;
+      --c;
+      const bool at_start = c->first == place.addr;
+      const bool at_end = c->first + c->second.size == place.addr + sz;
+      if (xrs == 1 && !at_start) continue;
+      if (xrs == 2 && !at_start && !at_end) continue;
+      if (xrs == 3 && !(at_start && at_end)) continue;
+    }
     BlockIt it = place_at(place.addr, stream, sz, a, pages_left, p);
     if (it == index_.end()) continue;
     recent.erase(recent.begin() + static_cast<std::ptrdiff_t>(i));

@@ -108,6 +108,10 @@ void StreamOrder::on_alloc(Block& b, StreamState& ss) {
   b.stream = ss.key;
   ++ss.live_refs;
   ss.live_bytes += b.size;
+  if (placement_.arena_of(b) == Arena::large) {
+    ++ss.large_refs;
+    ss.large_bytes += b.size;
+  }
   b.safe = false;
   b.users.clear();
 }
@@ -145,12 +149,18 @@ StreamOrder::Deps StreamOrder::make_room_for_free(const Block& b, StreamState& s
 
 StreamOrder::Deps StreamOrder::end_uses(const Block& b, StreamState& ss, Deps deps) {
   EXPANSE_ASSERT(deps.empty() && deps.capacity() >= deps_of(b, ss));
+  const bool large = placement_.arena_of(b) == Arena::large;
   auto depend_on = [&](StreamKey k, size_t bytes) {
     auto st = streams_.find(k);
     if (st == streams_.end()) return;  // nothing of it left unproven (drop_finished_states)
     EXPANSE_ASSERT(st->second.live_refs > 0 && st->second.live_bytes >= bytes);
     --st->second.live_refs;
     st->second.live_bytes -= bytes;
+    if (large && k == b.stream) {
+      EXPANSE_ASSERT(st->second.large_refs > 0 && st->second.large_bytes >= bytes);
+      --st->second.large_refs;
+      st->second.large_bytes -= bytes;
+    }
     if (k != ss.key) {
       deps.emplace_back(k, st->second.free_seq = ++seq_clock_);
       st->second.owes_fence = true;  // its next call proves its uses over
