@@ -2,7 +2,6 @@
 
 #include "core/capture_announcements.hpp"
 #include "core/check.hpp"
-#include "core/debug_counters.hpp"
 #include "core/format.hpp"
 #include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
@@ -181,18 +180,20 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
   // (a settled layout repeats), else where this stream freed a block of this size lately.
   const uint64_t point = echo_.point(sz, ss.key, ss.large_refs, ss.large_bytes);
   const uint64_t short_point = echo_.short_point(sz, ss.key, ss.large_refs, ss.large_bytes);
+  if (a == Arena::large) {
+    shape_.allocation(ss.large_refs, echo_.known(point));
+    supply_.set_refine(shape_.varies());
+  }
   BlockIt reused = placement_.index().end();
-  static const bool xnoecho = std::getenv("XNOECHO") != nullptr;
-  static const bool xnorecent = std::getenv("XNORECENT") != nullptr;
-  if (slot == kDefaultPool && !xnoecho) reused = place_echoed(point, short_point, sz, a, ss);
-  if (reused == placement_.index().end() && !xnorecent) {
+  if (slot == kDefaultPool) reused = place_echoed(point, short_point, sz, a, ss);
+  if (reused == placement_.index().end()) {
     reused = placement_.reuse_recent(ss.recent, ss.key, sz, a, supply_.pages_left(), slot);
   }
   if (reused != placement_.index().end()) {
     make_live(reused, bytes, ss, stream);
     echo_.remember(point, reused->first);
     echo_.remember_short(short_point, point, reused->first);
-    if (a == Arena::large) echo_.note(sz, false);
+    if (a == Arena::large) note_large(sz, false);
     return reinterpret_cast<void*>(reused->first);
   }
 
@@ -205,7 +206,7 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
     make_live(it, bytes, ss, stream);
     echo_.remember(point, it->first);
     echo_.remember_short(short_point, point, it->first);
-    if (a == Arena::large) echo_.note(sz, false);
+    if (a == Arena::large) note_large(sz, false);
     return reinterpret_cast<void*>(it->first);
   } catch (const out_of_memory&) {
     ++stats_.num_ooms;
@@ -324,54 +325,36 @@ BlockIt DeviceAllocator::place_once(size_t sz, Arena a, StreamKey stream, PageRe
 }
 
 // Chooses where a block of sz bytes goes: a free block this stream may use, and the offset into
-// it. Already-mapped memory first (no driver call, no page held twice); then the best fit, whose
-// missing pages PageSupply::ensure_pages provides; then fresh VA. A split of a handle needs the
-// block safe for every stream; a mapped candidate that is not is taken only after polling makes
-// it so.
+// it. The best fit, as PyTorch's allocator chooses (placement.hpp): in it, a place that needs no
+// driver call (unless handles are being refined: every place is then as good); else its tight
+// place, whose missing pages PageSupply::ensure_pages provides, splitting the free handles it
+// covers in part; then fresh VA. A split unmaps memory, so it needs the work that used the memory
+// proven done: the fences are asked, and if the GPU has not got there, the placement waits for
+// it rather than going elsewhere. Placements then do not depend on how far the GPU runs behind:
+// going elsewhere would map memory that a GPU keeping up would not need.
 BlockIt DeviceAllocator::find_block(size_t sz, Arena a, StreamKey stream, PageRequest& req,
                                     size_t* offset, bool whole_pages) {
   const BlockIt none = placement_.index().end();
-  static const bool xpure = std::getenv("XPURE") != nullptr;
-  if (xpure) {
-    if (streams_.has_unfinished_frees()) streams_.poll(false);
-    BlockIt t = placement_.find_tight(sz, a, stream, 1u << 30, offset, whole_pages);
-    if (t != none) return t;
-  }
-  if (!whole_pages) {
+  if (!whole_pages && !supply_.refining()) {
     BlockIt ready = placement_.find_ready(sz, a, stream, supply_.pages_left(), offset);
-    if (ready != none) { dbg::add(dbg::place_ready); return ready; }
+    if (ready != none) return ready;
   }
-  bool blocked = false;
-  BlockIt it = placement_.find_mapped(sz, a, stream, offset, &blocked, whole_pages);
-  if (it != none && !blocked) { dbg::add(dbg::place_mapped); return it; }
-  // Other streams' frees may have completed since: make them usable before mapping more.
-  if (streams_.has_unfinished_frees()) {
-    streams_.poll(false);
-    it = placement_.find_mapped(sz, a, stream, offset, &blocked, whole_pages);
-    if (it != none) { dbg::add(dbg::place_mapped); return it; }
-  } else if (it != none) {
-    dbg::add(dbg::place_mapped); return it;
+  BlockIt it = placement_.find_tight(sz, a, stream, SIZE_MAX, offset, whole_pages, true);
+  if (it != none && !placement_.handles_fit(it, *offset, sz, Placement::HandleFit::splittable)) {
+    // The best fit needs a split of memory whose work is not proven done.
+    if (streams_.has_unfinished_frees()) streams_.poll(false);
+    it = placement_.find_tight(sz, a, stream, SIZE_MAX, offset, whole_pages, true);
+    if (it != none &&
+        !placement_.handles_fit(it, *offset, sz, Placement::HandleFit::splittable)) {
+      streams_.poll(true);
+      req.waited = true;
+      // What no wait can prove (a capture under way) goes to the best fit that needs nothing.
+      it = placement_.find_tight(sz, a, stream, SIZE_MAX, offset, whole_pages);
+    }
   }
-  if (blocked) dbg::add(dbg::blocked_n);
-  static const bool xwait = std::getenv("XWAIT") != nullptr;
-  if (blocked && xwait &&
-      (supply_.held_pages() + (sz + page_ - 1) / page_) * page_ > stats_.peak_physical_bytes) {
-    // A split of unproven memory is what a GPU that kept up would do here; growing instead
-    // would raise the peak: wait for the proof.
-    streams_.poll(true);
-    req.waited = true;
-    it = placement_.find_mapped(sz, a, stream, offset, &blocked, whole_pages);
-    if (it != none && !blocked) { dbg::add(dbg::place_mapped); return it; }
-  }
-  // (Measured on the shared traces, default device, `--repeat 3`: skipping mapped candidates
-  // whose handles need a split left 41 / 33 calls in pass 2 of cs336a_medium_128_train /
-  // cs336b_ctx128_fullstep and broke the two-warm-up steady-state test; placing by mapped pages
-  // alone gives 0 / 0.)
-  it = placement_.find_tight(sz, a, stream, Placement::kMappedSearchBudget, offset, whole_pages);
-  if (it != none) { dbg::add(dbg::place_tight); return it; }
+  if (it != none) return it;
   Reservation* fresh = placement_.add_reservation(a, sz);
   if (fresh != nullptr) {
-    dbg::add(dbg::place_fresh);
     *offset = 0;
     return placement_.index().blocks().find(fresh->base);
   }
@@ -456,7 +439,7 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   caches_.blocks().erase(addr);  // back in the books for good (if it ever was parked)
   credit_free(b.size, b.requested);
   deps = streams_.end_uses(b, ss, std::move(deps));
-  if (placement_.arena_of(b) == Arena::large) echo_.note(b.size, true);
+  if (placement_.arena_of(b) == Arena::large) note_large(b.size, true);
   if (asleep) {
     b.state = BlockState::live;  // freed as a live block; its pages are gone (not touched)
   } else {

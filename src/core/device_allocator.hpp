@@ -30,6 +30,7 @@
 #include "core/imported_blocks.hpp"
 #include "core/placement.hpp"
 #include "core/placement_echo.hpp"
+#include "core/workload_shape.hpp"
 #include "core/registrable_blocks.hpp"
 #include "core/pool_table.hpp"
 #include "core/stats.hpp"
@@ -321,6 +322,13 @@ class DeviceAllocator {
   StreamOrder streams_;
   PageSupply supply_;
   PlacementEcho echo_;  // where allocations went at each point of the workload
+  WorkloadShape shape_;  // whether the workload repeats its structure with other sizes
+  // An allocation (freed: false) or free of sz bytes in the large arena: the echo's history and
+  // the workload's shape.
+  void note_large(size_t sz, bool freed) noexcept {
+    echo_.note(sz, freed);
+    shape_.note(sz, freed);
+  }
   PoolTable pools_;
   RegistrableBlocks registrable_;
   ImportedBlocks imports_;

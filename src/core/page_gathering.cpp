@@ -1,7 +1,6 @@
 // One request's search for handles to fill its slots (PageSupply::ensure_pages): the pool, new
 // handles, reclaim, release-and-create, and last a wait for every stream's freed memory.
 #include "core/check.hpp"
-#include "core/debug_counters.hpp"
 #include "core/page_supply.hpp"
 
 #include <algorithm>
@@ -41,7 +40,6 @@ class PageSupply::Gathering {
   // Releases the largest pooled handle to create its pages again (allowed even over the limit).
   void exchange_largest() {
     const size_t n = s_.pool_.largest();
-    dbg::add(dbg::exch_large_n); dbg::add(dbg::exch_large_pages, n);
     s_.release_pooled(n);
     credit_ += n;
   }
@@ -57,7 +55,6 @@ class PageSupply::Gathering {
   PageRequest& req_;
   size_t in_hand_ = 0;
   size_t credit_ = 0;  // pages released here to be created again: allowed even over the limit
-  size_t cap_ = SIZE_MAX;  // most pages held after a creation (the limit, or the high-water gate)
   bool covered_ = false;  // the reservation's untouched pages cover the request
 };
 
@@ -66,7 +63,6 @@ void PageSupply::gather(std::vector<HandleSlot>& open, Filled& filled, PageReque
 }
 
 void PageSupply::Gathering::run() {
-  cap_ = s_.limit_pages_;
   // Reserved pages are held to be used: cut the slots to the pooled handles' sizes before any
   // cuMemCreate (one-page reserved handles fill any slot).
   from_pool(s_.reserved_pages_ > 0);
@@ -74,8 +70,11 @@ void PageSupply::Gathering::run() {
   // request) plus a little slack only when nothing can be reclaimed, so while memory is plentiful
   // the footprint still follows the live set; a repeat of the workload stays under the mark.
   const AllocatorOptions& opts = s_.opts_;
+  const size_t slack = opts.high_water_slack == kNoLimit
+                           ? SIZE_MAX
+                           : s_.touched_pages_ / 256 + opts.high_water_slack / s_.page_;
   s_.high_water_ = std::max(s_.high_water_, s_.touched_pages_ + open_pages());
-  const size_t gate = s_.gate_pages();
+  const bool over = slack != SIZE_MAX && s_.held_pages() + open_pages() > s_.high_water_ + slack;
   // While the reservation covers the request, its pages under free memory serve it, after
   // waiting for the streams' work on them if need be: no cuMemCreate, and the memory left to
   // other processes stays theirs.
@@ -89,22 +88,8 @@ void PageSupply::Gathering::run() {
       reclaim_more(false);
     }
   }
-  if (opts.reclaim_before_create || covered_) {
+  if (opts.reclaim_before_create || over || covered_) {
     reclaim_more();
-    create_more();
-  } else if (gate != SIZE_MAX) {
-    // Up to the high-water mark new pages are cheaper than moving free ones (no unmap, and
-    // nothing to prove); past it, free memory's pages serve, after waiting for the streams'
-    // work on them if need be, and only what free memory cannot give is created.
-    cap_ = std::min(gate, s_.limit_pages_);
-    create_more();
-    cap_ = s_.limit_pages_;
-    reclaim_more(false);
-    if (!open_.empty() && s_.streams_.has_unfinished_frees()) {
-      s_.streams_.poll(true);
-      req_.waited = true;
-      reclaim_more(false);
-    }
     create_more();
   } else {
     create_more();
@@ -155,9 +140,8 @@ void PageSupply::Gathering::create_more() {
     HandleSlot slot = open_.back();
     open_.pop_back();
     const bool exchange = slot.pages() <= credit_;
-    const size_t cap = std::min(cap_, s_.limit_pages_);
-    if (!exchange && s_.held_pages() + in_hand_ + slot.pages() > cap) {
-      if (cap == s_.limit_pages_) req_.limit_hit = true;
+    if (!exchange && s_.held_pages() + in_hand_ + slot.pages() > s_.limit_pages_) {
+      req_.limit_hit = true;
       if (slot.count == 1) {
         rest.push_back(slot);
         break;
@@ -177,7 +161,6 @@ void PageSupply::Gathering::create_more() {
     }
     if (exchange) credit_ -= slot.pages();
     take(slot, h);
-    dbg::add(dbg::create_n); dbg::add(dbg::create_pages, slot.pages());
     req_.created += slot.pages();
     s_.stats_.num_created_pages += slot.pages();
     s_.note_peaks(in_hand_);
@@ -201,7 +184,6 @@ void PageSupply::Gathering::reclaim_more(bool create) {
   while (s_.reserved_pages_ == 0 && !pool.empty() && pool.smallest() < largest &&
          s_.exchange_pays(pool.smallest())) {
     const size_t n = pool.smallest();
-    dbg::add(dbg::exch_small_n); dbg::add(dbg::exch_small_pages, n);
     s_.release_pooled(n);
     credit_ += n;
   }

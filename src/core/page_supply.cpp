@@ -1,12 +1,9 @@
 #include "core/page_supply.hpp"
 
 #include "core/check.hpp"
-#include "core/debug_counters.hpp"
 #include "driver_api/cost_model.hpp"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstdio>
 
 namespace expanse::core {
 
@@ -140,7 +137,30 @@ bool PageSupply::ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes, Pa
   map_and_grant(r, filled, std::move(p.grant));
   // The block's pages are mapped and accessible, under handles it may hold.
   EXPANSE_ASSERT(r.all_ready(r.first_page(addr), r.last_page(addr, bytes)));
+  // A split while refining: handles a varying workload's boundaries will cut are left elsewhere.
+  if (refine_ && p.split) refine_free_handles();
   return true;
+}
+
+void PageSupply::refine_free_handles() {
+  if (streams_.has_unfinished_frees()) streams_.poll(false);
+  for (const ReclaimableHandle& h : placement_.reclaimable_handles()) {
+    if (h.pages <= 1) continue;
+    Reservation& r = placement_.res(h.res);
+    unmap_handles(r, h.head, h.head + h.pages);
+    release_pooled(h.pages);
+    Filled filled;
+    for (size_t p = h.head; p < h.head + h.pages; ++p) {
+      CUmemGenericAllocationHandle one = 0;
+      if (held_pages() + filled.size() + 1 > std::min(limit_pages_, capacity_pages_) ||
+          drv_.create(page_, &one) != CUDA_SUCCESS) {
+        break;
+      }
+      ++stats_.num_created_pages;
+      filled.emplace_back(HandleSlot{p, 1}, one);
+    }
+    map_and_grant(r, filled, {});
+  }
 }
 
 // What the block lacks: unmapped runs get handles planned for it; mapped handles without access
@@ -164,6 +184,7 @@ PageSupply::Plan PageSupply::plan(Reservation& r, CUdeviceptr addr, size_t bytes
     }
   }
   for (size_t head : split) split_handle(r, head, addr, bytes, out);
+  out.split = !split.empty();
   return out;
 }
 
@@ -177,53 +198,18 @@ void PageSupply::split_handle(Reservation& r, size_t head, CUdeviceptr addr, siz
   const size_t first = r.first_page(addr), last = r.last_page(addr, bytes);
   const PageRange inner = r.inner_pages(addr, bytes);
   const size_t n = r.handle_pages(head);
-  dbg::add(dbg::split_n); dbg::add(dbg::split_pages, n);
-  if (std::getenv("XS")) std::fprintf(stderr, "SPLIT handle %zu block_pages %zu head %zu first %zu last %zu\n", n, last - first + 1, head, first, last);
   unmap_handles(r, head, head + n);
   release_pooled(n);
   const size_t a = std::max(head, first), z = std::min(head + n, last + 1);
-  static const int xr = std::getenv("XR") ? std::atoi(std::getenv("XR")) : 0;
-  if (xr == 1) {  // refine fully: every piece one page
+  if (refine_) {  // one-page handles: the pieces inside the block too, since it will go
     if (head < a) plan_handles(head, a, head, a, 1, out.extra);
     plan_handles(a, z, a, z, 1, out.slots);
     if (z < head + n) plan_handles(z, head + n, z, head + n, 1, out.extra);
     return;
   }
-  if (xr == 3) {  // geometric: pieces outside the block grow away from the cut (1, 1, 2, 4, ...)
-    auto geo_up = [&](size_t s0, size_t e0, std::vector<HandleSlot>& o) {  // fine near s0
-      size_t w = 1, k = 0;
-      while (s0 < e0) { size_t m = std::min(w, e0 - s0); o.push_back({s0, m}); s0 += m; if (++k >= 2) w *= 2; }
-    };
-    auto geo_down = [&](size_t s0, size_t e0, std::vector<HandleSlot>& o) {  // fine near e0
-      size_t w = 1, k = 0;
-      std::vector<HandleSlot> tmp;
-      while (s0 < e0) { size_t m = std::min(w, e0 - s0); tmp.push_back({e0 - m, m}); e0 -= m; if (++k >= 2) w *= 2; }
-      o.insert(o.end(), tmp.rbegin(), tmp.rend());
-    };
-    if (head < a) geo_down(head, a, out.extra);
-    plan_handles(a, z, std::max(inner.lo, a), std::min(inner.hi, z), max_pages_, out.slots);
-    if (z < head + n) geo_up(z, head + n, out.extra);
-    return;
-  }
-  if (xr == 4) {  // every piece at most XK pages
-    static const size_t xk = std::getenv("XK") ? std::strtoul(std::getenv("XK"), nullptr, 10) : 4;
-    if (head < a) plan_handles(head, a, head, a, xk, out.extra);
-    plan_handles(a, z, std::max(inner.lo, a), std::min(inner.hi, z), xk, out.slots);
-    if (z < head + n) plan_handles(z, head + n, z, head + n, xk, out.extra);
-    return;
-  }
-  if (xr == 2) {  // outside pieces one page, inside one handle
-    if (head < a) plan_handles(head, a, head, a, 1, out.extra);
-    plan_handles(a, z, std::max(inner.lo, a), std::min(inner.hi, z), max_pages_, out.slots);
-    if (z < head + n) plan_handles(z, head + n, z, head + n, 1, out.extra);
-    return;
-  }
   if (head < a) plan_handles(head, a, head, a, max_pages_, out.extra);
   plan_handles(a, z, std::max(inner.lo, a), std::min(inner.hi, z), max_pages_, out.slots);
-  static const bool xp = !std::getenv("XP") || std::getenv("XP")[0] != '0';
-  if (z < head + n && !xp) {
-    plan_handles(z, head + n, z, head + n, max_pages_, out.extra);
-  } else if (z < head + n) {
+  if (z < head + n) {
     plan_handles_periodic(z, head + n, first, addr - r.page_addr(first), bytes, page_, max_pages_,
                           out.extra);
   }
@@ -248,14 +234,11 @@ void PageSupply::add_extra(const std::vector<HandleSlot>& extra, Filled& filled)
       open.push_back({s.page + n, s.count - n});
       s.count = n;
       h = pool_.take(n);
-    } else if ((std::getenv("XE") && std::getenv("XE")[0] == '0') ||
-               held_pages() + in_hand + s.pages() >
-                   std::min({limit_pages_, capacity_pages_, gate_pages()}) ||
+    } else if (held_pages() + in_hand + s.pages() > std::min(limit_pages_, capacity_pages_) ||
                drv_.create(s.pages() * page_, &h) != CUDA_SUCCESS) {
       continue;
     } else {
       stats_.num_created_pages += s.pages();
-      dbg::add(dbg::extra_create_n); dbg::add(dbg::extra_create_pages, s.pages());
     }
     filled.emplace_back(s, h);
     in_hand += s.pages();
@@ -327,7 +310,6 @@ size_t PageSupply::reclaim(size_t want) {
     got += all[i].pages;
   }
   unmap_into_pool(std::move(take));
-  dbg::add(dbg::reclaim_n); dbg::add(dbg::reclaim_pages, got);
   stats_.num_reclaimed_pages += got;
   return got;
 }

@@ -72,12 +72,13 @@ class PageSupply {
     EXPANSE_ASSERT(n <= touched_pages_);
     touched_pages_ -= n;
   }
-  // The high-water gate (AllocatorOptions::high_water_slack): the most pages held before free
-  // memory's pages are taken rather than new ones created; SIZE_MAX without one.
-  size_t gate_pages() const noexcept {
-    if (opts_.high_water_slack == kNoLimit) return SIZE_MAX;
-    return high_water_ + high_water_ / 256 + opts_.high_water_slack / page_;
-  }
+  // Whether handles are refined (docs/design.md, "Settling on a varying workload"): while the
+  // workload repeats its structure with other sizes (WorkloadShape), a split cuts the whole
+  // handle into one-page handles, and with it every multi-page handle under safe free memory, so
+  // that block boundaries falling anywhere later need no split. Otherwise a split cuts where the
+  // block and the blocks predicted after it end (plan_handles_periodic).
+  void set_refine(bool on) noexcept { refine_ = on; }
+  bool refining() const noexcept { return refine_; }
   // Raises the mapped/physical peaks to now (plus in_hand pages created but not yet mapped or
   // pooled).
   void note_peaks(size_t in_hand);
@@ -144,6 +145,7 @@ class PageSupply {
   struct Plan {
     std::vector<HandleSlot> slots, extra;
     Grants grant;
+    bool split = false;  // a mapped handle was split for the block
   };
   class Gathering;  // page_gathering.cpp
   // Fills `open` slots with handles into `filled`: pool, creation, reclaim, release-and-create,
@@ -153,6 +155,10 @@ class PageSupply {
   Plan plan(Reservation& r, CUdeviceptr addr, size_t bytes, size_t max_pages);
   void split_handle(Reservation& r, size_t head, CUdeviceptr addr, size_t bytes, Plan& plan);
   void add_extra(const std::vector<HandleSlot>& extra, Filled& filled);
+  // Cuts every multi-page handle lying wholly under safe free memory of the default pool into
+  // one-page handles (refining; after a split). Best effort: a page the driver will not create
+  // again stays unmapped (free memory, nothing lost).
+  void refine_free_handles();
   void map_and_grant(Reservation& r, const Filled& filled, Grants grant);
   void put_back(const Filled& filled, size_t from = 0);
   // Unmaps the handles into the pool, one cuMemUnmap per run of adjacent ones.
@@ -182,6 +188,7 @@ class PageSupply {
   size_t touched_pages_ = 0;
   size_t outside_pages_ = 0;
   size_t high_water_ = 0;  // most pages touched by live blocks plus a request's, so far
+  bool refine_ = false;    // see set_refine
   size_t reserved_pages_ = 0;
   size_t reserve_asked_pages_ = 0;
   size_t reserve_handle_pages_ = 1;

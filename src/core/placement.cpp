@@ -6,39 +6,16 @@
 
 #include <algorithm>
 #include <sstream>
-#include <cstdlib>
 
 namespace expanse::core {
 
-BlockIt Placement::find_mapped(size_t sz, Arena a, StreamKey stream, size_t* offset,
-                               bool* blocked, bool whole_pages) {
-  *blocked = false;
-  return index_.first_fit_where(a, sz, stream, kMappedSearchBudget, [&](BlockIt c) {
-    size_t off = 0;
-    if (!tight_offset(c, sz, &off, whole_pages)) return false;
-    const Reservation& r = res(c->second.res);
-    if (!r.all_ready(r.first_page(c->first + off), r.last_page(c->first + off, sz))) return false;
-    if (!handles_fit(c, off, sz, HandleFit::splittable)) {
-      *blocked = true;
-      return false;
-    }
-    *offset = off;
-    return true;
-  });
-}
-
 BlockIt Placement::find_ready(size_t sz, Arena a, StreamKey stream, size_t pages_left,
                               size_t* offset) {
-  static const size_t budget = std::getenv("XC") ? std::strtoul(std::getenv("XC"), nullptr, 10) : kMappedSearchBudget;
-  return index_.first_fit_where(a, sz, stream, budget, [&](BlockIt c) {
+  return index_.first_fit_where(a, sz, stream, 1, [&](BlockIt c) {
     return ready_offset(c, sz, pages_left, offset);
   });
 }
 
-// Where in free block c a block of sz bytes needs no driver call. Candidates, in order: c's
-// start (where best fit puts it), c's end, then each handle boundary inside c as the block's
-// start and as its end. A block whose ends fall on handle boundaries leaves every handle whole,
-// so one placed at a size the workload has not had before still finds its pages mapped.
 bool Placement::ready_offset(BlockIt c, size_t sz, size_t pages_left, size_t* off) const {
   const Block& cb = c->second;
   if (cb.size < sz) return false;
@@ -49,45 +26,28 @@ bool Placement::ready_offset(BlockIt c, size_t sz, size_t pages_left, size_t* of
     if (x < lo || x + sz > hi || (x - lo) % kBlockAlignment != 0) return false;
     const size_t fresh = r.untouched_pages(x, sz);
     if (fresh > max_new || fresh > pages_left) return false;
-    return handles_fit(c, static_cast<size_t>(x - lo), sz, HandleFit::ready);
+    if (!handles_fit(c, static_cast<size_t>(x - lo), sz, HandleFit::ready)) return false;
+    *off = static_cast<size_t>(x - lo);
+    return true;
   };
   size_t tight = 0;
-  if (tight_offset(c, sz, &tight) && fits(lo + tight)) {
-    *off = tight;
-    return true;
-  }
-  if (fits(hi - sz)) {
-    *off = static_cast<size_t>(hi - sz - lo);
-    return true;
-  }
-  // Handle boundaries inside c: a block starting on a handle's first page, or ending at its end.
-  // Bounded: a free block of many one-page handles fits at its start if anywhere.
-  const size_t kBoundaryBudget = std::getenv("XB") ? std::strtoul(std::getenv("XB"), nullptr, 10) : 256;
+  if (tight_offset(c, sz, &tight) && fits(lo + tight)) return true;
+  if (fits(hi - sz)) return true;
   size_t looked = 0;
-  const size_t first = r.first_page(lo), last = r.last_page(lo, cb.size);
-  for (const HandleRun& h : r.handles_in(first, last + 1)) {
-    if (++looked > kBoundaryBudget) break;
-    const CUdeviceptr start = r.page_addr(h.head);
-    if (start >= lo && fits(start)) {
-      *off = static_cast<size_t>(start - lo);
-      return true;
-    }
-    const CUdeviceptr end = r.page_addr(h.end());
-    if (end >= lo + sz && end <= hi && fits(end - sz)) {
-      *off = static_cast<size_t>(end - sz - lo);
-      return true;
-    }
+  for (const HandleRun& h : r.handles_in(r.first_page(lo), r.last_page(lo, cb.size) + 1)) {
+    if (++looked > kReadyHandles) break;
+    const CUdeviceptr start = r.page_addr(h.head), end = r.page_addr(h.end());
+    if ((start >= lo && fits(start)) || (end >= lo + sz && fits(end - sz))) return true;
   }
   return false;
 }
 
 BlockIt Placement::find_tight(size_t sz, Arena a, StreamKey stream, size_t budget,
-                              size_t* offset, bool whole_pages) {
+                              size_t* offset, bool whole_pages, bool unproven) {
+  const HandleFit fit = unproven ? HandleFit::splittable_unproven : HandleFit::splittable;
   return index_.first_fit_where(a, sz, stream, budget, [&](BlockIt c) {
     size_t off = 0;
-    if (!tight_offset(c, sz, &off, whole_pages) || !handles_fit(c, off, sz, HandleFit::splittable)) {
-      return false;
-    }
+    if (!tight_offset(c, sz, &off, whole_pages) || !handles_fit(c, off, sz, fit)) return false;
     *offset = off;
     return true;
   });
@@ -116,17 +76,8 @@ BlockIt Placement::reuse_recent(std::vector<ReusePlace>& recent, StreamKey strea
   for (size_t i = recent.size(); i-- > 0;) {
     const ReusePlace place = recent[i];
     if (place.size != sz) continue;
-    static const int xrs = std::getenv("XRS") ? std::atoi(std::getenv("XRS")) : 0;
-    if (xrs != 0) {
-      auto c = index_.blocks().upper_bound(place.addr);
-      if (c == index_.blocks().begin()) continue;
-      --c;
-      const bool at_start = c->first == place.addr;
-      const bool at_end = c->first + c->second.size == place.addr + sz;
-      if (xrs == 1 && !at_start) continue;
-      if (xrs == 2 && !at_start && !at_end) continue;
-      if (xrs == 3 && !(at_start && at_end)) continue;
-    }
+    auto c = index_.blocks().find(place.addr);
+    if (c == index_.blocks().end() || c->second.size != sz) continue;
     BlockIt it = place_at(place.addr, stream, sz, a, pages_left, p);
     if (it == index_.end()) continue;
     recent.erase(recent.begin() + static_cast<std::ptrdiff_t>(i));
@@ -213,7 +164,10 @@ bool Placement::handles_fit(BlockIt c, size_t off, size_t sz, HandleFit fit) con
     if (need_ready && !r.ready(std::max(h.head, first))) return false;
     if (inner.admits(h)) continue;
     // A multi-page handle the block would cover in part, or on an edge page it shares.
-    if (fit != HandleFit::splittable || !c->second.safe || !free_inner.holds(h)) return false;
+    if (fit == HandleFit::ready || (fit == HandleFit::splittable && !c->second.safe) ||
+        !free_inner.holds(h)) {
+      return false;
+    }
   }
   return true;
 }

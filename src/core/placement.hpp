@@ -1,12 +1,11 @@
 // Where blocks go: the VA reservations, carved into blocks at kBlockAlignment, the free index over
 // them, and the choice of a free block (and an offset into it) for a request.
 //
-// Placement looks at which pages are mapped, not at the handles' shapes: a block goes where it
-// would go with one handle per page, and page supply splits free handles it covers in part. So
-// placements evolve exactly as with one-page handles (mapped pages only grow while memory is
-// plentiful), and once a workload's placements repeat, its handles have been refined to fit every
-// block of it: the next repeat makes no driver call. (Preferring handles that already fit makes
-// placements depend on the handles' history and drift from one repeat to the next.)
+// The block is the best fit: the smallest free block the stream may use (docs/design.md, "How a
+// request flows"), as PyTorch's allocator chooses, so that the layout, and the memory it holds,
+// are no looser than expandable segments' whatever the handles under it. Within that block the
+// placement may move to its end or to one of its first handles' boundaries where that needs no
+// driver call (ready_offset); elsewhere, page supply splits the free handles it covers in part.
 #pragma once
 
 #include "core/block_index.hpp"
@@ -39,9 +38,10 @@ struct ReclaimableHandle {
 
 class Placement {
  public:
-  // How many free blocks (in size order) a search for mapped memory inspects before settling
-  // for the best fit and mapping pages under it.
+  // How many free blocks (in size order) a pool's search of its own memory inspects.
   static constexpr size_t kMappedSearchBudget = 32;
+  // How many of the best-fit block's handles ready_offset tries as the placement's start or end.
+  static constexpr size_t kReadyHandles = 3;
 
   Placement(DeviceDriver& drv, const AllocatorOptions& opts, size_t page, DeviceStats& stats)
       : drv_(drv), opts_(opts), page_(page), stats_(stats) {}
@@ -72,25 +72,17 @@ class Placement {
   size_t va_reserved() const noexcept { return va_reserved_; }
   size_t va_budget() const noexcept { return opts_.va_budget; }
 
-  // The smallest free block `stream` may use whose pages under a placement of sz bytes are all
-  // mapped and accessible, among the first kMappedSearchBudget in size order. *blocked: a
-  // candidate passed over only because a handle under it needs a split and it is not yet safe.
-  // whole_pages (sz a multiple of the page): the placement starts on a page boundary, so that
-  // the block shares no page with another (a pool's memory is whole pages).
-  BlockIt find_mapped(size_t sz, Arena a, StreamKey stream, size_t* offset, bool* blocked,
-                      bool whole_pages = false);
-  // The smallest free block `stream` may use (among the first kMappedSearchBudget in size order)
-  // that holds a placement of sz bytes needing no driver call: every page mapped and accessible,
-  // and both ends of the block on ends of the handles there (a one-page handle on an edge page,
-  // which a neighbour may share), so that no handle is split. Not only at the block's start:
-  // also at its end and at every handle boundary inside it, so that blocks of sizes the workload
-  // has not had before fit between the boundaries earlier blocks left (docs/design.md,
-  // "Settling on a varying workload").
+  // The smallest free block `stream` may use, if a placement of sz bytes in it needs no driver
+  // call (ready_offset); end() otherwise.
   BlockIt find_ready(size_t sz, Arena a, StreamKey stream, size_t pages_left, size_t* offset);
   // The smallest free block `stream` may use that holds a placement of sz bytes touching at most
-  // ceil(sz / page) new pages, among the first `budget` in size order.
+  // ceil(sz / page) new pages, under handles it holds or that can be split (HandleFit), among the
+  // first `budget` in size order. whole_pages (sz a multiple of the page): the placement starts on
+  // a page boundary, so that the block shares no page with another (a pool's memory is whole
+  // pages). unproven: a split of memory whose work is not yet proven done counts as possible (the
+  // caller proves it, or waits, before placing there).
   BlockIt find_tight(size_t sz, Arena a, StreamKey stream, size_t budget, size_t* offset,
-                     bool whole_pages = false);
+                     bool whole_pages = false, bool unproven = false);
   // In pool p's own free memory: the smallest free block `stream` may use that holds a placement
   // of sz bytes whose pages are all mapped and accessible under handles that need no split (a
   // live pool's pages are never unmapped: a graph may address them), touching no more than
@@ -101,9 +93,10 @@ class Placement {
   // budget; nullptr when the budget is spent.
   Reservation* add_reservation(Arena a, size_t min_bytes);
   // The exact-size hot path: a block of sz bytes at one of the places in `recent` (latest first;
-  // the one used is dropped), if that memory is still free, usable by `stream`, mapped, touches
-  // no more than pages_left new pages and needs no driver call. Carved and marked live; end()
-  // otherwise.
+  // the one used is dropped), if that memory is a free block of exactly sz bytes (one that merged
+  // with its free neighbours is left to best fit: taking a piece of it would fragment it), usable
+  // by `stream`, mapped, touches no more than pages_left new pages and needs no driver call.
+  // Carved and marked live; end() otherwise.
   BlockIt reuse_recent(std::vector<ReusePlace>& recent, StreamKey stream, size_t sz, Arena a,
                        size_t pages_left, PoolSlot p = kDefaultPool);
   // A block of sz bytes at addr, if that memory is wholly free, of pool p and arena a, usable by
@@ -114,16 +107,19 @@ class Placement {
 
   // Whether [c+off, c+off+sz) inside free block c can be used with the handles mapped there:
   // every multi-page handle over its pages lies inside its inner pages, or (splittable) can be
-  // split first (it lies inside c's inner pages and c is safe). ready: also every page is mapped
-  // and accessible.
-  enum class HandleFit { ready, splittable };
+  // split first (it lies inside c's inner pages and c is safe; splittable_unproven: whether c is
+  // safe or not). ready: also every page is mapped and accessible.
+  enum class HandleFit { ready, splittable, splittable_unproven };
   bool handles_fit(BlockIt c, size_t off, size_t sz, HandleFit fit) const;
-  // An offset into free block c for sz bytes that needs no driver call and touches at most
-  // ceil(sz / page) (and pages_left) new pages (find_ready).
-  bool ready_offset(BlockIt c, size_t sz, size_t pages_left, size_t* off) const;
   // An offset into free block c for sz bytes that touches at most ceil(sz / page) new pages.
   // whole_pages: on the first page boundary inside c, always.
   bool tight_offset(BlockIt c, size_t sz, size_t* off, bool whole_pages = false) const;
+  // An offset into free block c for sz bytes that needs no driver call and touches at most
+  // ceil(sz / page) (and pages_left) new pages: the tight offset, c's end, or the start or end of
+  // one of its first kReadyHandles handles. A block whose ends fall on handle boundaries leaves
+  // every handle whole, so one of a size the workload has not had there before may still find
+  // its pages mapped.
+  bool ready_offset(BlockIt c, size_t sz, size_t pages_left, size_t* off) const;
 
   // Every mapped handle lying wholly inside a safe free block's inner pages, of the default pool
   // (the only one whose pages others may take): large arena first, blocks largest first, handles

@@ -11,8 +11,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -210,17 +208,6 @@ ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_
             if (!run_op(i)) {
               stopped = true;
               return;
-            }
-            if (std::getenv("XDBG") && pass == 1) {
-              static uint64_t best = 0;
-              const core::DeviceStats st = alloc.stats();
-              if (st.physical_bytes > best) {
-                best = st.physical_bytes;
-                std::fprintf(stderr, "PEAK op %llu phys %llu mapped %llu touched %llu alloc %llu req %llu live_blocks %llu\n",
-                  static_cast<unsigned long long>(i), static_cast<unsigned long long>(st.physical_bytes >> 20), static_cast<unsigned long long>(st.mapped_bytes >> 20),
-                  static_cast<unsigned long long>(st.touched_bytes >> 20), static_cast<unsigned long long>(st.allocated_bytes >> 20), static_cast<unsigned long long>(st.requested_bytes >> 20),
-                  static_cast<unsigned long long>(st.live_blocks));
-              }
             }
             // The GPU moves on as the host issues work (sim_gpu_lag).
             sim::advance_host_clock(1);
