@@ -328,31 +328,36 @@ BlockIt DeviceAllocator::place_once(size_t sz, Arena a, StreamKey stream, PageRe
 // it. The best fit, as PyTorch's allocator chooses (placement.hpp): in it, a place that needs no
 // driver call (unless handles are being refined: every place is then as good); else its tight
 // place, whose missing pages PageSupply::ensure_pages provides, splitting the free handles it
-// covers in part; then fresh VA. A split unmaps memory, so it needs the work that used the memory
-// proven done: the fences are asked, and if the GPU has not got there, the placement waits for
-// it rather than going elsewhere. Placements then do not depend on how far the GPU runs behind:
-// going elsewhere would map memory that a GPU keeping up would not need.
+// covers in part; then fresh VA. Before mapping memory or splitting a handle, the fences of
+// freed memory are asked (frees of other streams may be done by now, and a split needs the work
+// that used the memory proven done). A split the fences do not prove waits for the work rather
+// than going elsewhere: placements then do not depend on how far the GPU runs behind (going
+// elsewhere maps memory that a GPU keeping up would not need).
 BlockIt DeviceAllocator::find_block(size_t sz, Arena a, StreamKey stream, PageRequest& req,
                                     size_t* offset, bool whole_pages) {
   const BlockIt none = placement_.index().end();
-  if (!whole_pages && !supply_.refining()) {
-    BlockIt ready = placement_.find_ready(sz, a, stream, supply_.pages_left(), offset);
-    if (ready != none) return ready;
-  }
-  BlockIt it = placement_.find_tight(sz, a, stream, SIZE_MAX, offset, whole_pages, true);
-  if (it != none && !placement_.handles_fit(it, *offset, sz, Placement::HandleFit::splittable)) {
-    // The best fit needs a split of memory whose work is not proven done.
-    if (streams_.has_unfinished_frees()) streams_.poll(false);
-    it = placement_.find_tight(sz, a, stream, SIZE_MAX, offset, whole_pages, true);
-    if (it != none &&
-        !placement_.handles_fit(it, *offset, sz, Placement::HandleFit::splittable)) {
+  for (bool asked = false;; asked = true) {
+    if (!whole_pages && !supply_.refining()) {
+      BlockIt ready = placement_.find_ready(sz, a, stream, supply_.pages_left(), offset);
+      if (ready != none) return ready;
+    }
+    BlockIt it = placement_.find_tight(sz, a, stream, SIZE_MAX, offset, whole_pages, true);
+    const bool proven =
+        it != none && placement_.handles_fit(it, *offset, sz, Placement::HandleFit::splittable);
+    if (!asked && streams_.has_unfinished_frees() &&
+        (!proven || !placement_.mapped_at(it, *offset, sz))) {
+      streams_.poll(false);
+      continue;
+    }
+    if (it != none && !proven) {
       streams_.poll(true);
       req.waited = true;
       // What no wait can prove (a capture under way) goes to the best fit that needs nothing.
       it = placement_.find_tight(sz, a, stream, SIZE_MAX, offset, whole_pages);
     }
+    if (it != none) return it;
+    break;
   }
-  if (it != none) return it;
   Reservation* fresh = placement_.add_reservation(a, sz);
   if (fresh != nullptr) {
     *offset = 0;
@@ -361,7 +366,7 @@ BlockIt DeviceAllocator::find_block(size_t sz, Arena a, StreamKey stream, PageRe
   // Out of VA budget: free memory owned by other streams may be all that is left.
   streams_.poll(true);
   req.waited = true;
-  it = placement_.find_tight(sz, a, stream, SIZE_MAX, offset, whole_pages);
+  BlockIt it = placement_.find_tight(sz, a, stream, SIZE_MAX, offset, whole_pages);
   if (it != none) return it;
   req.va_exhausted = true;
   throw_oom(req);
@@ -467,13 +472,15 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   recheck_limit_locked();
 }
 
-// Cached memory above release_threshold goes back to the driver.
+// Cached memory above release_threshold goes back to the driver: what fences prove done now
+// (they are asked, and recorded where a stream has none; nothing waits).
 void DeviceAllocator::trim_after_free() {
   if (opts_.release_threshold == kNoLimit) return;
   const size_t cached_pages =
       supply_.mapped_pages() - supply_.touched_pages() + supply_.pooled_pages();
   if (cached_pages * page_ <= opts_.release_threshold) return;
   try {
+    if (streams_.has_unfinished_frees()) streams_.poll(false);
     supply_.trim_to(supply_.touched_pages() + opts_.release_threshold / page_);
   } catch (...) {
     // Giving memory back is best effort; the free itself has happened.

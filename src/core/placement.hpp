@@ -111,6 +111,11 @@ class Placement {
   // safe or not). ready: also every page is mapped and accessible.
   enum class HandleFit { ready, splittable, splittable_unproven };
   bool handles_fit(BlockIt c, size_t off, size_t sz, HandleFit fit) const;
+  // Whether every page of [c+off, c+off+sz) is mapped and accessible.
+  bool mapped_at(BlockIt c, size_t off, size_t sz) const {
+    const Reservation& r = res(c->second.res);
+    return r.all_ready(r.first_page(c->first + off), r.last_page(c->first + off, sz));
+  }
   // An offset into free block c for sz bytes that touches at most ceil(sz / page) new pages.
   // whole_pages: on the first page boundary inside c, always.
   bool tight_offset(BlockIt c, size_t sz, size_t* off, bool whole_pages = false) const;

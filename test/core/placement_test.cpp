@@ -120,23 +120,38 @@ TEST_F(PlacementTest, HandlesFitOnlyWhereTheBlockHoldsThemOrCanSplitThem) {
   EXPECT_FALSE(placement_->handles_fit(c, 0, 6 * P, Fit::ready)) << "page 5 is not mapped";
   EXPECT_TRUE(placement_->handles_fit(c, 0, 6 * P, Fit::splittable));
   EXPECT_TRUE(placement_->handles_fit(c, 4 * P, P, Fit::ready)) << "the one-page handle";
-  // Mapped memory first: a block of 4 pages finds it, and so does one of 2 (after a split).
+  // A block of 4 pages needs no driver call at the start; one of 1 page neither, on the
+  // one-page handle (a boundary of the block's first handles), where the start would split.
   size_t off = 99;
-  bool blocked = true;
-  BlockIt it = placement_->find_mapped(4 * P, Arena::large, 1, &off, &blocked);
+  BlockIt it = placement_->find_ready(4 * P, Arena::large, 1, 100, &off);
   EXPECT_EQ(it, c);
   EXPECT_EQ(off, 0u);
-  EXPECT_FALSE(blocked);
+  it = placement_->find_ready(P, Arena::large, 1, 100, &off);
+  EXPECT_EQ(it, c);
+  EXPECT_EQ(off, 4 * P) << "the one-page handle, not the start of the 4-page one";
+  // Unproven free memory: a split waits for its proof (splittable), or is possible once proven
+  // (splittable_unproven: what best fit chooses before proving).
+  c->second.safe = false;
+  EXPECT_FALSE(placement_->handles_fit(c, 0, 2 * P, Fit::splittable));
+  EXPECT_TRUE(placement_->handles_fit(c, 0, 2 * P, Fit::splittable_unproven));
+  c->second.safe = true;
   unbook_all(r);
-  EXPECT_EQ(placement_->find_mapped(4 * P, Arena::large, 1, &off, &blocked),
-            placement_->index().end())
+  EXPECT_EQ(placement_->find_ready(4 * P, Arena::large, 1, 100, &off), placement_->index().end())
       << "nothing mapped";
 }
 
-TEST_F(PlacementTest, ReuseRecentTakesAPlaceThatIsStillFreeAndMapped) {
+TEST_F(PlacementTest, ReuseRecentTakesAPlaceThatIsStillAFreeBlockOfItsSizeAndMapped) {
   core::Reservation& r = *placement_->add_reservation(Arena::large, P);
   book(r, 0, 2);
   std::vector<core::ReusePlace> recent = {{r.base + 8 * P, 2 * P}, {r.base, 2 * P}};
+  // The place lies at the start of the reservation's one free block: taking it would cut that
+  // block (best fit decides), so it is not reused.
+  EXPECT_EQ(placement_->reuse_recent(recent, 1, 2 * P, Arena::large, 100),
+            placement_->index().end());
+  // A live block after it leaves the place a free block of its own size.
+  BlockIt wall = placement_->index().carve(placement_->index().blocks().find(r.base), P,
+                                           Arena::large, 2 * P);
+  wall->second.state = BlockState::live;
   BlockIt it = placement_->reuse_recent(recent, 1, 2 * P, Arena::large, 100);
   ASSERT_NE(it, placement_->index().end());
   EXPECT_EQ(it->first, r.base) << "the latest place, mapped";
@@ -149,6 +164,7 @@ TEST_F(PlacementTest, ReuseRecentTakesAPlaceThatIsStillFreeAndMapped) {
   // Another size never takes a place.
   EXPECT_EQ(placement_->reuse_recent(recent, 1, P, Arena::large, 100), placement_->index().end());
   placement_->index().insert_free(it, Arena::large);
+  placement_->index().insert_free(wall, Arena::large);
   unbook_all(r);
 }
 
