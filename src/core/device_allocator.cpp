@@ -178,8 +178,12 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
   streams_.fence_if_owed(ss);  // frees of it that others wait for (stream_watch.cpp)
   // Where this stream's allocation went the last time it was at this point of its workload
   // (a settled layout repeats), else where this stream freed a block of this size lately.
-  const uint64_t point = echo_.point(sz, ss.key, ss.large_refs, ss.large_bytes);
-  const uint64_t short_point = echo_.short_point(sz, ss.key, ss.large_refs, ss.large_bytes);
+  // A point is named by the stream's live blocks the books see: all of them, or with thread
+  // caches (whose hits the books do not see) the large arena's.
+  const uint32_t refs = thread_caches_on() ? ss.large_refs : ss.live_refs;
+  const uint64_t ref_bytes = thread_caches_on() ? ss.large_bytes : ss.live_bytes;
+  const uint64_t point = echo_.point(sz, ss.key, refs, ref_bytes);
+  const uint64_t short_point = echo_.short_point(sz, ss.key, refs, ref_bytes);
   if (a == Arena::large) {
     shape_.allocation(ss.large_refs, echo_.known(point));
     supply_.set_refine(shape_.varies());
@@ -337,7 +341,7 @@ BlockIt DeviceAllocator::find_block(size_t sz, Arena a, StreamKey stream, PageRe
                                     size_t* offset, bool whole_pages) {
   const BlockIt none = placement_.index().end();
   for (bool asked = false;; asked = true) {
-    if (!whole_pages && !supply_.refining()) {
+    if (!whole_pages && (a == Arena::small || !supply_.refining())) {
       BlockIt ready = placement_.find_ready(sz, a, stream, supply_.pages_left(), offset);
       if (ready != none) return ready;
     }

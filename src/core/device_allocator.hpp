@@ -208,6 +208,10 @@ class DeviceAllocator {
   class CheckedScope;
 
   // ---- the thread caches (device_front.cpp) ----
+  // Whether thread caches are configured (they may hold small-arena blocks the books count live).
+  bool thread_caches_on() const noexcept {
+    return opts_.thread_cache_bytes != 0 && opts_.thread_cache_entries != 0;
+  }
   // Whether caches may be used now (configured, no memory history, no capture or route).
   bool front_open() const noexcept;
   // The allocation the calling thread's cache serves without the lock, or nullptr.

@@ -33,8 +33,7 @@ bool cacheable(const StreamIdentity& id) noexcept {
 }  // namespace
 
 bool DeviceAllocator::front_open() const noexcept {
-  return opts_.thread_cache_bytes != 0 && opts_.thread_cache_entries != 0 &&
-         !history_on_.load(std::memory_order_acquire) &&
+  return thread_caches_on() && !history_on_.load(std::memory_order_acquire) &&
          !over_limit_.load(std::memory_order_acquire) && !CacheBypass::active();
 }
 

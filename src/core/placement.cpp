@@ -11,7 +11,10 @@ namespace expanse::core {
 
 BlockIt Placement::find_ready(size_t sz, Arena a, StreamKey stream, size_t pages_left,
                               size_t* offset) {
-  return index_.first_fit_where(a, sz, stream, 1, [&](BlockIt c) {
+  // The small arena's blocks share pages: a larger free block that needs nothing beats a
+  // better fit that maps a page (its memory is not the large arena's layout question).
+  const size_t budget = a == Arena::small ? kMappedSearchBudget : 1;
+  return index_.first_fit_where(a, sz, stream, budget, [&](BlockIt c) {
     return ready_offset(c, sz, pages_left, offset);
   });
 }

@@ -73,7 +73,8 @@ class Placement {
   size_t va_budget() const noexcept { return opts_.va_budget; }
 
   // The smallest free block `stream` may use, if a placement of sz bytes in it needs no driver
-  // call (ready_offset); end() otherwise.
+  // call (ready_offset); end() otherwise. In the small arena, the smallest of the first
+  // kMappedSearchBudget in size order where one needs none.
   BlockIt find_ready(size_t sz, Arena a, StreamKey stream, size_t pages_left, size_t* offset);
   // The smallest free block `stream` may use that holds a placement of sz bytes touching at most
   // ceil(sz / page) new pages, under handles it holds or that can be split (HandleFit), among the

@@ -67,8 +67,8 @@ class StreamOrder {
     bool capture_over = false;  // capturing kind: a later call saw its handle not capturing
     uint32_t live_refs = 0;     // live blocks allocated on it or recorded with it
     uint64_t live_bytes = 0;    // bytes of the live blocks allocated on it
-    // Of them, the large arena's (their count and bytes): what the echo names a point by. The
-    // small arena's blocks come and go through the thread caches, which the books do not see.
+    // Of them, the large arena's (their count and bytes): what the echo names a point by when
+    // thread caches are on (small-arena blocks then come and go through them unseen).
     uint32_t large_refs = 0;
     uint64_t large_bytes = 0;
     // Free numbers come from one clock for all streams (seq_clock_), so that a state forgotten

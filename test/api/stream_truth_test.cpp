@@ -101,9 +101,10 @@ TEST_P(StreamTruth, PerThreadStreamsAreNotShared) {
   must_free(b, 4 * MiB, 0, nullptr);
 }
 
-// NULL may mean the per-thread stream too (code built with --default-stream per-thread): a block
-// freed on NULL by one thread is not handed to another thread's NULL before a fence.
-TEST_P(StreamTruth, NullStreamIsNotSharedAcrossThreadsBeforeAFence) {
+// NULL is the legacy default stream, one per context whichever thread names it: a block one
+// thread freed on NULL is the next NULL allocation's at once, on any thread (the legacy stream
+// orders the two uses), with no fence.
+TEST_P(StreamTruth, NullStreamIsOneStreamAcrossThreads) {
   start("sim_capacity:1GiB");
   const CUcontext ctx = primary(0);
   void* a = nullptr;
@@ -121,7 +122,33 @@ TEST_P(StreamTruth, NullStreamIsNotSharedAcrossThreadsBeforeAFence) {
   });
   tb.join();
   ASSERT_NE(b, nullptr) << expanse_last_error();
-  EXPECT_FALSE(overlaps(a, 4 * MiB, b, 4 * MiB));
+  EXPECT_EQ(b, a) << "the block freed on the legacy stream was not reused by its next allocation";
+  release_(nullptr);
+  must_free(b, 4 * MiB, 0, nullptr);
+}
+
+// With null_stream:per_thread (code built with --default-stream per-thread), NULL is each
+// thread's own stream: a block freed on NULL by one thread is not handed to another thread's
+// NULL before a fence proves the first thread's work done.
+TEST_P(StreamTruth, NullStreamPerThreadIsNotSharedAcrossThreadsBeforeAFence) {
+  start("sim_capacity:1GiB,null_stream:per_thread");
+  const CUcontext ctx = primary(0);
+  void* a = nullptr;
+  std::thread ta([&] {
+    t().ctx_set_current(ctx);
+    a = expanse_malloc(4 * MiB, 0, nullptr);
+    hold_(CU_STREAM_PER_THREAD);
+    expanse_free(a, 4 * MiB, 0, nullptr);
+  });
+  ta.join();
+  void* b = nullptr;
+  std::thread tb([&] {
+    t().ctx_set_current(ctx);
+    b = expanse_malloc(4 * MiB, 0, nullptr);
+  });
+  tb.join();
+  ASSERT_NE(b, nullptr) << expanse_last_error();
+  EXPECT_FALSE(overlaps(a, 4 * MiB, b, 4 * MiB)) << "thread B's NULL got thread A's pending block";
   must_free(b, 4 * MiB, 0, nullptr);
 }
 

@@ -40,20 +40,21 @@ class HostMemoryTest : public HostMemoryFailureTest {
                                               << "failing from allocation " << n;
   }
 
-  // Parking a 4 MiB block in a cache of 4 MiB evicts the four 1 MiB blocks parked before it,
-  // under the lock (the block's first park) or after the lock-free park (parked before).
+  // Parking a 1 MiB block in a cache of 1 MiB evicts the four 256 KiB blocks parked before it,
+  // under the lock (the block's first park) or after the lock-free park (parked before). Only
+  // the small arena's blocks (up to small_max, 1 MiB) park.
   void evict_all(bool parked_before) {
     size_t n = 1;
     for (bool failed = true; failed; ++n) {
-      make(sim_config(1 * GiB), cached_opts(4 * MiB, 16));
+      make(sim_config(1 * GiB), cached_opts(1 * MiB, 16));
       CUstream s = new_stream();
-      void* big = alloc_->allocate(4 * MiB, s);
+      void* big = alloc_->allocate(1 * MiB, s);
       if (parked_before) {
         alloc_->deallocate(big, s);
-        ASSERT_EQ(alloc_->allocate(4 * MiB, s), big) << "a cache hit";
+        ASSERT_EQ(alloc_->allocate(1 * MiB, s), big) << "a cache hit";
       }
       std::vector<void*> small;
-      for (int i = 0; i < 4; ++i) small.push_back(alloc_->allocate(1 * MiB, s));
+      for (int i = 0; i < 4; ++i) small.push_back(alloc_->allocate(256 * KiB, s));
       for (void* p : small) alloc_->deallocate(p, s);  // parked
       ASSERT_EQ(alloc_->check_invariants(), "");
       const Run r = failing_from(n, [&] { alloc_->deallocate(big, s); });
@@ -62,7 +63,7 @@ class HostMemoryTest : public HostMemoryFailureTest {
       // leaves its block live.
       const core::DeviceStats seen = alloc_->stats();
       EXPECT_EQ(seen.live_blocks, r.threw ? 1u : 0u) << "failing from allocation " << n;
-      EXPECT_EQ(seen.allocated_bytes, r.threw ? 4 * MiB : 0u) << "failing from allocation " << n;
+      EXPECT_EQ(seen.allocated_bytes, r.threw ? 1 * MiB : 0u) << "failing from allocation " << n;
       free_again_if_failed(r.threw, big, s, n);
       expect_all_back(n);
       if (HasFailure()) return;
