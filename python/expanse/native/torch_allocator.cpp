@@ -675,12 +675,12 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
           const expanse_block_info& b = segs.blocks[i];
           BlockT blk;
           blk.size = static_cast<size_t>(b.size);
+          // A block awaiting other streams is inactive: its trace records free_completed at
+          // the free already, and PyTorch's active_pending_free says that is still to come
+          // (see write_segment in src/api/history.cpp).
           blk.allocated = b.state == EXPANSE_BLOCK_LIVE;
-          blk.active = b.state != EXPANSE_BLOCK_FREE;
-          // A block awaiting other streams is drawn at its full size, as PyTorch draws one.
-          blk.requested_size = static_cast<size_t>(
-              b.state == EXPANSE_BLOCK_LIVE ? b.requested
-              : b.state == EXPANSE_BLOCK_AWAITING_FREE ? b.size : 0);
+          blk.active = blk.allocated;
+          blk.requested_size = static_cast<size_t>(blk.allocated ? b.requested : 0);
           if (blk.allocated) {
             auto it = contexts.find(reinterpret_cast<void*>(b.address));
             if (it != contexts.end()) blk.context_when_allocated = it->second;
