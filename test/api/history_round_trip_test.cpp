@@ -4,13 +4,15 @@
 // on (blocks parked in them when recording begins), several threads allocating and freeing,
 // blocks freed on another thread's legacy stream (PyTorch's autograd thread), blocks used by a
 // second stream (record_stream) whose work is held, so that their frees still wait at the dump.
-// Runs on both drivers (TwoDrivers).
+// And recording that begins while threads hit and park in their caches loses or delays no
+// event. Runs on both drivers (TwoDrivers).
 #include "expanse/expanse.h"
 #include "trace/trace.hpp"
 #include "two_drivers_fixture.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -270,6 +272,74 @@ TEST_P(HistoryRoundTrip, PeakAndBlocksBeforeRecordingWithThreadsAndHeldStreams) 
     for (const Held& h : left[w]) must_free(h.p, h.n, worker_stream[w]);
   }
   for (const Held& h : handoff.rest()) must_free(h.p, h.n, nullptr);
+}
+
+// Recording begins while threads allocate and free through their caches, over and over: a free
+// that parks its block as recording begins is either before it (no event) or recorded when it
+// is made, on its stream; never left parked and recorded later by whoever flushes the caches,
+// on no stream. Each thread frees on a stream of its own, so every recorded free must name one,
+// and a thread's blocks come and go in turn at their addresses.
+TEST_P(HistoryRoundTrip, ThreadCachesRacingTheStartOfRecordingRecordEveryFreeOnItsStream) {
+  start("sim_capacity:1GiB");
+  constexpr int kWorkers = 2;
+  constexpr int kStarts = 40;  // a park racing a start shows within 20 (2 cores, 2 threads)
+  std::vector<CUstream> streams;
+  for (int w = 0; w < kWorkers; ++w) streams.push_back(stream());
+  std::atomic<bool> stop{false}, failed{false};
+  std::vector<std::atomic<uint64_t>> pairs(kWorkers);
+  Threads workers([&] { stop.store(true); });
+  for (int w = 0; w < kWorkers; ++w) {
+    workers.add([&, w] {
+      const size_t n = 4096 + 512 * static_cast<size_t>(w);
+      CUstream_st* s = S(streams[static_cast<size_t>(w)]);
+      while (!stop.load(std::memory_order_relaxed)) {
+        void* p = expanse_malloc(n, 0, s);
+        if (p == nullptr || expanse_free_checked(p, n, 0, s) != EXPANSE_OK) {
+          ADD_FAILURE() << expanse_last_error();
+          failed.store(true);
+          return;
+        }
+        pairs[static_cast<size_t>(w)].fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  }
+  auto wait_for_pairs = [&](uint64_t more) {
+    for (auto& c : pairs) {
+      const uint64_t until = c.load() + more;
+      while (c.load() < until && !failed.load()) std::this_thread::yield();
+    }
+  };
+  std::vector<expanse_trace_entry> trace;
+  for (int i = 0; i < kStarts && !HasFailure(); ++i) {
+    wait_for_pairs(20);  // back in their caches: freeing parks, allocating hits
+    ASSERT_EQ(expanse_record_history(1, 1u << 16), EXPANSE_OK) << expanse_last_error();
+    wait_for_pairs(1);  // a park racing the start has put its block in the cache by now
+    // Reading the segments flushes every cache: a block parked since recording began would
+    // have its free recorded now.
+    size_t ns = 0, nb = 0;
+    ASSERT_EQ(expanse_get_segments(0, nullptr, &ns, nullptr, &nb), EXPANSE_OK);
+    ASSERT_EQ(expanse_record_history(0, 0), EXPANSE_OK);
+    size_t ne = 0;
+    ASSERT_EQ(expanse_get_trace(0, nullptr, &ne), EXPANSE_OK);
+    trace.resize(ne);
+    ASSERT_EQ(expanse_get_trace(0, trace.data(), &ne), EXPANSE_OK);
+    std::map<uint64_t, uint32_t> last;  // address -> its latest alloc / free_completed
+    for (const expanse_trace_entry& e : trace) {
+      if (e.action != EXPANSE_TRACE_ALLOC && e.action != EXPANSE_TRACE_FREE_COMPLETED) continue;
+      if (e.action == EXPANSE_TRACE_FREE_COMPLETED) {
+        EXPECT_NE(std::find(streams.begin(), streams.end(), reinterpret_cast<CUstream>(e.stream)),
+                  streams.end())
+            << "start " << i << ": the free of " << e.addr << " names stream " << e.stream;
+      }
+      auto [it, first] = last.emplace(e.addr, e.action);
+      if (!first) {
+        EXPECT_NE(it->second, e.action) << "start " << i << ": two of the same in a row at "
+                                        << e.addr;
+        it->second = e.action;
+      }
+    }
+  }
+  workers.join();
 }
 
 INSTANTIATE_TEST_SUITE_P(Drivers, HistoryRoundTrip, ::testing::Values("sim", "simcuda"),
