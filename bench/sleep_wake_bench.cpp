@@ -9,7 +9,10 @@
 //   build/bin/expanse_bench_sleep_wake            (1 and 2 GiB measured; 8 and 40 GiB extrapolated)
 //   build/bin/expanse_bench_sleep_wake 1 2        (sizes in GiB to measure)
 //   EXPANSE_BENCH_CONF=driver:cuda build/bin/expanse_bench_sleep_wake 1 8 40
-//       (a real GPU: the timed columns are the figures; nothing is extrapolated)
+//       (a real GPU: the timed columns are the figures and come first; nothing is extrapolated)
+//
+// One table per run; each column says where its figure comes from (modeled, base mod. for the
+// per-allocation strategy, timed) and its unit (docs/performance.md, "Sleep and wake").
 #include "bench_driver.hpp"
 #include "core/device_allocator.hpp"
 #include "driver/driver.hpp"
@@ -18,7 +21,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace {
@@ -61,11 +66,13 @@ void per_allocation_ns(const std::vector<size_t>& blocks, double* sleep_ns, doub
 }
 
 struct Result {
-  size_t bytes;
-  double sleep_ns, wake_ns;         // expanse, modeled
-  double base_sleep_ns, base_wake_ns;  // per-allocation strategy, modeled
-  double sleep_s, wake_s;           // timed: a GPU's figures on the real driver; on the sim, the
-                                    // sim's own time (not a GPU figure)
+  size_t bytes = 0;
+  bool extrapolated = false;
+  double sleep_ns = 0, wake_ns = 0;  // expanse, modeled
+  double first_ns = -1;              // modeled sleep + wake of the first cycle (< 0: not run)
+  double base_sleep_ns = 0, base_wake_ns = 0;  // per-allocation strategy, modeled
+  double sleep_s = -1, wake_s = -1, first_s = -1;  // timed (< 0: not run): a GPU's figures on
+                                                   // the real driver; on the sim, the sim's own
 };
 
 // The real driver when EXPANSE_BENCH_CONF names one (driver:cuda), else a sim device with room
@@ -78,27 +85,34 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-Result measure(size_t total) {
+// The driver the figures were measured on.
+struct Run {
+  std::string driver;  // its description
+  bool gpu = false;    // the CUDA driver (a GPU): the timed figures are the GPU's
+};
+
+Result measure(size_t total, Run* run) {
   auto drv = open_driver(total);
+  run->driver = drv->description();
+  run->gpu = drv->kind() == expanse::driver::DriverKind::cuda;
   expanse::core::DeviceAllocator alloc(*drv, 0, expanse::core::AllocatorOptions{});
   alloc.create_pool(1);
   const std::vector<size_t> blocks = weight_blocks(total);
   std::vector<void*> ptrs;
   for (size_t n : blocks) ptrs.push_back(alloc.allocate(n, nullptr, 1));
-  // A first cycle makes the pinned staging (kept across cycles) and maps the live blocks with
-  // large handles at wake (a pool maps its memory one page per handle when it allocates): time
-  // the second, the steady state of an engine put to sleep again and again. The first is printed
-  // too.
-  double first_ns = alloc.stats().modeled_driver_ns;
-  alloc.sleep_pool(1, expanse::core::DeviceAllocator::SleepMode::offload);
-  alloc.wake_pool(1);
-  first_ns = alloc.stats().modeled_driver_ns - first_ns;
-  std::printf("          first cycle after loading %.0f GiB: %.3f s modeled (sleep + wake)\n",
-              double(total) / GiB, first_ns * 1e-9);
   Result r{};
   r.bytes = total;
+  // A first cycle makes the pinned staging (kept across cycles) and maps the live blocks with
+  // large handles at wake (a pool maps its memory one page per handle when it allocates): the
+  // second is the steady state of an engine put to sleep again and again. Both are reported.
   auto t0 = std::chrono::steady_clock::now();
   double before = alloc.stats().modeled_driver_ns;
+  alloc.sleep_pool(1, expanse::core::DeviceAllocator::SleepMode::offload);
+  alloc.wake_pool(1);
+  r.first_ns = alloc.stats().modeled_driver_ns - before;
+  r.first_s = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  before = alloc.stats().modeled_driver_ns;
   alloc.sleep_pool(1, expanse::core::DeviceAllocator::SleepMode::offload);
   r.sleep_ns = alloc.stats().modeled_driver_ns - before;
   r.sleep_s = seconds_since(t0);
@@ -113,15 +127,97 @@ Result measure(size_t total) {
   return r;
 }
 
-double gib_per_s(size_t bytes, double ns) { return ns > 0 ? (double(bytes) / GiB) / (ns * 1e-9) : 0; }
+double gib_per_s(size_t bytes, double ns) {
+  return ns > 0 ? (double(bytes) / GiB) / (ns * 1e-9) : -1;
+}
+double ms(double ns) { return ns < 0 ? -1 : ns * 1e-6; }
+double s_to_ms(double s) { return s < 0 ? -1 : s * 1e3; }
+double timed_gib_per_s(const Result& r, double s) {
+  return s < 0 ? -1 : gib_per_s(r.bytes, s * 1e9);
+}
 
-void print(const Result& r, const char* how) {
-  std::printf("%8.0f  %-12s %9.3f %9.3f %9.1f %9.1f   %9.3f %9.3f %9.1f %9.1f   %9.1f %9.1f%s\n",
-              double(r.bytes) / GiB, how, r.sleep_ns * 1e-9, r.wake_ns * 1e-9,
-              gib_per_s(r.bytes, r.sleep_ns), gib_per_s(r.bytes, r.wake_ns),
-              r.base_sleep_ns * 1e-9, r.base_wake_ns * 1e-9, gib_per_s(r.bytes, r.base_sleep_ns),
-              gib_per_s(r.bytes, r.base_wake_ns), gib_per_s(r.bytes, r.sleep_s * 1e9),
-              gib_per_s(r.bytes, r.wake_s * 1e9), r.sleep_s > 0 ? "" : "  (not run)");
+// One column: where its figure comes from (the header's first line), what it is with its unit
+// (the second), and the figure for a row (< 0: none, printed as "-").
+struct Column {
+  const char* source;
+  const char* what;
+  double (*value)(const Result&);
+};
+
+// Columns of one source, and the line under the table that says what the source is.
+struct Group {
+  std::vector<Column> columns;
+  std::string legend;
+};
+
+Group modeled() {
+  return {{{"modeled", "sleep ms", [](const Result& r) { return ms(r.sleep_ns); }},
+           {"modeled", "wake ms", [](const Result& r) { return ms(r.wake_ns); }},
+           {"modeled", "sleep GiB/s",
+            [](const Result& r) { return gib_per_s(r.bytes, r.sleep_ns); }},
+           {"modeled", "wake GiB/s", [](const Result& r) { return gib_per_s(r.bytes, r.wake_ns); }},
+           {"modeled", "1st cyc ms", [](const Result& r) { return ms(r.first_ns); }}},
+          "modeled: expanse's driver calls and copies priced by the default cost table (H100)"};
+}
+
+Group base() {
+  return {{{"base mod.", "sleep ms", [](const Result& r) { return ms(r.base_sleep_ns); }},
+           {"base mod.", "wake ms", [](const Result& r) { return ms(r.base_wake_ns); }},
+           {"base mod.", "sleep GiB/s",
+            [](const Result& r) { return gib_per_s(r.bytes, r.base_sleep_ns); }},
+           {"base mod.", "wake GiB/s",
+            [](const Result& r) { return gib_per_s(r.bytes, r.base_wake_ns); }}},
+          "base mod.: one handle and one synchronous copy per allocation (torch_memory_saver, "
+          "vLLM CuMemAllocator), priced by the same table"};
+}
+
+Group timed(bool gpu) {
+  return {{{"timed", "sleep ms", [](const Result& r) { return s_to_ms(r.sleep_s); }},
+           {"timed", "wake ms", [](const Result& r) { return s_to_ms(r.wake_s); }},
+           {"timed", "sleep GiB/s", [](const Result& r) { return timed_gib_per_s(r, r.sleep_s); }},
+           {"timed", "wake GiB/s", [](const Result& r) { return timed_gib_per_s(r, r.wake_s); }},
+           {"timed", "1st cyc ms", [](const Result& r) { return s_to_ms(r.first_s); }}},
+          std::string("timed: this run's wall clock, ") +
+              (gpu ? "on the GPU" : "on the sim (this machine's speed, not a GPU figure)")};
+}
+
+// One table: the timed figures first where a GPU ran (they are its figures), else the modeled
+// ones first (the timed ones are the sim's speed on this machine); then what each source is.
+void print_table(const std::vector<Result>& rows, bool gpu) {
+  std::vector<Group> groups;
+  if (gpu) groups.push_back(timed(gpu));
+  groups.push_back(modeled());
+  groups.push_back(base());
+  if (!gpu) groups.push_back(timed(gpu));
+  std::vector<Column> cols;
+  for (const Group& g : groups) cols.insert(cols.end(), g.columns.begin(), g.columns.end());
+  std::printf("%6s  %-12s", "", "");
+  for (const Column& c : cols) std::printf(" %11s", c.source);
+  std::printf("\n%6s  %-12s", "GiB", "sizes");
+  for (const Column& c : cols) std::printf(" %11s", c.what);
+  std::printf("\n");
+  bool any_missing = false;
+  for (const Result& r : rows) {
+    std::printf("%6.0f  %-12s", double(r.bytes) / GiB,
+                r.extrapolated ? "extrapolated" : "measured");
+    for (const Column& c : cols) {
+      const double v = c.value(r);
+      any_missing = any_missing || v < 0;
+      if (v < 0) {
+        std::printf(" %11s", "-");
+      } else {
+        std::printf(" %11.1f", v);
+      }
+    }
+    std::printf("\n");
+  }
+  for (const Group& g : groups) std::printf("%s\n", g.legend.c_str());
+  std::printf("1st cyc: sleep + wake of the first cycle after loading (pinned staging made, pages "
+              "mapped one per handle)\n");
+  if (any_missing) {
+    std::printf("-: not run (extrapolated rows are scaled per byte from the largest measured "
+                "size)\n");
+  }
 }
 
 }  // namespace
@@ -129,35 +225,31 @@ void print(const Result& r, const char* how) {
 int main(int argc, char** argv) {
   std::vector<size_t> sizes;
   for (int i = 1; i < argc; ++i) sizes.push_back(std::strtoull(argv[i], nullptr, 10) * GiB);
-  const char* conf = expanse::bench::real_driver_conf();
-  const bool real = conf != nullptr;
   if (sizes.empty()) sizes = {1 * GiB, 2 * GiB};
-  std::printf("sleep (offload) and wake of a weights pool; modeled on the default cost table; "
-              "timed on %s\n", real ? conf : "the sim (this machine's time, not a GPU figure)");
-  std::printf("%8s  %-12s %9s %9s %9s %9s   %9s %9s %9s %9s   %9s %9s\n", "GiB", "", "sleep s",
-              "wake s", "sleep G/s", "wake G/s", "base slp", "base wake", "base s G/s",
-              "base w G/s", "timed slp", "timed wk");
-  std::vector<Result> measured;
-  for (size_t s : sizes) {
-    measured.push_back(measure(s));
-    print(measured.back(), "measured");
+  Run run;
+  std::vector<Result> rows;
+  for (size_t s : sizes) rows.push_back(measure(s, &run));
+  // Larger sizes on the sim: scaled per byte from the largest measured size (copies and handle
+  // counts grow linearly with the bytes of a model's weights); the baseline is computed, not
+  // scaled. A GPU's figures are measured, never extrapolated.
+  if (!run.gpu) {
+    const Result big = rows.back();
+    for (size_t s : {8 * GiB, 40 * GiB}) {
+      if (s <= big.bytes) continue;
+      const double k = double(s) / double(big.bytes);
+      Result r{};
+      r.bytes = s;
+      r.extrapolated = true;
+      r.sleep_ns = big.sleep_ns * k;
+      r.wake_ns = big.wake_ns * k;
+      per_allocation_ns(weight_blocks(s), &r.base_sleep_ns, &r.base_wake_ns);
+      rows.push_back(r);
+    }
   }
-  // Larger sizes: scaled per byte from the largest measured size (copies and handle counts grow
-  // linearly with the bytes of a model's weights); the baseline is computed, not scaled.
-  if (real) return 0;  // a GPU's figures are measured, never extrapolated
-  const Result& big = measured.back();
-  for (size_t s : {8 * GiB, 40 * GiB}) {
-    if (s <= big.bytes) continue;
-    const double k = double(s) / double(big.bytes);
-    Result r{};
-    r.bytes = s;
-    r.sleep_ns = big.sleep_ns * k;
-    r.wake_ns = big.wake_ns * k;
-    per_allocation_ns(weight_blocks(s), &r.base_sleep_ns, &r.base_wake_ns);
-    print(r, "extrapolated");
-  }
-  std::printf("base: one handle and one synchronous copy per allocation (torch_memory_saver, "
-              "vLLM CuMemAllocator), same cost table. timed slp / timed wk: GiB/s as timed here "
-              "(on the sim: the sim's speed, not a GPU figure).\n");
+  std::printf("sleep (offload) and wake of a weights pool, steady state (the second cycle); "
+              "driver %s\n",
+              run.gpu ? run.driver.c_str()
+                      : "sim (a device per size, pages backed by host memory)");
+  print_table(rows, run.gpu);
   return 0;
 }

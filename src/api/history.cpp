@@ -88,9 +88,9 @@ void History::on_alloc(int device, CUdeviceptr addr, size_t requested, CUstream 
   add(device, {TraceEntry::Action::alloc, addr, requested, stream_id(stream), now_us()});
 }
 
-// expanse hands a freed block to stream-ordered reuse at once, so the request and its
-// completion are recorded together (PyTorch records free_completed later only for blocks used
-// by other streams; expanse's snapshot shows those as active_pending_free).
+// A free is complete for expanse when it is made: the block leaves the live books (stats, peaks)
+// there, so the request and its completion are recorded together (write_segment says what that
+// makes of a block still waiting for other streams).
 void History::on_free(int device, CUdeviceptr addr, size_t requested, CUstream stream) noexcept {
   const int64_t t = now_us();
   add(device, {TraceEntry::Action::free_requested, addr, requested, stream_id(stream), t});
@@ -125,14 +125,19 @@ int History::devices_traced() const {
 
 namespace {
 
+// In PyTorch's format a block is active_pending_free from its free_requested until its
+// free_completed, and a block's live span is alloc to free_completed. expanse records both at
+// the free (History::on_free), so a block awaiting other streams (record_stream, or a free on
+// another thread's legacy stream) is freed memory the allocator holds: inactive, as its other
+// unproven free memory is. Shown pending, readers would take it for a block allocated before
+// recording (its free is in the trace, yet the end state holds it).
 void write_segment(trace::pickle::Writer& w, int device, const core::SegmentView& seg) {
-  size_t allocated = 0, active = 0, requested = 0;
+  size_t allocated = 0, requested = 0;
   for (const auto& b : seg.blocks) {
     if (b.state == core::BlockView::State::live) {
       allocated += b.size;
       requested += b.requested;
     }
-    if (b.state != core::BlockView::State::free) active += b.size;
   }
   w.begin_dict();
   w.str("device");
@@ -144,7 +149,7 @@ void write_segment(trace::pickle::Writer& w, int device, const core::SegmentView
   w.str("allocated_size");
   w.integer(i64(allocated));
   w.str("active_size");
-  w.integer(i64(active));
+  w.integer(i64(allocated));
   w.str("requested_size");
   w.integer(i64(requested));
   // One VA space per device, shared by every stream: segments belong to no stream.
@@ -162,19 +167,16 @@ void write_segment(trace::pickle::Writer& w, int device, const core::SegmentView
   w.str("blocks");
   w.begin_list();
   for (const auto& b : seg.blocks) {
+    const bool live = b.state == core::BlockView::State::live;
     w.begin_dict();
     w.str("address");
     w.integer(i64(b.address));
     w.str("size");
     w.integer(i64(b.size));
     w.str("requested_size");
-    // A block awaiting other streams has no request any more: drawn at its full size.
-    w.integer(i64(b.state == core::BlockView::State::live ? b.requested
-                  : b.state == core::BlockView::State::awaiting_free ? b.size : 0));
+    w.integer(i64(live ? b.requested : 0));
     w.str("state");
-    w.str(b.state == core::BlockView::State::live            ? "active_allocated"
-          : b.state == core::BlockView::State::awaiting_free ? "active_pending_free"
-                                                             : "inactive");
+    w.str(live ? "active_allocated" : "inactive");
     w.str("frames");
     w.begin_list();
     w.end_list();

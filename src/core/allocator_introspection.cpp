@@ -239,7 +239,9 @@ std::vector<SegmentView> DeviceAllocator::segments() const {
         BlockView v;
         v.address = std::max(it->first, seg.address);
         v.size = static_cast<size_t>(std::min(it->first + b.size, end) - v.address);
-        if (b.state == BlockState::live) {
+        // A block out of its cache on its way back to the books (evicted by a park on another
+        // thread, or owed for want of host memory) was freed as users see it, as parked ones.
+        if (b.state == BlockState::live && !parked_locked(it->first)) {
           v.state = BlockView::State::live;
           v.requested = b.requested;
         } else if (b.state == BlockState::pending) {

@@ -9,6 +9,14 @@
 // same requested size: what StreamOrder's exact-size reuse would do under the lock, minus the
 // lock. Everything else takes the locked path.
 //
+// Memory history: set_events marks the history on, then flushes every cache under its lock, so
+// a park checks the mark again under the cache's lock. A park before the flush happened before
+// recording began (the flush frees the block with no event: its free is no part of the trace);
+// one after it sees the mark and takes the locked path, which records the free. Were it checked
+// only before the lock, a park racing the start would leave its block parked while the history
+// records, its free recorded late (at the next flush, on no stream). Hits need no second look:
+// once the flush has passed a cache, nothing parks there to be hit.
+//
 // Peaks without the lock: a free through this allocator adds the bytes it frees to its thread's
 // credit; an allocation from the cache that the credit covers cannot raise the users' peak (the
 // bytes allocated are back to at most where they were when those frees were made) and spends it.
@@ -61,8 +69,10 @@ void* DeviceAllocator::take_cached(size_t bytes, const StreamIdentity& id) {
       c->credit_size -= b.size;
       c->credit_requested -= b.requested;
     }
+    // Under the lock: once a flush has passed this cache, the entry says the user holds it
+    // (segments() shows a live block whose entry says cached as freed, as users see it).
+    b.entry->state.store(FrontBlocks::live, std::memory_order_release);
   }
-  b.entry->state.store(FrontBlocks::live, std::memory_order_release);
   if (!covered) {
     std::lock_guard<std::mutex> lock(mu_);
     update_peaks_locked();
@@ -85,6 +95,10 @@ bool DeviceAllocator::park_fast(void* ptr, const StreamIdentity& id, size_t expe
   std::vector<CachedBlock> evicted;
   try {
     std::lock_guard<SpinLock> lock(c->lock);
+    if (history_on_.load(std::memory_order_acquire)) {  // see the top
+      e->state.store(FrontBlocks::live, std::memory_order_release);  // the locked path frees it
+      return false;
+    }
     c->put(key, CachedBlock{addr, e->size, e->requested, e, 0}, opts_.thread_cache_bytes,
            opts_.thread_cache_entries, &evicted);
     c->credit_size += e->size;
@@ -148,9 +162,8 @@ void DeviceAllocator::free_parked_locked(CUdeviceptr addr) {
   stats_.allocated_bytes -= b.size;
   --stats_.live_blocks;
   ++stats_.num_frees;
-  // History turned on while a free was parking the block (front_open read before): its free is
-  // recorded now, late, rather than never.
-  if (events_ != nullptr) events_->on_free(device(), it->first, b.requested, nullptr);
+  // No history event: nothing parks while the history records (see the top), so the user freed
+  // this block before recording began.
   streams_.on_free(it, *ss, std::move(deps));
 }
 

@@ -323,11 +323,18 @@ Trace load_snapshot(const std::string& path, std::string_view data, int device) 
       // Allocated, or freed by its tensor and waiting for its streams (free_completed not yet
       // recorded): either way it holds memory at the end.
       const std::string state = r.str(blk, "state", bw);
-      const bool holds = state == "active_allocated" || state == "active_pending_free";
+      const bool pending = state == "active_pending_free";
+      const bool holds = state == "active_allocated" || pending;
       rec.end_segments.back().blocks.push_back({addr.value_or(0), size, holds});
       if (!holds) continue;
       const uint64_t at = addr ? *addr : r.uint(blk, "address", bw);  // (throws: none at all)
-      if (!b.is_live(at)) b.live_at_end_without_alloc(at, size);
+      if (b.is_live(at)) continue;
+      // A pending free whose free_completed the trace records already came back there: the
+      // snapshot contradicts its trace (a writer that completes frees at once but shows blocks
+      // still waiting for streams as pending). The trace is what happened to the block; taking
+      // it for a block allocated before recording would hold its memory from the start.
+      if (pending && b.freed_last(at)) continue;
+      b.live_at_end_without_alloc(at, size);
     }
   }
   b.finish();

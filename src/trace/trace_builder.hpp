@@ -67,6 +67,8 @@ class TraceBuilder {
   }
 
   bool is_live(uint64_t addr) const { return live_.count(addr) != 0; }
+  // Whether the latest record at addr freed a block (no allocation there since).
+  bool freed_last(uint64_t addr) const { return freed_.count(addr) != 0; }
 
   // A block live at the end of recording without a recorded allocation (snapshots).
   void live_at_end_without_alloc(uint64_t addr, uint64_t size) { preexisting(size, addr, true); }

@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace expanse::test {
 namespace {
@@ -66,6 +69,40 @@ TEST(Snapshot, ReservedFollowsSegmentEvents) {
   Trace t = load_snapshot("s.pickle", snapshot_pickle(segs, {ev}));
   EXPECT_EQ(*t.torch_peak_reserved_bytes, 5 * M);
   EXPECT_EQ(t.peak_live_bytes, 100u);
+}
+
+// active_pending_free: freed by its tensor (free_requested), not back yet (no free_completed).
+// PyTorch's own: the block holds memory to the end, whether its alloc was recorded (0x1000) or
+// not (0x2000). One whose free_completed the trace records came back there, whatever the end
+// state says (a writer that completes every free at once yet shows the block pending): it holds
+// nothing at the end, allocated in the trace (0x4000) or before it (0x3000, freed in it).
+TEST(Snapshot, APendingFreeHoldsMemoryUnlessTheTraceCompletedIt) {
+  const uint64_t M = 1 << 20;
+  const uint64_t A = 0x10000000;
+  std::vector<SnapSegment> segs = {{0, A, 2 * M,
+                                    {{A, 0x1000, "inactive"},
+                                     {A + 0x1000, 0x1000, "active_pending_free"},
+                                     {A + 0x2000, 0x1000, "active_pending_free"},
+                                     {A + 0x3000, 0x1000, "active_pending_free"},
+                                     {A + 0x4000, 0x1000, "active_pending_free"},
+                                     {A + 0x5000, 2 * M - 0x5000, "inactive"}}}};
+  std::vector<SnapEvent> ev = {{"alloc", A + 0x1000, 0x1000},
+                               {"alloc", A + 0x4000, 0x1000},
+                               {"free_requested", A + 0x1000, 0x1000},
+                               {"free_requested", A + 0x2000, 0x1000},
+                               {"free_requested", A + 0x3000, 0x1000},
+                               {"free_completed", A + 0x3000, 0x1000},
+                               {"free_requested", A + 0x4000, 0x1000},
+                               {"free_completed", A + 0x4000, 0x1000}};
+  Trace t = load_snapshot("s.pickle", snapshot_pickle(segs, {ev}));
+  ASSERT_TRUE(t.torch.has_value());
+  std::vector<std::pair<uint64_t, bool>> pre;
+  for (const auto& p : t.torch->preexisting) pre.emplace_back(p.addr, p.live_at_end);
+  std::sort(pre.begin(), pre.end());
+  EXPECT_EQ(pre, (std::vector<std::pair<uint64_t, bool>>{{A + 0x2000, true}, {A + 0x3000, false}}));
+  EXPECT_EQ(t.preexisting_bytes, 0x2000u);
+  EXPECT_EQ(t.peak_live_bytes, 0x4000u);    // 0x1000 to 0x4000 at once, after the allocs
+  EXPECT_EQ(t.live_at_end_bytes, 0x2000u);  // 0x1000 and 0x2000
 }
 
 TEST(Snapshot, ChoosesTheDeviceWithMostAllocations) {

@@ -12,9 +12,11 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -27,6 +29,15 @@ void expect(bool ok, const std::string& what) {
 
 // Set to make the trace tracker and the context recorder below throw, as a Python callback may.
 std::atomic<bool> g_fail_after_alloc{false};
+
+// What a trace tracker saw.
+struct Tracked {
+  int action;
+  uint64_t addr;
+  uint64_t size;
+};
+std::mutex g_tracked_mu;
+std::vector<Tracked> g_tracked;
 
 std::shared_ptr<c10::GatheredContext> failing_recorder() {
   if (g_fail_after_alloc.load()) throw std::runtime_error("the context recorder failed");
@@ -196,6 +207,34 @@ int main() {
     expect(r != nullptr && live_blocks(0) == live0 + 1, "raw_alloc works again afterwards");
     impl.raw_delete(r);
     record(false, nullptr, false);
+
+    // Trackers see every free, raw_delete's too, with the size its alloc had (PyTorch's entries
+    // carry the block's requested size).
+    a.attachAllocatorTraceTracker([](const expanse::torch_native::TraceT& e) {
+      std::lock_guard<std::mutex> lock(g_tracked_mu);
+      g_tracked.push_back({static_cast<int>(e.action_), static_cast<uint64_t>(e.addr_),
+                           static_cast<uint64_t>(e.size_)});
+    });
+    void* raw = impl.raw_alloc_on(12345, 0, nullptr);
+    impl.raw_delete(raw);
+    void* tensor = nullptr;
+    {
+      c10::DataPtr t = impl.allocate_on(6789, 0, nullptr);
+      tensor = t.get();
+    }
+    using Action = expanse::torch_native::TraceT;
+    auto tracked = [&](void* at, uint64_t n) {
+      std::vector<int> actions;
+      std::lock_guard<std::mutex> lock(g_tracked_mu);
+      for (const Tracked& e : g_tracked) {
+        if (e.addr == reinterpret_cast<uint64_t>(at) && e.size == n) actions.push_back(e.action);
+      }
+      return actions == std::vector<int>{static_cast<int>(Action::ALLOC),
+                                         static_cast<int>(Action::FREE_REQUESTED),
+                                         static_cast<int>(Action::FREE_COMPLETED)};
+    };
+    expect(tracked(raw, 12345), "trackers: raw_alloc, then raw_delete's free, with its size");
+    expect(tracked(tensor, 6789), "trackers: a tensor's alloc and free, with its size");
   }
 
   a.setMemoryFraction(0.5, 0);

@@ -114,6 +114,7 @@ struct Allocation {
   void* ptr;
   cudaStream_t stream;
   int device;
+  size_t size;  // as asked for: trace trackers see it in the free's entries, as PyTorch's do
 };
 
 class ExpanseAllocator;
@@ -136,7 +137,7 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
     void* p = malloc_or_throw(n, dev, stream);
     Allocation* a = nullptr;
     try {
-      a = new Allocation{p, stream, dev};
+      a = new Allocation{p, stream, dev, n};
     } catch (...) {  // out of host memory: the block goes back before the error leaves
       give_back(p, dev, stream);
       throw;
@@ -178,7 +179,7 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
     try {
       {
         std::lock_guard<std::mutex> lock(raw_mu_);
-        raw_[p] = Allocation{p, stream, dev};
+        raw_[p] = Allocation{p, stream, dev, n};
       }
       after_alloc(p, n, dev, stream);
     } catch (...) {  // as in allocate_on
@@ -202,6 +203,14 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
                   ", which raw_alloc did not return (or which was already deleted)");
       a = it->second;
       raw_.erase(it);
+    }
+    // Trackers saw its alloc (after_alloc): they see its free too, as a tensor's, before the
+    // memory can be handed out again. The block is freed whatever a tracker throws.
+    try {
+      if (have_trackers_.load(std::memory_order_relaxed)) track_free(a);
+    } catch (...) {
+      free_allocation(a);
+      throw;
     }
     free_allocation(a);
   }
@@ -554,7 +563,7 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
   // expanse allocated it), with the context recorded for it if any; trace trackers that saw its
   // alloc see no free (they are not called again while an error is on its way out).
   void give_back(void* p, c10::DeviceIndex dev, cudaStream_t stream) noexcept {
-    free_allocation(Allocation{p, stream, static_cast<int>(dev)});
+    free_allocation(Allocation{p, stream, static_cast<int>(dev), 0});
   }
 
   void notify_oom(c10::DeviceIndex dev, size_t requested, const expanse_stats& s) {
@@ -589,8 +598,9 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
   }
 
   void track_free(const Allocation& a) {
-    track(TraceT::FREE_REQUESTED, static_cast<c10::DeviceIndex>(a.device), a.ptr, 0, a.stream);
-    track(TraceT::FREE_COMPLETED, static_cast<c10::DeviceIndex>(a.device), a.ptr, 0, a.stream);
+    const auto dev = static_cast<c10::DeviceIndex>(a.device);
+    track(TraceT::FREE_REQUESTED, dev, a.ptr, a.size, a.stream);
+    track(TraceT::FREE_COMPLETED, dev, a.ptr, a.size, a.stream);
   }
 
   void track(typename TraceT::Action action, c10::DeviceIndex dev, void* p, size_t n,
@@ -675,12 +685,12 @@ class ExpanseAllocator final : public cca::CUDAAllocator {
           const expanse_block_info& b = segs.blocks[i];
           BlockT blk;
           blk.size = static_cast<size_t>(b.size);
+          // A block awaiting other streams is inactive: its trace records free_completed at
+          // the free already, and PyTorch's active_pending_free says that is still to come
+          // (see write_segment in src/api/history.cpp).
           blk.allocated = b.state == EXPANSE_BLOCK_LIVE;
-          blk.active = b.state != EXPANSE_BLOCK_FREE;
-          // A block awaiting other streams is drawn at its full size, as PyTorch draws one.
-          blk.requested_size = static_cast<size_t>(
-              b.state == EXPANSE_BLOCK_LIVE ? b.requested
-              : b.state == EXPANSE_BLOCK_AWAITING_FREE ? b.size : 0);
+          blk.active = blk.allocated;
+          blk.requested_size = static_cast<size_t>(blk.allocated ? b.requested : 0);
           if (blk.allocated) {
             auto it = contexts.find(reinterpret_cast<void*>(b.address));
             if (it != contexts.end()) blk.context_when_allocated = it->second;
