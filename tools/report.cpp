@@ -266,6 +266,23 @@ Json stress_json(const StressResult& r) {
   j["total_driver_calls"] = r.stats.total_driver_calls();
   j["total_modeled_driver_seconds"] = r.stats.modeled_driver_ns * 1e-9;
   j["wall_seconds"] = r.wall_seconds;
+  if (r.unreserved.ran) {
+    const auto& u = r.unreserved;
+    j["unreserved"] = {
+        {"allocated", u.allocated},
+        {"alloc_seconds", u.alloc_seconds},
+        {"pages_reclaimed", u.pages_reclaimed},
+        {"pages_created", u.pages_created},
+        {"request_mem_creates",
+         u.calls.driver_calls[static_cast<size_t>(driver::EntryPoint::mem_create)]},
+        {"driver_calls_total", u.calls.total_driver_calls()},
+        {"modeled_driver_seconds", u.calls.modeled_driver_ns * 1e-9},
+        {"total_driver_calls", u.stats.total_driver_calls()},
+        {"total_modeled_driver_seconds", u.stats.modeled_driver_ns * 1e-9}};
+    j["modeled_vs_unreserved"] = u.calls.modeled_driver_ns > 0
+                                     ? Json(r.calls.modeled_driver_ns / u.calls.modeled_driver_ns)
+                                     : Json(nullptr);
+  }
   return j;
 }
 
@@ -300,6 +317,19 @@ std::string stress_text(const StressResult& r) {
     << fixed(r.calls.modeled_driver_ns * 1e-9, 3) << " s for the request ("
     << r.stats.total_driver_calls() << " calls, " << fixed(r.stats.modeled_driver_ns * 1e-9, 3)
     << " s in all)\n";
+  if (r.unreserved.ran) {
+    const auto& u = r.unreserved;
+    o << "unreserved   the same run without the reservation: ";
+    if (!u.allocated) o << "the request FAILED; ";
+    o << calls_text(u.calls) << ", modeled " << fixed(u.calls.modeled_driver_ns * 1e-9, 3)
+      << " s for the request";
+    if (u.calls.modeled_driver_ns > 0) {
+      o << " (with it: " << fixed(r.calls.modeled_driver_ns / u.calls.modeled_driver_ns, 2)
+        << " x)";
+    }
+    o << "; " << u.stats.total_driver_calls() << " calls, "
+      << fixed(u.stats.modeled_driver_ns * 1e-9, 3) << " s in all\n";
+  }
   if (r.verified) {
     o << "verified     a word in each of " << r.pages_verified << " pages of the block, and "
       << r.live_blocks_verified << " live blocks kept their data (" << fixed(r.verify_seconds, 2)

@@ -76,7 +76,7 @@ EXPANSE_C_API int expanse_capture_end(struct CUstream_st* stream);
 EXPANSE_C_API int expanse_set_limit(int device, size_t bytes);
 /* Holds `bytes` of physical memory on device from now on, used or not (rounded down to pages;
  * EXPANSE_RESERVE_FREE: all the driver says is free, less EXPANSE_CONF reserve_margin, within the
- * limit): allocations it covers make no cuMemCreate, and no other process can take it;
+ * limit): allocations it covers take no memory beyond it, and no other process can take it;
  * expanse_release_cached, reclaim and pool sleep keep it. Grows (creating it now) or shrinks
  * (giving back what it no longer covers and no live block uses) the reservation; *reserved (may be
  * NULL) gets the bytes reserved. EXPANSE_ENOMEM when the driver cannot give it whole (the message

@@ -205,7 +205,7 @@ def set_limit(bytes_or_fraction, device=None):
 
 def reserve(amount, device=None):
     """Holds physical memory on device from now on, used or not: no other process can take it,
-    allocations it covers make no cuMemCreate, and empty_cache() keeps it. amount: bytes (int), a
+    allocations it covers take no memory beyond it, and empty_cache() keeps it. amount: bytes, a
     fraction of the device's capacity (float in (0, 1]), "free" (all the driver says is free, less
     EXPANSE_CONF reserve_margin, 512 MiB by default), or None / 0 to give it back. Grows or shrinks
     the reservation; returns the bytes reserved. Raises ExpanseError when the driver cannot give it

@@ -55,8 +55,10 @@ struct AllocatorOptions {
   // true: a reservation the driver cannot give whole keeps what it got; false: it fails, and
   // nothing is held for it.
   bool reserve_partial = false;
-  // The handles a reservation is made of; anything up to a page (default) gives one-page
-  // handles, which serve any block without a cuMemCreate (docs/design.md, "Reservations").
+  // The largest handles a reservation is made of (0, the default: max_handle_size). Large ones
+  // are reshaped into the handles blocks ask for; a page or less gives one-page handles, never
+  // reshaped, which serve any block without a cuMemCreate at a mapping per page (docs/design.md,
+  // "Reservations").
   size_t reserve_handle_size = 0;
   // Per-thread caches of freed blocks (core/thread_cache.hpp): the most bytes and blocks one
   // thread's cache holds for one device; 0 in either turns them off. Off here (the replayer and

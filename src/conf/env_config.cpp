@@ -51,7 +51,7 @@ const std::vector<std::string>& known_keys() {
       "reserve",          // physical memory held from first use: a size, a fraction, or free
       "reserve_margin",   // reserve:free leaves this much of the free memory to others
       "reserve_partial",  // keep what the driver gave when a reservation cannot be had whole
-      "reserve_handle_size",  // the handles a reservation is made of (default: one page each)
+      "reserve_handle_size",  // the largest handles a reservation is made of (max_handle_size)
       "thread_cache",      // bytes of freed blocks one thread's cache holds per device (0: off)
       "thread_cache_entries",  // blocks one thread's cache holds per device (0: off)
   };

@@ -86,7 +86,7 @@ class DeviceAllocator {
   // Makes `bytes` (rounded down to pages; kReserveFree: all the driver says is free, less
   // reserve_margin, within the limit) the physical memory this device holds from now on, used or
   // not: release_cached, reclaim, trimming and sleep never give it back. Growing creates it now
-  // (AllocatorOptions::reserve_handle_size handles, one page each by default); shrinking gives
+  // (AllocatorOptions::reserve_handle_size handles, max_handle_size by default); shrinking gives
   // back what it no longer covers and no live block uses. Returns the bytes reserved.
   // expanse::usage_error: above the limit or the device's capacity. expanse::out_of_memory when
   // the driver cannot give it whole and reserve_partial is off: the message says what was asked,

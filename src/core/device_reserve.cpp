@@ -70,8 +70,12 @@ size_t DeviceAllocator::reserve_locked(size_t bytes, bool partial) {
       if (pages > held) free_bytes = drv_.free_memory();
     }
     if (pages < supply_.reserved_pages()) streams_.poll(true);  // shrinking: free memory proven
-    const size_t handle = std::min(max_handle_pages(page_, opts_.reserve_handle_size),
-                                   max_handle_pages(page_, opts_.max_handle_size));
+    // Large handles by default: cut once for smaller blocks (page_gathering.cpp), they map a
+    // large block in a few calls and the reservation costs a few cuMemCreate to make.
+    size_t handle = max_handle_pages(page_, opts_.max_handle_size);
+    if (opts_.reserve_handle_size != 0) {
+      handle = std::min(handle, max_handle_pages(page_, opts_.reserve_handle_size));
+    }
     const PageSupply::ReserveOutcome r = supply_.reserve(pages, handle, partial);
     if (!r.whole && !partial) {
       throw out_of_memory(

@@ -26,6 +26,12 @@ class HandlePool {
   size_t largest() const { return by_size_.rbegin()->first; }
   // Page count of the largest pooled handle smaller than `pages`; 0 when none is.
   size_t largest_below(size_t pages) const;
+  // Page count of the smallest pooled handle larger than `pages`; 0 when none is.
+  size_t smallest_above(size_t pages) const;
+  // Sizes of pooled handles smaller than `pages` that together make `pages`: largest first, none
+  // larger than what is still missing, then, if that falls short, the smallest one left (the
+  // sizes then make more). Fewer pages when all of them make less.
+  std::vector<size_t> make_up(size_t pages) const;
   // f(pages, handle) for every pooled handle.
   template <class F>
   void for_each(F&& f) const {

@@ -44,6 +44,7 @@ class PageSupply::Gathering {
     credit_ += n;
   }
   void from_pool(bool split);
+  bool from_reserve(const HandleSlot& slot);
   void create_more();
   // create: new handles for what reclaiming leaves open (false: reclaim only).
   void reclaim_more(bool create = true);
@@ -56,6 +57,7 @@ class PageSupply::Gathering {
   size_t in_hand_ = 0;
   size_t credit_ = 0;  // pages released here to be created again: allowed even over the limit
   bool covered_ = false;  // the reservation's untouched pages cover the request
+  bool reclaimed_ = false;  // reclaim has run: pooled handles include ones freed blocks had
 };
 
 void PageSupply::gather(std::vector<HandleSlot>& open, Filled& filled, PageRequest& req) {
@@ -63,8 +65,8 @@ void PageSupply::gather(std::vector<HandleSlot>& open, Filled& filled, PageReque
 }
 
 void PageSupply::Gathering::run() {
-  // Reserved pages are held to be used: cut the slots to the pooled handles' sizes before any
-  // cuMemCreate (one-page reserved handles fill any slot).
+  // Reserved pages are held to be used: the pooled ones serve the slots before anything else
+  // (reshaped into the slots' handles, from_reserve; one-page reserved handles fill any slot).
   from_pool(s_.reserved_pages_ > 0);
   // High water: physical memory grows past the most pages live blocks have touched (with this
   // request) plus a little slack only when nothing can be reclaimed, so while memory is plentiful
@@ -76,8 +78,8 @@ void PageSupply::Gathering::run() {
   s_.high_water_ = std::max(s_.high_water_, s_.touched_pages_ + open_pages());
   const bool over = slack != SIZE_MAX && s_.held_pages() + open_pages() > s_.high_water_ + slack;
   // While the reservation covers the request, its pages under free memory serve it, after
-  // waiting for the streams' work on them if need be: no cuMemCreate, and the memory left to
-  // other processes stays theirs.
+  // waiting for the streams' work on them if need be: nothing beyond it is created, and the
+  // memory left to other processes stays theirs.
   covered_ = s_.reserved_pages_ > 0 &&
              s_.touched_pages_ + s_.outside_pages_ + in_hand_ + open_pages() <= s_.reserved_pages_;
   if (covered_) {
@@ -121,6 +123,7 @@ void PageSupply::Gathering::from_pool(bool split) {
       take(slot, pool.take(slot.count));
       continue;
     }
+    if (split && s_.reshapes_reserve() && from_reserve(slot)) continue;
     const size_t n = pool.largest_below(slot.count);
     if (split && n != 0) {
       req_.from_pool += n;
@@ -131,6 +134,79 @@ void PageSupply::Gathering::from_pool(bool split) {
     }
   }
   open_.swap(rest);
+}
+
+// With a reservation, a slot gets what a new handle would give it without one: a handle of its
+// own size. It is created within the reservation where the reservation lacks pages (a split
+// released them), and otherwise made of pooled pages released for it: the smallest larger pooled
+// handle (cut once) or smaller ones (merged), whichever the cost model prices lower. What is
+// released beyond the slot is created again as power-of-two pieces that stay pooled for the next
+// slots. So blocks keep the handle shapes they have without a reservation (one-page reserved
+// handles cost every large block a mapping per page), and a large reserved handle is cut once
+// into pieces, not released for every smaller slot and created again after it (churn). Once
+// reclaim has run, a pooled handle too large for releasing it to pay (exchange_pays) is mapped as
+// it is, as a reclaimed handle is without a reservation. A merge that falls short makes the slot's
+// first pages. True when the slot, or its first pages (the rest open again), was filled.
+bool PageSupply::Gathering::from_reserve(const HandleSlot& slot) {
+  HandlePool& pool = s_.pool_;
+  const size_t k = slot.count;
+  if (reclaimed_) {
+    const size_t n = pool.largest_below(k);
+    if (n != 0 && !s_.exchange_pays(n)) {
+      req_.from_pool += n;
+      take({slot.page, n}, pool.take(n));
+      open_.push_back({slot.page + n, k - n});
+      return true;
+    }
+  }
+  std::vector<size_t> release;
+  size_t pages = 0;
+  if (s_.held_pages() + in_hand_ + k > s_.reserved_pages_) {
+    release = pool.make_up(k);
+    for (size_t n : release) pages += n;
+    const size_t m = pool.smallest_above(k);
+    if (m != 0 && (pages < k || s_.reshape_ns({m}, k) <= s_.reshape_ns(release, k))) {
+      release.assign(1, m);
+      pages = m;
+    }
+    // One smaller handle costs less mapped as it is than released and created again.
+    if (release.empty() || (pages < k && release.size() == 1)) return false;
+    for (size_t n : release) {
+      s_.release_pooled(n);
+      credit_ += n;  // created again below; what another process takes meanwhile, top_up retries
+    }
+  } else {
+    pages = k;  // the reservation lacks them: created in the slot's shape
+  }
+  const HandleSlot mine{slot.page, std::min(k, pages)};
+  CUmemGenericAllocationHandle h = 0;
+  if (s_.drv_.create(mine.pages() * s_.page_, &h) != CUDA_SUCCESS) return false;
+  if (!release.empty()) credit_ -= mine.pages();
+  try {
+    take(mine, h);
+  } catch (...) {  // out of host memory: not kept in the books, so not kept at all
+    s_.drv_.release(h, mine.pages() * s_.page_);
+    throw;
+  }
+  req_.created += mine.pages();
+  s_.stats_.num_created_pages += mine.pages();
+  if (mine.count < k) open_.push_back({slot.page + mine.count, k - mine.count});
+  for (size_t rest = pages - mine.count; rest != 0;) {
+    size_t n = 1;
+    while (n * 2 <= rest) n *= 2;
+    if (s_.drv_.create(n * s_.page_, &h) != CUDA_SUCCESS) break;
+    try {
+      pool.put(n, h);
+    } catch (...) {
+      s_.drv_.release(h, n * s_.page_);
+      throw;
+    }
+    credit_ -= n;
+    rest -= n;
+    s_.stats_.num_created_pages += n;
+  }
+  s_.note_peaks(in_hand_);
+  return true;
 }
 
 // New handles while the device and the limit allow; a slot refused whole is halved.
@@ -173,14 +249,15 @@ void PageSupply::Gathering::reclaim_more(bool create) {
   if (open_.empty()) return;
   if (s_.streams_.has_unfinished_frees()) s_.streams_.poll(false);
   req_.reclaimed += s_.reclaim(open_pages());
+  reclaimed_ = true;
   from_pool(false);
   // Remapping a small reclaimed handle into a larger slot costs a cuMemMap and a mapping's
   // share of cuMemSetAccess; releasing it and creating its pages as part of the slot's handle
   // can cost less by the cost model (2 MiB: ~24 us against ~62 us): exchange those.
   const size_t largest = largest_open();
   HandlePool& pool = s_.pool_;
-  // Not with a reservation: its one-page handles are what serve any block without a
-  // cuMemCreate, and exchanged they would become handles only blocks as large can use.
+  // Not with a reservation: from_reserve releases pooled handles for a slot as far as it needs
+  // (one-page reserved handles are never exchanged: they serve any block without a cuMemCreate).
   while (s_.reserved_pages_ == 0 && !pool.empty() && pool.smallest() < largest &&
          s_.exchange_pays(pool.smallest())) {
     const size_t n = pool.smallest();

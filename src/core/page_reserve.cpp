@@ -1,13 +1,15 @@
 // The reservation: physical pages taken up front and kept (docs/design.md, "Reservations").
 //
 // Reserved pages are created into the pool of unmapped handles, so they serve blocks the way
-// reclaimed pages do. A handle is mapped whole, and a pooled handle larger than a block's slot can
-// only serve it by being released and created again in smaller pieces (a cuMemCreate on the
-// allocation path, and a moment in which another process may take the memory). So a reservation
-// is made of one-page handles by default: any slot is cut to them (Gathering::from_pool), none is
-// ever released for reshaping (Gathering::reclaim_more), and a workload that fits makes no
-// cuMemCreate. Their price is one cuMemMap per page mapped (3.3 us on an H100) where a block's
-// own handle would take one per run.
+// reclaimed pages do. A handle is mapped whole, and cuMemSetAccess and cuMemUnmap are priced per
+// mapping, so one-page reserved handles cost every large block a mapping per page (a 32 GiB block:
+// 16,384). The reservation is therefore made of large handles (max_handle_size by default, a few
+// cuMemCreate to make), and a slot is given a handle of its own size made of pooled pages
+// released for it (Gathering::from_reserve): a larger one cut once, the rest kept pooled as
+// power-of-two pieces, or smaller ones merged. That is a cuMemCreate on the allocation path and a
+// moment in which another process may take the memory (top_up creates again what it took);
+// reserve_handle_size of one page keeps one-page handles that are never reshaped: no cuMemCreate
+// for a workload that fits, a mapping per page.
 #include "core/check.hpp"
 #include "core/page_supply.hpp"
 
@@ -98,12 +100,13 @@ PageSupply::ReserveOutcome PageSupply::reserve(size_t pages, size_t handle_pages
 }
 
 // The lacking pages come back as handles of decreasing powers of two (at most the reservation's
-// handle size): a pooled handle released to fill a smaller slot leaves pieces that the next
-// smaller slots take whole, instead of another large handle to release again.
-void PageSupply::top_up() noexcept {
+// handle size): pieces that the next smaller slots take whole or cut, instead of another large
+// handle to release again.
+void PageSupply::top_up(size_t to) noexcept {
+  if (to == SIZE_MAX) to = reserved_pages_;
   size_t size = reserve_handle_pages_;
-  while (held_pages() < reserved_pages_) {
-    const size_t lack = reserved_pages_ - held_pages();
+  while (held_pages() < to) {
+    const size_t lack = to - held_pages();
     size_t pow2 = 1;
     while (pow2 * 2 <= lack) pow2 *= 2;
     size = std::min(size, pow2);
@@ -117,7 +120,15 @@ void PageSupply::top_up() noexcept {
     } catch (...) {
       return;
     }
-    pool_.put(size, h);
+    try {
+      pool_.put(size, h);
+    } catch (...) {  // out of host memory: the pages stay with the driver
+      try {
+        drv_.release(h, size * page_);
+      } catch (...) {
+      }
+      return;
+    }
     stats_.num_created_pages += size;
     note_peaks(0);
   }

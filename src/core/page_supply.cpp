@@ -94,6 +94,21 @@ bool PageSupply::exchange_pays(size_t n) const {
   return swap < remap;
 }
 
+double PageSupply::reshape_ns(const std::vector<size_t>& released, size_t k) const {
+  const driver::CostModel& m = driver::CostModel::get_default();
+  using driver::EntryPoint;
+  double ns = 0;
+  size_t pages = 0;
+  for (size_t n : released) {
+    ns += m.cost_ns(EntryPoint::mem_release, n * page_);
+    pages += n;
+  }
+  for (size_t rest = pages > k ? pages - k : 0; rest != 0; rest &= rest - 1) {
+    ns += m.cost_ns(EntryPoint::mem_create, (rest & ~(rest - 1)) * page_);
+  }
+  return ns;
+}
+
 void PageSupply::note_peaks(size_t in_hand) {
   stats_.peak_mapped_bytes =
       std::max<uint64_t>(stats_.peak_mapped_bytes, (mapped_pages_ + outside_pages_) * page_);
@@ -216,8 +231,9 @@ void PageSupply::split_handle(Reservation& r, size_t head, CUdeviceptr addr, siz
 }
 
 // Extra slots are filled from the pool, or created within the device and the limit; the rest
-// stay unmapped. With a reservation, smaller pooled handles fill them piece by piece and nothing
-// is created: the reservation's pages serve them, and unmapped pages cost nothing.
+// stay unmapped. With a reservation, what it lacks (the split released it) is created in their
+// shapes; beyond that smaller pooled handles fill them piece by piece and nothing is created: the
+// reservation's pages serve them, and unmapped pages cost nothing.
 void PageSupply::add_extra(const std::vector<HandleSlot>& extra, Filled& filled) {
   size_t in_hand = 0;
   for (const auto& f : filled) in_hand += f.first.pages();
@@ -228,6 +244,9 @@ void PageSupply::add_extra(const std::vector<HandleSlot>& extra, Filled& filled)
     CUmemGenericAllocationHandle h = 0;
     if (pool_.has(s.count)) {
       h = pool_.take(s.count);
+    } else if (reshapes_reserve() && held_pages() + in_hand + s.pages() <= reserved_pages_ &&
+               drv_.create(s.pages() * page_, &h) == CUDA_SUCCESS) {
+      stats_.num_created_pages += s.pages();  // reserved pages a split released, in their shape
     } else if (reserved_pages_ > 0) {
       const size_t n = pool_.largest_below(s.count);
       if (n == 0) continue;
@@ -342,15 +361,28 @@ size_t PageSupply::give_back(std::vector<ReclaimableHandle> handles) {
 }
 
 void PageSupply::trim_to(size_t max_held, size_t floor) {
-  max_held = std::max(max_held, floor == SIZE_MAX ? reserved_pages_ : floor);
-  while (held_pages() > max_held && release_largest_pooled() != 0) {
+  if (floor == SIZE_MAX) floor = reserved_pages_;
+  max_held = std::max(max_held, floor);
+  // Over a floor, a pooled handle larger than what is over would take the memory held below it
+  // (reserved handles are large): what is over is released in handles no larger than it where
+  // the pool has them, and what a larger one takes below the floor is created again.
+  auto release_over = [&]() -> size_t {
+    if (floor == 0) return release_largest_pooled();
+    const size_t over = held_pages() - max_held;
+    size_t n = pool_.has(over) ? over : pool_.largest_below(over);
+    if (n == 0) n = pool_.smallest_above(over);
+    if (n != 0) release_pooled(n);
+    return n;
+  };
+  while (held_pages() > max_held && release_over() != 0) {
   }
   if (held_pages() > max_held) {
     const size_t reclaimed = reclaim(held_pages() - max_held);
     stats_.num_reclaimed_pages -= reclaimed;  // released, not reused elsewhere
-    while (held_pages() > max_held && release_largest_pooled() != 0) {
+    while (held_pages() > max_held && release_over() != 0) {
     }
   }
+  if (held_pages() < floor) top_up(floor);
 }
 
 }  // namespace expanse::core

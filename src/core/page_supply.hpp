@@ -87,6 +87,11 @@ class PageSupply {
 
   // ---- the reservation (page_reserve.cpp) ----
   size_t reserved_pages() const noexcept { return reserved_pages_; }
+  // Whether reserved pages are reshaped into the handles blocks ask for (page_gathering.cpp):
+  // not when the reservation is made of one-page handles, which fill any slot as they are.
+  bool reshapes_reserve() const noexcept {
+    return reserved_pages_ > 0 && reserve_handle_pages_ > 1;
+  }
   // What the reservation asked for: above reserved_pages() when it was kept partial.
   size_t reserve_asked_pages() const noexcept { return reserve_asked_pages_; }
   // Reserved pages no live block touches: what the reservation holds beyond the live set (less
@@ -109,9 +114,10 @@ class PageSupply {
   // the reservation no longer covers and no live block uses (pooled handles, then safe cached
   // memory). A driver failure other than out-of-memory releases what was created and throws.
   ReserveOutcome reserve(size_t pages, size_t handle_pages, bool partial);
-  // Creates what the reservation lacks into the pool, after something released reserved pages to
-  // reshape them (a split, an exchange). Best effort: stops at the first refusal.
-  void top_up() noexcept;
+  // Creates what the reservation lacks (up to `to` pages held; SIZE_MAX: the reservation) into
+  // the pool, after something released reserved pages to reshape them (a split, a cut, a trim
+  // that took a larger handle than it had to). Best effort: stops at the first refusal.
+  void top_up(size_t to = SIZE_MAX) noexcept;
 
   // ---- supply ----
   // Maps and grants whatever [addr, addr+bytes) of r lacks (the block is carved, not yet live).
@@ -169,6 +175,10 @@ class PageSupply {
   // Whether a pooled handle of n pages is cheaper (by the cost model) to release and create
   // again inside a larger handle than to map on its own.
   bool exchange_pays(size_t n) const;
+  // What releasing pooled handles of these sizes and creating their pages again as one handle of
+  // k pages and power-of-two pieces of the rest costs by the cost model, less the k-page create
+  // (the same whichever handles are released).
+  double reshape_ns(const std::vector<size_t>& released, size_t k) const;
   // Releases one pooled handle of `pages` pages (one must be pooled).
   void release_pooled(size_t pages);
   // Releases one pooled handle of the largest size (its pages; 0 when the pool is empty).

@@ -325,9 +325,16 @@ core::DeviceStats minus(const core::DeviceStats& after, const core::DeviceStats&
   return d;
 }
 
-}  // namespace
+// EXPANSE_CONF without its reservation.
+std::string without_reserve(const std::string& conf) {
+  std::string out;
+  for (const auto& [k, v] : conf::parse_pairs(conf)) {
+    if (k != "reserve") out += (out.empty() ? "" : ",") + k + ":" + v;
+  }
+  return out;
+}
 
-StressResult run_stress(const StressOptions& o) {
+StressResult run_stress_once(const StressOptions& o) {
   const auto t0 = Clock::now();
   StressResult r;
   r.seed = o.seed;
@@ -453,6 +460,30 @@ StressResult run_stress(const StressOptions& o) {
     w.free_all();
   }
   r.wall_seconds = seconds_since(t0);
+  return r;
+}
+
+}  // namespace
+
+StressResult run_stress(const StressOptions& o) {
+  StressResult r = run_stress_once(o);
+  if (!o.unreserved_baseline || r.reserve_asked_bytes == 0) return r;
+  StressOptions u = o;
+  u.reserve.clear();
+  u.conf = without_reserve(o.conf);
+  if (o.progress) {
+    u.progress = [&o](double f, const std::string& phase) {
+      o.progress(f, phase + " (without the reservation)");
+    };
+  }
+  const StressResult b = run_stress_once(u);
+  r.unreserved.ran = true;
+  r.unreserved.allocated = b.allocated;
+  r.unreserved.alloc_seconds = b.alloc_seconds;
+  r.unreserved.pages_reclaimed = b.pages_reclaimed;
+  r.unreserved.pages_created = b.pages_created;
+  r.unreserved.calls = b.calls;
+  r.unreserved.stats = b.stats;
   return r;
 }
 

@@ -19,6 +19,9 @@ struct StressOptions {
   int streams = 4;
   std::string conf;  // EXPANSE_CONF
   std::string reserve;  // EXPANSE_CONF reserve (a size, a fraction, free); "" none or the conf's
+  // With a reservation, run the same workload again without it, for the request's driver calls
+  // and modeled time side by side (StressResult::unreserved).
+  bool unreserved_baseline = true;
   std::function<void(double fraction, const std::string& phase)> progress;
 };
 
@@ -60,6 +63,17 @@ struct StressResult {
 
   core::DeviceStats stats;  // whole run
   double wall_seconds = 0;
+
+  // With a reservation: the same run (workload, seed, device) without it.
+  struct Unreserved {
+    bool ran = false;
+    bool allocated = false;
+    double alloc_seconds = 0;
+    uint64_t pages_reclaimed = 0;
+    uint64_t pages_created = 0;
+    core::DeviceStats calls;  // the big request's
+    core::DeviceStats stats;  // whole run
+  } unreserved;
 };
 
 // Throws expanse::usage_error for a bad option (size larger than the device), driver errors.

@@ -23,9 +23,9 @@ size_t ops_from_env(size_t dflt) {
 
 // Parameter: 0 create first, 1 reclaim first (AllocatorOptions::reclaim_before_create: the order
 // in which missing pages are found), 2 a high-water mark and handles of at most 8 MiB (many more
-// handle splits), 3 a reservation of 60 GiB (one-page reserved handles beside created ones of
-// every size; never released, the limit kept above it). Handles of mixed sizes (1 page .. 1 GiB)
-// in all four.
+// handle splits), 3 a reservation of 60 GiB (reserved handles of up to 1 GiB reshaped into the
+// handles blocks ask for, beside created ones of every size; held whole, the limit kept above it).
+// Handles of mixed sizes (1 page .. 1 GiB) in all four.
 class PropertyTest : public CoreTest, public ::testing::WithParamInterface<int> {};
 
 TEST_P(PropertyTest, RandomOperationsMatchReferenceModel) {
