@@ -35,14 +35,7 @@ bool Placement::ready_offset(BlockIt c, size_t sz, size_t pages_left, size_t* of
   };
   size_t tight = 0;
   if (tight_offset(c, sz, &tight) && fits(lo + tight)) return true;
-  if (fits(hi - sz)) return true;
-  size_t looked = 0;
-  for (const HandleRun& h : r.handles_in(r.first_page(lo), r.last_page(lo, cb.size) + 1)) {
-    if (++looked > kReadyHandles) break;
-    const CUdeviceptr start = r.page_addr(h.head), end = r.page_addr(h.end());
-    if ((start >= lo && fits(start)) || (end >= lo + sz && fits(end - sz))) return true;
-  }
-  return false;
+  return fits(hi - sz);
 }
 
 BlockIt Placement::find_tight(size_t sz, Arena a, StreamKey stream, size_t budget,

@@ -4,8 +4,9 @@
 // The block is the best fit: the smallest free block the stream may use (docs/design.md, "How a
 // request flows"), as PyTorch's allocator chooses, so that the layout, and the memory it holds,
 // are no looser than expandable segments' whatever the handles under it. Within that block the
-// placement may move to its end or to one of its first handles' boundaries where that needs no
-// driver call (ready_offset); elsewhere, page supply splits the free handles it covers in part.
+// placement may move to its end where that needs no driver call (ready_offset; nowhere else:
+// places inside the block would leave holes a repeated layout does not have); elsewhere, page
+// supply splits the free handles it covers in part.
 #pragma once
 
 #include "core/block_index.hpp"
@@ -40,8 +41,6 @@ class Placement {
  public:
   // How many free blocks (in size order) a pool's search of its own memory inspects.
   static constexpr size_t kMappedSearchBudget = 32;
-  // How many of the best-fit block's handles ready_offset tries as the placement's start or end.
-  static constexpr size_t kReadyHandles = 3;
 
   Placement(DeviceDriver& drv, const AllocatorOptions& opts, size_t page, DeviceStats& stats)
       : drv_(drv), opts_(opts), page_(page), stats_(stats) {}
@@ -121,10 +120,7 @@ class Placement {
   // whole_pages: on the first page boundary inside c, always.
   bool tight_offset(BlockIt c, size_t sz, size_t* off, bool whole_pages = false) const;
   // An offset into free block c for sz bytes that needs no driver call and touches at most
-  // ceil(sz / page) (and pages_left) new pages: the tight offset, c's end, or the start or end of
-  // one of its first kReadyHandles handles. A block whose ends fall on handle boundaries leaves
-  // every handle whole, so one of a size the workload has not had there before may still find
-  // its pages mapped.
+  // ceil(sz / page) (and pages_left) new pages: the tight offset, else c's end.
   bool ready_offset(BlockIt c, size_t sz, size_t pages_left, size_t* off) const;
 
   // Every mapped handle lying wholly inside a safe free block's inner pages, of the default pool

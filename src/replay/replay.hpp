@@ -8,6 +8,7 @@
 #include "replay/host_model.hpp"
 #include "trace/trace.hpp"
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -31,6 +32,7 @@ struct ReplayMark {
   double modeled_driver_seconds = 0;
   uint64_t physical_bytes = 0;       // now
   uint64_t peak_physical_bytes = 0;  // the most so far
+  std::array<uint64_t, driver::kEntryPointCount> calls{};  // since the replay began, per entry point
 };
 
 struct ReplayResult {

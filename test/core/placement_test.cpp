@@ -120,15 +120,22 @@ TEST_F(PlacementTest, HandlesFitOnlyWhereTheBlockHoldsThemOrCanSplitThem) {
   EXPECT_FALSE(placement_->handles_fit(c, 0, 6 * P, Fit::ready)) << "page 5 is not mapped";
   EXPECT_TRUE(placement_->handles_fit(c, 0, 6 * P, Fit::splittable));
   EXPECT_TRUE(placement_->handles_fit(c, 4 * P, P, Fit::ready)) << "the one-page handle";
-  // A block of 4 pages needs no driver call at the start; one of 1 page neither, on the
-  // one-page handle (a boundary of the block's first handles), where the start would split.
+  // A block of 4 pages needs no driver call at the start. One of 1 page would split the 4-page
+  // handle at the start, and the block's end is not mapped: no ready place.
   size_t off = 99;
   BlockIt it = placement_->find_ready(4 * P, Arena::large, 1, 100, &off);
   EXPECT_EQ(it, c);
   EXPECT_EQ(off, 0u);
+  EXPECT_EQ(placement_->find_ready(P, Arena::large, 1, 100, &off), placement_->index().end());
+  // With the block ending after the one-page handle, its end is the ready place.
+  BlockIt wall = placement_->index().carve(c, P, Arena::large, 5 * P);
+  wall->second.state = BlockState::live;
+  c = placement_->index().blocks().find(r.base);
   it = placement_->find_ready(P, Arena::large, 1, 100, &off);
   EXPECT_EQ(it, c);
-  EXPECT_EQ(off, 4 * P) << "the one-page handle, not the start of the 4-page one";
+  EXPECT_EQ(off, 4 * P) << "the block's end (the one-page handle), not the start of the 4-page one";
+  placement_->index().insert_free(wall, Arena::large);
+  c = placement_->index().blocks().find(r.base);
   // Unproven free memory: a split waits for its proof (splittable), or is possible once proven
   // (splittable_unproven: what best fit chooses before proving).
   c->second.safe = false;

@@ -175,9 +175,11 @@ TEST_F(ReserveTest, AWorkloadThatFitsTakesNothingBeyondItAndSettles) {
     ASSERT_EQ(sim_free(), free_after) << "step " << steps;
   };
   mixed_workload(reserved * 3 / 4, 7, 3000, nullptr, whole);
+  EXPECT_GT(vmm_calls(EntryPoint::mem_create), 0u);  // the reservation was reshaped
+  // Settled by the third repetition, as any repeated workload (repeated_workload_test.cpp).
+  mixed_workload(reserved * 3 / 4, 7, 3000, nullptr, whole);
   const uint64_t creates = vmm_calls(EntryPoint::mem_create);
   const uint64_t maps = vmm_calls(EntryPoint::mem_map);
-  EXPECT_GT(creates, 0u);  // the reservation was reshaped
   mixed_workload(reserved * 3 / 4, 7, 3000, nullptr, whole);
   EXPECT_EQ(vmm_calls(EntryPoint::mem_create), creates);
   EXPECT_EQ(vmm_calls(EntryPoint::mem_map), maps);
