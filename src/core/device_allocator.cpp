@@ -267,7 +267,7 @@ BlockIt DeviceAllocator::place(size_t sz, Arena a, StreamKey stream, PageRequest
 }
 
 // The pool's own free memory (mapped, used in place), then the default pool's (found the
-// default way: mapped first, best fit, fresh VA), carved into the pool.
+// default way: best fit, fresh VA), carved into the pool.
 BlockIt DeviceAllocator::place_once(size_t sz, Arena a, StreamKey stream, PageRequest& req,
                                     PoolSlot pool) {
   // A placement touches at least ceil(sz / page) pages, at most two of them already touched:

@@ -39,7 +39,8 @@ struct ReclaimableHandle {
 
 class Placement {
  public:
-  // How many free blocks (in size order) a pool's search of its own memory inspects.
+  // How many free blocks (in size order) a pool's search of its own memory, and the small arena's
+  // search for a ready place, inspect.
   static constexpr size_t kMappedSearchBudget = 32;
 
   Placement(DeviceDriver& drv, const AllocatorOptions& opts, size_t page, DeviceStats& stats)

@@ -1,9 +1,9 @@
 #include "replay/host_model.hpp"
 
-#include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace expanse::replay {
 namespace {
@@ -60,11 +60,12 @@ HostModel parse_host_model(const std::string& text, HostModel base) {
     }
     const std::string key = item.substr(0, eq), v = item.substr(eq + 1);
     if (key == "gpu_lag") {
-      try {
-        m.gpu_lag = static_cast<uint64_t>(conf::parse_int_for("gpu_lag", v, 0, 1LL << 40));
-      } catch (const std::exception& e) {
-        throw usage_error(std::string("--host: ") + e.what());
+      char* rest = nullptr;
+      const unsigned long long lag = std::strtoull(v.c_str(), &rest, 10);
+      if (v.empty() || v[0] == '-' || *rest != '\0' || lag > (1ULL << 40)) {
+        throw usage_error("--host: gpu_lag='" + v + "' is not an integer in [0, 2^40]");
       }
+      m.gpu_lag = lag;
     } else if (key == "threads") {
       if (v != "1" && v != "2") throw usage_error("--host: threads='" + v + "' is not 1 or 2");
       m.autograd_thread = v == "2";
