@@ -372,7 +372,7 @@ def run_parent(args):
         results[name] = result
         if why is not None:
             errors[name] = why
-    if errors and all(why == SKIP for why in errors.values()) and len(errors) == len(ALLOCATORS):
+    if len(errors) == len(ALLOCATORS) and all(why == SKIP for why in errors.values()):
         print("SKIP: no child found PyTorch with a GPU")
         return SKIP
     errors = {n: ("skipped: no GPU" if why == SKIP else why) for n, why in errors.items()}
