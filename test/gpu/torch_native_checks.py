@@ -30,6 +30,14 @@ alloc = expanse.torch.use(native=True)  # an error here (no compiler, build fail
 print(f"native allocator {alloc} installed in {time.perf_counter() - t0:.1f} s")
 print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))
 print("expanse driver:", expanse.driver_description())
+# What the build chose and from which environment: run_on_gpu.sh clears every variable that could
+# steer it, so a record can say the native allocator builds out of the box.
+from torch.utils import cpp_extension  # noqa: E402
+print("native build:", expanse.torch.choose_cuda_headers(torch, cpp_extension))
+_STEERING = ("CUDA_HOME", "CUDA_PATH", "CPATH", "CPLUS_INCLUDE_PATH", "CXX", "EXPANSE_INCLUDE",
+             "EXPANSE_TORCH_BUILD_DIR")
+_set = [f"{v}={os.environ[v]}" for v in _STEERING if os.environ.get(v)]
+print("build environment:", ", ".join(_set) if _set else f"none of {', '.join(_STEERING)} set")
 
 
 def through_expanse():
