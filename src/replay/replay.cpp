@@ -218,7 +218,7 @@ ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_
             if (pass == 1 && next_mark < o.marks.size() && o.marks[next_mark] == i) {
               const core::DeviceStats now = alloc.stats();
               r.marks.push_back({i, now.total_driver_calls(), now.modeled_driver_ns * 1e-9,
-                                 now.physical_bytes, now.peak_physical_bytes});
+                                 now.physical_bytes, now.peak_physical_bytes, now.driver_calls});
               ++next_mark;
             }
             if (progress && (r.ops_done & 4095) == 0) progress(r.ops_done, total);

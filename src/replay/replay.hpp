@@ -8,6 +8,7 @@
 #include "replay/host_model.hpp"
 #include "trace/trace.hpp"
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -31,6 +32,8 @@ struct ReplayMark {
   double modeled_driver_seconds = 0;
   uint64_t physical_bytes = 0;       // now
   uint64_t peak_physical_bytes = 0;  // the most so far
+  // Since the replay began, per entry point (core::DeviceStats::driver_calls).
+  std::array<uint64_t, driver::kEntryPointCount> driver_calls{};
 };
 
 struct ReplayResult {
