@@ -119,8 +119,8 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(x_calls), x_s, static_cast<double>(x.peak_physical_bytes) / GiB);
     if (detail && x_calls != 0) {  // expanse's calls in this step, by entry point
       std::printf("      ");
-      for (size_t e = 0; e < x.calls.size(); ++e) {
-        const uint64_t d = x.calls[e] - (i ? ex.marks[i - 1].calls[e] : 0);
+      for (size_t e = 0; e < x.driver_calls.size(); ++e) {
+        const uint64_t d = x.driver_calls[e] - (i ? ex.marks[i - 1].driver_calls[e] : 0);
         if (d == 0) continue;
         std::printf(" %s %llu", driver::entry_point_name(static_cast<driver::EntryPoint>(e)),
                     static_cast<unsigned long long>(d));

@@ -32,7 +32,8 @@ struct ReplayMark {
   double modeled_driver_seconds = 0;
   uint64_t physical_bytes = 0;       // now
   uint64_t peak_physical_bytes = 0;  // the most so far
-  std::array<uint64_t, driver::kEntryPointCount> calls{};  // since the replay began, per entry point
+  // Since the replay began, per entry point (core::DeviceStats::driver_calls).
+  std::array<uint64_t, driver::kEntryPointCount> driver_calls{};
 };
 
 struct ReplayResult {
