@@ -399,4 +399,30 @@ EXPANSE_C_API int expanse_enable_peer_access(int device, int peer);
 }
 #endif
 
+/* A NULL stream is the legacy default stream, one per context whichever thread names it (as the
+ * CUDA driver API reads it). Code built with nvcc --default-stream per-thread (which defines
+ * CUDA_API_PER_THREAD_DEFAULT_STREAM) means each thread's own stream by NULL: there the calls
+ * below pass CU_STREAM_PER_THREAD for NULL, so that a block one thread frees is not another
+ * thread's before its work is done. C++ code calling the expanse:: API with a null stream, and
+ * code built otherwise, set EXPANSE_CONF null_stream:per_thread instead. */
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM) && !defined(EXPANSE_NULL_STREAM_IS_LEGACY)
+static inline struct CUstream_st* expanse_null_stream_per_thread_(struct CUstream_st* s) {
+#ifdef __cplusplus
+  return s != nullptr ? s : reinterpret_cast<struct CUstream_st*>(uintptr_t{0x2});
+#else
+  return s != NULL ? s : (struct CUstream_st*)(uintptr_t)0x2; /* CU_STREAM_PER_THREAD */
+#endif
+}
+#define expanse_malloc(size, device, stream) \
+  (expanse_malloc)((size), (device), expanse_null_stream_per_thread_(stream))
+#define expanse_malloc_checked(out, size, device, stream) \
+  (expanse_malloc_checked)((out), (size), (device), expanse_null_stream_per_thread_(stream))
+#define expanse_free(ptr, size, device, stream) \
+  (expanse_free)((ptr), (size), (device), expanse_null_stream_per_thread_(stream))
+#define expanse_free_checked(ptr, size, device, stream) \
+  (expanse_free_checked)((ptr), (size), (device), expanse_null_stream_per_thread_(stream))
+#define expanse_record_stream(ptr, stream) \
+  (expanse_record_stream)((ptr), expanse_null_stream_per_thread_(stream))
+#endif
+
 #endif /* EXPANSE_EXPANSE_H */

@@ -1,5 +1,8 @@
 // The C ABI: every entry point catches everything, records the message for expanse_last_error()
 // and returns a code. Nothing escapes into C (or PyTorch).
+// These are the definitions: expanse.h's mapping of NULL for per-thread-default-stream code
+// must not rename them.
+#define EXPANSE_NULL_STREAM_IS_LEGACY 1
 #include "api/errors.hpp"
 #include "api/history.hpp"
 #include "api/pools.hpp"

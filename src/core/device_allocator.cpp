@@ -334,9 +334,10 @@ BlockIt DeviceAllocator::place_once(size_t sz, Arena a, StreamKey stream, PageRe
 // place, whose missing pages PageSupply::ensure_pages provides, splitting the free handles it
 // covers in part; then fresh VA. Before mapping memory or splitting a handle, the fences of
 // freed memory are asked (frees of other streams may be done by now, and a split needs the work
-// that used the memory proven done). A split the fences do not prove waits for the work rather
-// than going elsewhere: placements then do not depend on how far the GPU runs behind (going
-// elsewhere maps memory that a GPU keeping up would not need).
+// that used the memory proven done). A split of the stream's own memory that the fences do not
+// prove waits for that stream's work rather than going elsewhere: placements then do not depend
+// on how far the GPU runs behind (going elsewhere maps memory that a GPU keeping up would not
+// need).
 BlockIt DeviceAllocator::find_block(size_t sz, Arena a, StreamKey stream, PageRequest& req,
                                     size_t* offset, bool whole_pages) {
   const BlockIt none = placement_.index().end();
@@ -354,9 +355,10 @@ BlockIt DeviceAllocator::find_block(size_t sz, Arena a, StreamKey stream, PageRe
       continue;
     }
     if (it != none && !proven) {
-      streams_.poll(true);
-      req.waited = true;
-      // What no wait can prove (a capture under way) goes to the best fit that needs nothing.
+      // Unproven memory a best fit may take is this stream's own (first_fit_where): its own
+      // fence is waited for, nothing else. What that cannot prove (a capture under way, another
+      // thread's stream) goes to the best fit that needs no such split.
+      if (streams_.prove_own(stream)) req.waited = true;
       it = placement_.find_tight(sz, a, stream, SIZE_MAX, offset, whole_pages);
     }
     if (it != none) return it;

@@ -158,23 +158,47 @@ bool PageSupply::ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes, Pa
 }
 
 void PageSupply::refine_free_handles() {
-  if (streams_.has_unfinished_frees()) streams_.poll(false);
-  for (const ReclaimableHandle& h : placement_.reclaimable_handles()) {
-    if (h.pages <= 1) continue;
+  // Best effort: the request it follows has its pages already. A failure here leaves pages
+  // unmapped (pooled or given back), never lost, and is not the request's failure.
+  std::vector<ReclaimableHandle> handles;
+  try {
+    if (streams_.has_unfinished_frees()) streams_.poll(false);
+    handles = placement_.reclaimable_handles();
+  } catch (...) {
+    return;
+  }
+  size_t budget = kRefinePagesPerCall;
+  for (const ReclaimableHandle& h : handles) {
+    // Handles of a large free stretch (the arena's tail) are left whole: a split cuts them when
+    // a block needs it.
+    if (h.pages <= 1 || h.pages > kRefineMaxHandlePages) continue;
+    if (h.pages > budget) break;
+    budget -= h.pages;
     Reservation& r = placement_.res(h.res);
-    unmap_handles(r, h.head, h.head + h.pages);
-    release_pooled(h.pages);
     Filled filled;
+    try {
+      filled.reserve(h.pages);
+      unmap_handles(r, h.head, h.head + h.pages);
+      release_pooled(h.pages);
+    } catch (...) {
+      return;
+    }
     for (size_t p = h.head; p < h.head + h.pages; ++p) {
+      if (held_pages() + filled.size() + 1 > std::min(limit_pages_, capacity_pages_)) break;
       CUmemGenericAllocationHandle one = 0;
-      if (held_pages() + filled.size() + 1 > std::min(limit_pages_, capacity_pages_) ||
-          drv_.create(page_, &one) != CUDA_SUCCESS) {
+      try {
+        if (drv_.create(page_, &one) != CUDA_SUCCESS) break;
+      } catch (...) {
         break;
       }
       ++stats_.num_created_pages;
-      filled.emplace_back(HandleSlot{p, 1}, one);
+      filled.emplace_back(HandleSlot{p, 1}, one);  // reserved: does not throw
     }
-    map_and_grant(r, filled, {});
+    try {
+      map_and_grant(r, filled, {});  // on a failure its handles go to the pool
+    } catch (...) {
+      return;
+    }
   }
 }
 

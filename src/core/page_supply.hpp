@@ -161,10 +161,14 @@ class PageSupply {
   Plan plan(Reservation& r, CUdeviceptr addr, size_t bytes, size_t max_pages);
   void split_handle(Reservation& r, size_t head, CUdeviceptr addr, size_t bytes, Plan& plan);
   void add_extra(const std::vector<HandleSlot>& extra, Filled& filled);
-  // Cuts every multi-page handle lying wholly under safe free memory of the default pool into
-  // one-page handles (refining; after a split). Best effort: a page the driver will not create
-  // again stays unmapped (free memory, nothing lost).
+  // Cuts multi-page handles lying wholly under safe free memory of the default pool into one-page
+  // handles (refining; after a split): those of at most kRefineMaxHandlePages, at most
+  // kRefinePagesPerCall pages a call (one allocation's latency stays bounded). Best effort: a
+  // page the driver will not create again stays unmapped (free memory, nothing lost), and a
+  // failure is not the request's.
   void refine_free_handles();
+  static constexpr size_t kRefinePagesPerCall = 512;
+  static constexpr size_t kRefineMaxHandlePages = 64;
   void map_and_grant(Reservation& r, const Filled& filled, Grants grant);
   void put_back(const Filled& filled, size_t from = 0);
   // Unmaps the handles into the pool, one cuMemUnmap per run of adjacent ones.

@@ -175,6 +175,28 @@ void StreamOrder::prove(bool wait) {
   for (CUcontext ctx : to_sync) sync_context(ctx);
 }
 
+bool StreamOrder::prove_own(StreamKey key) {
+  StreamState* ss = find_state(key);
+  if (ss == nullptr || ss->safe_seq >= ss->free_seq) return false;
+  DeviceDriver::RelaxedCapture relaxed(drv_);
+  if ((ss->fences.empty() || ss->fences.back().seq < ss->free_seq) &&
+      record_fence(*ss) != Recorded::yes) {
+    return false;
+  }
+  // In-stream order: the latest fence passing proves every earlier one.
+  if (drv_.event_synchronize(ss->fences.back().event) != CUDA_SUCCESS) return false;
+  while (!ss->fences.empty()) {
+    const Fence f = ss->fences.front();
+    ss->safe_seq = std::max(ss->safe_seq, f.seq);
+    events_.put(f.ctx, f.event);
+    ss->fences.pop_front();
+  }
+  EXPANSE_ASSERT(ss->safe_seq <= ss->free_seq);
+  settle(*ss);
+  release_pending();
+  return true;
+}
+
 // Pending blocks whose streams have all passed their free go back to the free index.
 void StreamOrder::release_pending() {
   BlockIndex& index = placement_.index();

@@ -191,6 +191,12 @@ class StreamOrder {
   // blocks until that work is done wherever that can be proven (a capturing stream's frees stay
   // unsafe).
   void poll(bool wait);
+  // Waits for the calling stream's own work up to its latest free (one fence recorded on it now
+  // if it has none there, then cuEventSynchronize), and makes what that proves safe. Nothing
+  // else is waited for and no context is synchronized (a context sync from this thread would
+  // invalidate another thread's global capture). Returns whether its frees are proven now
+  // (false: none to prove, or no fence can be recorded: a capture, another thread's stream).
+  bool prove_own(StreamKey key);
   // The application says the capture on handle s has ended (it announced the capture: see
   // capture_announcements.hpp). Until a call names s again, nothing else could tell: a handle
   // that may name a destroyed stream is never passed to the driver, and a capture that may be

@@ -309,24 +309,20 @@ struct Recorded {
 };
 constexpr size_t kSteps = 1500;
 constexpr Recorded kRecorded[] = {
-    {"default", 1, 0xb748fb284637fa1bull},
-    {"default", 2, 0x85368c85cc43abc8ull},
-    {"default_inject", 1, 0x55a067479a44fbdcull},
-    {"default_inject", 2, 0x25ae8e8170ec5080ull},
-    {"reclaim_first_inject", 1, 0x2d4a9db5ec8fcf69ull},
-    {"reclaim_first_inject", 2, 0x223008c8e9d1f1c8ull},
-    {"high_water_threshold_inject", 1, 0x15bff072a7e3c727ull},
-    {"high_water_threshold_inject", 2, 0x3e9c2bd26ab54f89ull},
-    {"page_handles_limit_inject", 1, 0x1b7b0ef1519635c3ull},
-    {"page_handles_limit_inject", 2, 0xd4e7718271f9d57aull},
-    {"small_va_inject", 1, 0xda89d31baaba2682ull},
-    {"small_va_inject", 2, 0x9b48cd7488ba98d8ull},
-    {"small_handles", 1, 0xecd77961c69a99daull},
-    {"small_handles", 2, 0x31d643abaa7aaf2dull},
-    {"no_stream_ids_inject", 1, 0x38745a04ca929d35ull},
-    {"no_stream_ids_inject", 2, 0x77daed8107055dfbull},
-    {"two_devices_inject", 1, 0x561a1ee9ecb90f8eull},
-    {"two_devices_inject", 2, 0x01974555298ec720ull},
+    {"default", 1, 0xb3dea3601bcddf25ull},
+    {"default", 2, 0x65a989fc28e371deull},
+    {"default_inject", 1, 0x7f46b13144114ab0ull},
+    {"default_inject", 2, 0x8a8fa075db31b3daull},
+    {"reclaim_first_inject", 1, 0xb7a55567a3835c2dull},
+    {"reclaim_first_inject", 2, 0x90f0e93304189c64ull},
+    {"high_water_threshold_inject", 1, 0x3ff455980861fad8ull},
+    {"high_water_threshold_inject", 2, 0x2dad14f66910fdc0ull},
+    {"small_va_inject", 1, 0xb858a399dff72df9ull},
+    {"small_va_inject", 2, 0xb06e011cc250e0aaull},
+    {"small_handles", 1, 0xcd532fa92c40a292ull},
+    {"small_handles", 2, 0x721d795741d89866ull},
+    {"two_devices_inject", 1, 0x0c9463ddb178aab2ull},
+    {"two_devices_inject", 2, 0x0fca350ee517cf54ull},
 };
 
 TEST_F(OperationSequenceTest, FiguresMatchTheRecordedOnes) {
