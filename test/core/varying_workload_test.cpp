@@ -116,7 +116,13 @@ TEST_F(VaryingWorkloadTest, ARefusedCreateWhileRefiningLosesNothing) {
   }
   ASSERT_GT(creates, 4u);
   size_t failed = 0;
-  for (uint64_t n = 1; n <= creates; ++n) {
+#ifdef EXPANSE_CHECKED
+  // Every call checks the books of thousands of blocks there: three refusals.
+  const uint64_t stride = creates / 3 + 1;
+#else
+  const uint64_t stride = 1;
+#endif
+  for (uint64_t n = 1; n <= creates; n += stride) {
     CUstream s = nullptr;
     std::vector<void*> keep = setup(s, 64 * GiB, 96 * MiB);
     sim::inject_failure(EntryPoint::mem_create, n, CUDA_ERROR_UNKNOWN);
