@@ -23,6 +23,8 @@
 // over. A point forgotten, or whose addresses are taken, is placed the usual way.
 #pragma once
 
+#include "core/mix64.hpp"
+
 #include <cuda.h>
 
 #include <algorithm>
@@ -105,20 +107,13 @@ class PlacementEcho {
   // A point naming the last `history` operations (the latest last), sz, stream and live blocks.
   uint64_t name(size_t history, size_t sz, uint64_t stream, uint64_t live,
                 uint64_t live_bytes) const noexcept {
-    uint64_t h = mix(sz * 0x9E3779B97F4A7C15ull ^ (live << 1) ^ history);
-    h = mix(h ^ live_bytes);
-    h = mix(h ^ stream);
+    uint64_t h = mix64(sz * 0x9E3779B97F4A7C15ull ^ (live << 1) ^ history);
+    h = mix64(h ^ live_bytes);
+    h = mix64(h ^ stream);
     for (size_t i = kHistory - history; i < kHistory; ++i) {
-      h = mix(h ^ history_[(at_ + i) % kHistory]);
+      h = mix64(h ^ history_[(at_ + i) % kHistory]);
     }
     return h | 1;  // 0 marks an empty slot
-  }
-  static uint64_t mix(uint64_t x) noexcept {
-    x ^= x >> 30;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 27;
-    x *= 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
   }
   // Open addressing, linear probing; the table stays at most half full.
   const Slot* find(uint64_t point) const noexcept {

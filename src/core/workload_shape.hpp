@@ -16,6 +16,8 @@
 // known shape but an unknown point.
 #pragma once
 
+#include "core/mix64.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -41,8 +43,8 @@ class WorkloadShape {
   // An allocation now, by a stream holding live_blocks large blocks; point_known: the echo knew
   // its point. Out of host memory for the table (512 KiB, at the first call) nothing is counted.
   void allocation(uint64_t live_blocks, bool point_known) noexcept {
-    uint64_t h = mix(0x51ED27 ^ (live_blocks * 0x9E3779B97F4A7C15ull));
-    for (size_t i = 0; i < kHistory; ++i) h = mix(h ^ history_[(at_ + i) % kHistory]);
+    uint64_t h = mix64(0x51ED27 ^ (live_blocks * 0x9E3779B97F4A7C15ull));
+    for (size_t i = 0; i < kHistory; ++i) h = mix64(h ^ history_[(at_ + i) % kHistory]);
     h |= 1;  // 0 marks an empty slot
     if (seen_.empty()) {
       try {
@@ -64,14 +66,6 @@ class WorkloadShape {
   bool varies() const noexcept { return asked_ >= kWindow && moved_ * 10 >= asked_ * 3; }
 
  private:
-  static uint64_t mix(uint64_t x) noexcept {
-    x ^= x >> 30;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 27;
-    x *= 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-  }
-
   uint64_t history_[kHistory] = {};
   size_t at_ = 0;
   size_t last_size_ = 0;
