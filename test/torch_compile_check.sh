@@ -12,7 +12,8 @@
 #
 # Environment: WORK (downloads, shared by every checkout; default /tmp/expanse-torch-check), BUILD
 # (the build folder; default build-torch-check in this checkout, since a CMake cache belongs to one
-# source folder and WORK may be shared by several checkouts), KEEP_WHEELS=1 keeps
+# source folder and WORK may be shared by several checkouts; a folder configured already keeps
+# its options and only gains the torch targets), KEEP_WHEELS=1 keeps
 # the wheels (about 1 GB each; by default only their headers are kept), PIP (default
 # "python3 -m pip"). Needs the CUDA toolkit's headers (c10/cuda includes cuda_runtime_api.h).
 set -euo pipefail
@@ -78,10 +79,14 @@ for v in "${versions[@]}"; do
               | grep -v '^libc10\.so$' | tr '\n' ' ' || true)
   if [ -z "$missing" ]; then lib="$inc/torch/lib"; fi
   echo "==== torch $v: compiling the native allocator against $inc/torch/include"
-  if cmake -S "$SRC" -B "$b" -DCMAKE_BUILD_TYPE=Release -DEXPANSE_WERROR=ON \
-        -DEXPANSE_BUILD_BENCH=OFF -DEXPANSE_BUILD_EXAMPLES=OFF -DEXPANSE_BUILD_CUDA_TESTS=OFF \
-        -DEXPANSE_TORCH_INCLUDE="$inc/torch/include" -DEXPANSE_TORCH_LIB="$lib" \
-        >"$b/configure-torch-$v.log" 2>&1 &&
+  # A folder configured already (CI passes its Release build) keeps its options and its built
+  # library: only the torch targets are added; a new one builds no more than they need.
+  opts=(-DEXPANSE_TORCH_INCLUDE="$inc/torch/include" -DEXPANSE_TORCH_LIB="$lib")
+  if [ ! -f "$b/CMakeCache.txt" ]; then
+    opts+=(-DCMAKE_BUILD_TYPE=Release -DEXPANSE_WERROR=ON -DEXPANSE_BUILD_BENCH=OFF
+           -DEXPANSE_BUILD_EXAMPLES=OFF -DEXPANSE_BUILD_CUDA_TESTS=OFF)
+  fi
+  if cmake -S "$SRC" -B "$b" "${opts[@]}" >"$b/configure-torch-$v.log" 2>&1 &&
      cmake --build "$b" --target expanse_torch_native_check; then
     echo "==== torch $v: compiles ($(( $(date +%s) - t0 )) s)"
   else
