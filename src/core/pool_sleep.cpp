@@ -207,11 +207,22 @@ void DeviceAllocator::wake_pool(PoolId id) {
 void DeviceAllocator::wake_locked(PoolSlot s) {
   PoolState& p = pools_.at(s);
   BlockIndex& index = placement_.index();
-  std::vector<BlockIt> mine, waking;
+  // The pool's blocks as ranges, not iterators: a poll while pages are found (ensure_pages) may
+  // merge its free blocks, erasing some. A merge only joins the pool's own free ranges, so each
+  // range is still the pool's memory to map. Asleep blocks are never merged: iterators serve.
+  struct Range {
+    CUdeviceptr addr;
+    size_t size;
+    uint32_t res;
+    bool asleep;
+  };
+  std::vector<Range> mine;
+  std::vector<BlockIt> waking;
   for (auto it = index.blocks().begin(); it != index.blocks().end(); ++it) {
     if (it->second.pool != s) continue;
-    mine.push_back(it);
-    if (it->second.state == BlockState::asleep) waking.push_back(it);
+    const bool asleep = it->second.state == BlockState::asleep;
+    mine.push_back({it->first, it->second.size, it->second.res, asleep});
+    if (asleep) waking.push_back(it);
   }
   // Where each asleep block's bytes are in the staging (blocks freed while asleep have none).
   std::map<CUdeviceptr, size_t> staged;
@@ -245,10 +256,8 @@ void DeviceAllocator::wake_locked(PoolSlot s) {
   // handles are never split, so only these let it place any block there again. A live block
   // gets the handles any block gets (fewer, larger: a weights pool wakes, and sleeps again, at a
   // fraction of the driver calls); once freed, its memory serves blocks that cover them whole.
-  auto map_block = [&](BlockIt it, PageRequest& req) {
-    const size_t max_handle = it->second.state == BlockState::asleep ? 0 : 1;
-    return supply_.ensure_pages(placement_.res(it->second.res), it->first, it->second.size, req,
-                                max_handle);
+  auto map_block = [&](const Range& r, PageRequest& req) {
+    return supply_.ensure_pages(placement_.res(r.res), r.addr, r.size, req, r.asleep ? 0 : 1);
   };
   // A block's bytes go back (or its zeros) as soon as its pages are mapped, so the copy engine
   // works while the next blocks are mapped.
@@ -264,24 +273,24 @@ void DeviceAllocator::wake_locked(PoolSlot s) {
   CopyRuns<decltype(issue)> runs(issue);
   try {
     PageRequest req;
-    for (BlockIt it : mine) {
-      req.bytes = it->second.size;
-      if (!map_block(it, req)) {
+    for (const Range& r : mine) {
+      req.bytes = r.size;
+      if (!map_block(r, req)) {
         undo();
         throw out_of_memory("expanse: waking pool " + std::to_string(p.id) + " on device " +
                                 std::to_string(device()) + ": the pages under its block at " +
-                                hex(it->first) + " (" + conf::format_size(it->second.size) +
+                                hex(r.addr) + " (" + conf::format_size(r.size) +
                                 ") cannot be had; the pool is still asleep" +
                                 pools_holding_memory(),
-                            it->second.size, device());
+                            r.size, device());
       }
-      if (!fill || it->second.state != BlockState::asleep) continue;
+      if (!fill || !r.asleep) continue;
       if (p.offloaded) {
-        auto st = staged.find(it->first);
-        if (st != staged.end()) runs.add(it->first, st->second, it->second.size);
+        auto st = staged.find(r.addr);
+        if (st != staged.end()) runs.add(r.addr, st->second, r.size);
       } else {
         // Zeroing needs no staging: one offset line keeps adjacent blocks in one run.
-        runs.add(it->first, it->first, it->second.size);
+        runs.add(r.addr, r.addr, r.size);
       }
     }
     runs.flush();

@@ -270,6 +270,48 @@ TEST_F(PoolSleepTest, HeldStreamWorkIsDoneBeforeAnyPageGoes) {
   alloc_->release_pool(6);
 }
 
+// Blocks of an asleep pool that another stream used, freed while asleep, wait for that stream
+// (pending). The wake polls while it maps the first (reclaim first: it looks for pages under free
+// memory before creating); the poll proves them, and they merge into one free block: the wake
+// must map that block whole, not walk the blocks the merge erased (a read of freed memory, which
+// ASan reports).
+TEST_F(PoolSleepTest, PendingFreesThatMergeDuringTheWakeAreMappedWhole) {
+  core::AllocatorOptions o;
+  o.reclaim_before_create = true;
+  make(sim_config(32 * P), o);
+  alloc_->create_pool(7);
+  CUstream other = new_stream();
+  void* b[4];
+  for (int i = 0; i < 4; ++i) {
+    b[i] = alloc_->allocate(P, nullptr, 7);
+    alloc_->record_stream(b[i], other);
+  }
+  void* keep = alloc_->allocate(P, nullptr, 7);
+  fill_pattern(keep, P, 5);
+  for (int i = 1; i < 4; ++i) {
+    ASSERT_EQ(static_cast<char*>(b[i]), static_cast<char*>(b[0]) + i * P) << "block " << i;
+  }
+  ASSERT_TRUE(alloc_->sleep_pool(7, Mode::offload));
+  for (int i = 0; i < 4; ++i) alloc_->deallocate(b[i], nullptr);
+  // A call on the other stream records the fence that proves its uses over; the stream is held
+  // meanwhile, so only a later poll (the wake's) finds it done.
+  sim::hold_stream(other);
+  alloc_->deallocate(alloc_->allocate(512, other), other);
+  sim::release_stream(other);
+  alloc_->wake_pool(7);
+  EXPECT_EQ(books_vs_driver(), "");
+  EXPECT_EQ(check_pattern(keep, P, 5), SIZE_MAX);
+  // The freed memory is the pool's again, mapped: a block of all four pages fits there.
+  void* all = alloc_->allocate(4 * P, nullptr, 7);
+  EXPECT_EQ(all, b[0]);
+  fill_pattern(all, 4 * P, 6);
+  EXPECT_EQ(check_pattern(all, 4 * P, 6), SIZE_MAX);
+  EXPECT_EQ(books_vs_driver(), "");
+  alloc_->deallocate(all, nullptr);
+  alloc_->deallocate(keep, nullptr);
+  alloc_->release_pool(7);
+}
+
 // A driver failure at the nth call of each entry point a sleep or wake makes.
 // Random pools of blocks of every size, some default blocks between them, frees while asleep,
 // the default pool churning meanwhile, offload or zeroed discard; with no option, a reservation,
