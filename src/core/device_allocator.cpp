@@ -299,7 +299,9 @@ BlockIt DeviceAllocator::place_once(size_t sz, Arena a, StreamKey stream, PageRe
                  (it->second.pool == kDefaultPool || it->second.pool == pool));
   const PoolSlot from = it->second.pool;
   it = placement_.index().carve(it, span, a, offset);
-  it->second.state = BlockState::live;  // out of the index: reclaim cannot pick its pages
+  // Live before ensure_pages: out of the index, reclaim cannot pick its pages, and a poll there
+  // cannot merge it away (a merge erases free blocks only), so `it` stays valid across it.
+  it->second.state = BlockState::live;
   it->second.pool = pool;
   Reservation& r = placement_.res(it->second.res);
   try {
