@@ -19,10 +19,7 @@ namespace {
 
 constexpr size_t MiB = size_t{1} << 20;
 
-bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
-  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
-  return x < y + bn && y < x + an;
-}
+using expanse::test::overlaps;
 
 CUstream_st* cs(CUstream s) { return reinterpret_cast<CUstream_st*>(s); }
 

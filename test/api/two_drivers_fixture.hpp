@@ -13,11 +13,19 @@
 
 #include <dlfcn.h>
 
+#include <cstdint>
+
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace expanse::test {
+
+// Whether blocks [a, a + an) and [b, b + bn) share a byte.
+inline bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + bn && y < x + an;
+}
 
 class TwoDrivers : public ::testing::TestWithParam<std::string> {
  protected:
