@@ -158,15 +158,13 @@ void StreamOrder::prove(bool wait) {
       if (record_fence(ss) != Recorded::yes && wait) to_sync.push_back(ss.ctx);
     }
     while (!ss.fences.empty()) {
-      Fence f = ss.fences.front();
-      const CUresult r = wait ? drv_.event_synchronize(f.event) : drv_.event_query(f.event);
+      const CUevent e = ss.fences.front().event;
+      const CUresult r = wait ? drv_.event_synchronize(e) : drv_.event_query(e);
       if (r != CUDA_SUCCESS) {  // not ready, or an error: not proven done
         if (wait) to_sync.push_back(ss.ctx);
         break;
       }
-      ss.safe_seq = std::max(ss.safe_seq, f.seq);
-      events_.put(f.ctx, f.event);
-      ss.fences.pop_front();
+      retire_oldest_fence(ss);
     }
     EXPANSE_ASSERT(ss.safe_seq <= ss.free_seq);
   }
@@ -185,16 +183,18 @@ bool StreamOrder::prove_own(StreamKey key) {
   }
   // In-stream order: the latest fence passing proves every earlier one.
   if (drv_.event_synchronize(ss->fences.back().event) != CUDA_SUCCESS) return false;
-  while (!ss->fences.empty()) {
-    const Fence f = ss->fences.front();
-    ss->safe_seq = std::max(ss->safe_seq, f.seq);
-    events_.put(f.ctx, f.event);
-    ss->fences.pop_front();
-  }
+  while (!ss->fences.empty()) retire_oldest_fence(*ss);
   EXPANSE_ASSERT(ss->safe_seq <= ss->free_seq);
   settle(*ss);
   release_pending();
   return true;
+}
+
+void StreamOrder::retire_oldest_fence(StreamState& ss) {
+  const Fence f = ss.fences.front();
+  ss.safe_seq = std::max(ss.safe_seq, f.seq);
+  events_.put(f.ctx, f.event);
+  ss.fences.pop_front();
 }
 
 // Pending blocks whose streams have all passed their free go back to the free index.

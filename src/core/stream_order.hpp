@@ -248,6 +248,8 @@ class StreamOrder {
   Recorded record_fence(StreamState& ss, bool at_free = false);
   Recorded record_fence_or_throw(StreamState& ss, bool at_free);
   void record_owed(StreamState& ss);
+  // ss's oldest fence has passed: what it covers is proven, its event goes back to the pool.
+  void retire_oldest_fence(StreamState& ss);
   // Queries ss's fences oldest first (no record, no wait); whether its proven point advanced.
   bool query_fences(StreamState& ss);
   bool context_quiet(CUcontext ctx);

@@ -20,11 +20,9 @@ void StreamOrder::record_owed(StreamState& ss) {
 bool StreamOrder::query_fences(StreamState& ss) {
   bool advanced = false;
   while (!ss.fences.empty()) {
-    const Fence f = ss.fences.front();
-    if (drv_.event_query(f.event) != CUDA_SUCCESS) break;  // not ready, or an error: not proven
-    ss.safe_seq = std::max(ss.safe_seq, f.seq);
-    events_.put(f.ctx, f.event);
-    ss.fences.pop_front();
+    // Not ready, or an error: not proven.
+    if (drv_.event_query(ss.fences.front().event) != CUDA_SUCCESS) break;
+    retire_oldest_fence(ss);
     advanced = true;
   }
   EXPANSE_ASSERT(ss.safe_seq <= ss.free_seq);
