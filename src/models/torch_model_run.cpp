@@ -174,7 +174,7 @@ TorchRun run_torch_model(const trace::Trace& t, const trace::TorchSettings& s,
     if (o.record_reserved) r.reserved_after_op.push_back(m.reserved());
     if (next_mark < o.marks.size() && o.marks[next_mark] == i) {
       r.marks.push_back({i, m.driver_calls().total(), m.driver_calls().seconds(), m.reserved(),
-                         m.peak_reserved()});
+                         m.peak_reserved(), m.driver_calls().by_name()});
       ++next_mark;
     }
   }

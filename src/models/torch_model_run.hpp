@@ -61,6 +61,7 @@ struct TorchMark {
   double modeled_driver_seconds = 0;
   uint64_t reserved = 0;       // now
   uint64_t peak_reserved = 0;  // the most so far
+  std::map<std::string, uint64_t> driver_calls;  // since the run began, by entry point name
 };
 
 struct TorchRun {

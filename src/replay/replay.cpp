@@ -218,7 +218,8 @@ ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_
             if (pass == 1 && next_mark < o.marks.size() && o.marks[next_mark] == i) {
               const core::DeviceStats now = alloc.stats();
               r.marks.push_back({i, now.total_driver_calls(), now.modeled_driver_ns * 1e-9,
-                                 now.physical_bytes, now.peak_physical_bytes, now.driver_calls});
+                                 now.physical_bytes, now.peak_physical_bytes, now.driver_calls,
+                                 now.num_created_pages});
               ++next_mark;
             }
             if (progress && (r.ops_done & 4095) == 0) progress(r.ops_done, total);
@@ -244,6 +245,10 @@ ReplayResult replay_trace(const trace::Trace& t, const conf::Config& conf, size_
       pr.modeled_driver_seconds = (after.modeled_driver_ns - before.modeled_driver_ns) * 1e-9;
       pr.peak_physical_bytes = after.peak_physical_bytes;
       pr.peak_mapped_bytes = after.peak_mapped_bytes;
+      pr.created_pages = after.num_created_pages - before.num_created_pages;
+      for (size_t e = 0; e < pr.driver_calls.size(); ++e) {
+        pr.driver_calls[e] = after.driver_calls[e] - before.driver_calls[e];
+      }
       r.passes.push_back(pr);
       peaks.peak_requested_bytes = std::max(peaks.peak_requested_bytes, after.peak_requested_bytes);
       peaks.peak_allocated_bytes = std::max(peaks.peak_allocated_bytes, after.peak_allocated_bytes);

@@ -23,6 +23,9 @@ struct PassResult {
   double modeled_driver_seconds = 0;
   uint64_t peak_physical_bytes = 0;  // peaks during the pass
   uint64_t peak_mapped_bytes = 0;
+  uint64_t created_pages = 0;  // physical pages created during the pass
+  // Per entry point, made during the pass.
+  std::array<uint64_t, driver::kEntryPointCount> driver_calls{};
 };
 
 // The first pass's figures at one of ReplayOptions::marks.
@@ -34,6 +37,7 @@ struct ReplayMark {
   uint64_t peak_physical_bytes = 0;  // the most so far
   // Since the replay began, per entry point (core::DeviceStats::driver_calls).
   std::array<uint64_t, driver::kEntryPointCount> driver_calls{};
+  uint64_t created_pages = 0;  // since the replay began (core::DeviceStats::num_created_pages)
 };
 
 struct ReplayResult {

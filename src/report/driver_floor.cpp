@@ -62,4 +62,13 @@ LiveSetFloor live_set_driver_floor(const trace::Trace& t, uint64_t page,
   return f;
 }
 
+OnePageFloor one_page_driver_floor(uint64_t peak_live_bytes, uint64_t page,
+                                   const driver::CostModel& costs) {
+  OnePageFloor f;
+  if (page == 0) return f;
+  f.pages = (peak_live_bytes + page - 1) / page;
+  f.seconds = static_cast<double>(f.pages) * one_handle_ns(costs, static_cast<size_t>(page)) * 1e-9;
+  return f;
+}
+
 }  // namespace expanse::replay

@@ -52,4 +52,18 @@ struct LiveSetFloor {
 LiveSetFloor live_set_driver_floor(const trace::Trace& t, uint64_t page,
                                    const driver::CostModel& costs);
 
+// What creating, mapping and granting ceil(peak live / page) pages one page at a time costs: the
+// price of backing the most a workload ever holds live with one-page handles, which a workload
+// whose block boundaries move from step to step needs wherever a boundary may fall (a handle
+// under two live blocks would strand pages, invariant 1). Priced on the peak of live bytes, not
+// on what an allocator held, so that holding more cannot loosen it. Not a lower bound: handles
+// that no boundary ever cuts (weights, optimizer state) may be larger and cheaper.
+struct OnePageFloor {
+  uint64_t pages = 0;  // ceil(peak live / page)
+  double seconds = 0;
+};
+
+OnePageFloor one_page_driver_floor(uint64_t peak_live_bytes, uint64_t page,
+                                   const driver::CostModel& costs);
+
 }  // namespace expanse::replay
