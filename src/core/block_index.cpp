@@ -269,6 +269,15 @@ bool BlockIndex::any_unsafe() const noexcept {
   return false;
 }
 
+bool BlockIndex::any_unsafe_but(StreamKey stream) const noexcept {
+  for (const FreeSets& f : pools_) {
+    for (const auto& m : f.owned) {
+      if (m.size() > 1 || (m.size() == 1 && m.begin()->first != stream)) return true;
+    }
+  }
+  return false;
+}
+
 std::vector<StreamKey> BlockIndex::streams_with_unsafe() const {
   std::vector<StreamKey> out;
   for (const FreeSets& f : pools_) {

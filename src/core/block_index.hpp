@@ -130,6 +130,8 @@ class BlockIndex {
   std::vector<BlockIt> owned_up_to(Arena a, StreamKey stream, uint64_t upto);
   std::vector<StreamKey> streams_with_unsafe() const;
   bool any_unsafe() const noexcept;
+  // Whether a stream other than `stream` owns an unsafe free block.
+  bool any_unsafe_but(StreamKey stream) const noexcept;
 
   // Safe free blocks of the default pool in arena `a`, largest first (for reclaiming pages under
   // them: only the default pool's free memory gives its pages to others).
@@ -138,6 +140,16 @@ class BlockIndex {
     auto& set = pools_[kDefaultPool].safe[static_cast<int>(a)];
     for (auto r = set.rbegin(); r != set.rend(); ++r) {
       if (!f(blocks_.find(r->second))) return;
+    }
+  }
+
+  // Unsafe free blocks of the default pool in arena `a`, any order; f returns false to stop.
+  template <class F>
+  void for_each_unsafe(Arena a, F&& f) {
+    for (const auto& [owner, set] : pools_[kDefaultPool].owned[static_cast<int>(a)]) {
+      for (const auto& e : set) {
+        if (!f(blocks_.find(e.second))) return;
+      }
     }
   }
 

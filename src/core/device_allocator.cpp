@@ -185,8 +185,10 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
   const uint64_t point = echo_.point(sz, ss.key, refs, ref_bytes);
   const uint64_t short_point = echo_.short_point(sz, ss.key, refs, ref_bytes);
   if (a == Arena::large) {
-    shape_.allocation(ss.large_refs, echo_.known(point));
-    supply_.set_refine(shape_.varies());
+    shape_.allocation(sz, ss.large_refs, echo_.known(point));
+    if (shape_.varies()) supply_.set_refine(true);
+    // Handles a varying workload's block boundaries would cut, cut now (once).
+    if (slot == kDefaultPool) supply_.refine_freed();
   }
   BlockIt reused = placement_.index().end();
   if (slot == kDefaultPool) reused = place_echoed(point, short_point, sz, a, ss);
@@ -351,8 +353,11 @@ BlockIt DeviceAllocator::find_block(size_t sz, Arena a, StreamKey stream, PageRe
     BlockIt it = placement_.find_tight(sz, a, stream, SIZE_MAX, offset, whole_pages, true);
     const bool proven =
         it != none && placement_.handles_fit(it, *offset, sz, Placement::HandleFit::splittable);
-    if (!asked && streams_.has_unfinished_frees() &&
-        (!proven || !placement_.mapped_at(it, *offset, sz))) {
+    // Asked only where an answer may change the placement: memory other streams freed may be
+    // usable now; a split needs the work on the memory it unmaps proven done. The stream's own
+    // free memory is its to use already.
+    if (!asked && ((it != none && !proven) || (streams_.others_have_unfinished_frees(stream) &&
+                                               (it == none || !placement_.mapped_at(it, *offset, sz))))) {
       streams_.poll(false);
       continue;
     }
@@ -457,6 +462,9 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
     b.state = BlockState::live;  // freed as a live block; its pages are gone (not touched)
   } else {
     supply_.untouch(placement_.res(b.res), it->first, b.size);
+    if (b.pool == kDefaultPool && placement_.arena_of(b) == Arena::large) {
+      supply_.note_freed(placement_.res(b.res), it->first, b.size);
+    }
   }
   PoolSlot emptied = kDefaultPool;  // a returned pool this free leaves with no live block
   if (b.pool != kDefaultPool) {

@@ -127,7 +127,7 @@ bool PageSupply::ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes, Pa
       if (s.held_pages() < s.reserved_pages_) s.top_up();
     }
   } top_up_after{*this};
-  Plan p = plan(r, addr, bytes, max_handle_pages != 0 ? max_handle_pages : max_pages_);
+  Plan p = plan(r, addr, bytes, refine_ ? 1 : max_handle_pages != 0 ? max_handle_pages : max_pages_);
   if (p.slots.empty() && p.grant.empty() && p.extra.empty()) return true;
   for (const HandleSlot& s : p.slots) req.needed += s.pages();
 
@@ -152,53 +152,53 @@ bool PageSupply::ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes, Pa
   map_and_grant(r, filled, std::move(p.grant));
   // The block's pages are mapped and accessible, under handles it may hold.
   EXPANSE_ASSERT(r.all_ready(r.first_page(addr), r.last_page(addr, bytes)));
-  // A split while refining: handles a varying workload's boundaries will cut are left elsewhere.
-  if (refine_ && p.split) refine_free_handles();
   return true;
 }
 
-void PageSupply::refine_free_handles() {
-  // Best effort: the request it follows has its pages already. A failure here leaves pages
-  // unmapped (pooled or given back), never lost, and is not the request's failure.
+void PageSupply::refine_freed() {
+  if (!refine_ || !coarse_free_) return;
   std::vector<ReclaimableHandle> handles;
+  bool unsafe = false;
   try {
     if (streams_.has_unfinished_frees()) streams_.poll(false);
-    handles = placement_.reclaimable_handles();
+    handles = placement_.coarse_free_handles(&unsafe);
   } catch (...) {
     return;
   }
-  size_t budget = kRefinePagesPerCall;
-  for (const ReclaimableHandle& h : handles) {
-    // Handles of a large free stretch (the arena's tail) are left whole: a split cuts them when
-    // a block needs it.
-    if (h.pages <= 1 || h.pages > kRefineMaxHandlePages) continue;
-    if (h.pages > budget) break;
-    budget -= h.pages;
-    Reservation& r = placement_.res(h.res);
-    Filled filled;
+  size_t done = 0;
+  size_t i = 0;
+  for (; i < handles.size() && (done == 0 || done + handles[i].pages <= kRefinePagesPerCall);
+       ++i) {
+    cut_to_pages(handles[i]);
+    done += handles[i].pages;
+  }
+  coarse_free_ = unsafe || i < handles.size();
+}
+
+void PageSupply::cut_to_pages(const ReclaimableHandle& h) {
+  Reservation& r = placement_.res(h.res);
+  Filled filled;
+  try {
+    filled.reserve(h.pages);
+    unmap_handles(r, h.head, h.head + h.pages);
+    release_pooled(h.pages);
+  } catch (...) {
+    return;
+  }
+  for (size_t p = h.head; p < h.head + h.pages; ++p) {
+    if (held_pages() + filled.size() + 1 > std::min(limit_pages_, capacity_pages_)) break;
+    CUmemGenericAllocationHandle one = 0;
     try {
-      filled.reserve(h.pages);
-      unmap_handles(r, h.head, h.head + h.pages);
-      release_pooled(h.pages);
+      if (drv_.create(page_, &one) != CUDA_SUCCESS) break;
     } catch (...) {
-      return;
+      break;
     }
-    for (size_t p = h.head; p < h.head + h.pages; ++p) {
-      if (held_pages() + filled.size() + 1 > std::min(limit_pages_, capacity_pages_)) break;
-      CUmemGenericAllocationHandle one = 0;
-      try {
-        if (drv_.create(page_, &one) != CUDA_SUCCESS) break;
-      } catch (...) {
-        break;
-      }
-      ++stats_.num_created_pages;
-      filled.emplace_back(HandleSlot{p, 1}, one);  // reserved: does not throw
-    }
-    try {
-      map_and_grant(r, filled, {});  // on a failure its handles go to the pool
-    } catch (...) {
-      return;
-    }
+    ++stats_.num_created_pages;
+    filled.emplace_back(HandleSlot{p, 1}, one);  // reserved: does not throw
+  }
+  try {
+    map_and_grant(r, filled, {});  // on a failure its handles go to the pool
+  } catch (...) {
   }
 }
 

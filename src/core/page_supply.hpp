@@ -72,13 +72,29 @@ class PageSupply {
     EXPANSE_ASSERT(n <= touched_pages_);
     touched_pages_ -= n;
   }
-  // Whether handles are refined (docs/design.md, "Settling on a varying workload"): while the
-  // workload repeats its structure with other sizes (WorkloadShape), a split cuts the whole
-  // handle into one-page handles, and with it every multi-page handle under safe free memory, so
-  // that block boundaries falling anywhere later need no split. Otherwise a split cuts where the
-  // block and the blocks predicted after it end (plan_handles_periodic).
-  void set_refine(bool on) noexcept { refine_ = on; }
+  // Whether handles are refined (docs/design.md, "Settling on a varying workload"): once the
+  // workload repeats its structure with other sizes (WorkloadShape), for good, the large arena's
+  // new pages are one-page handles, a split cuts the whole handle into one-page handles, and the
+  // multi-page handles made before lie under free memory are cut the same way (refine_freed),
+  // so that block boundaries falling anywhere later need no split.
+  void set_refine(bool on) noexcept {
+    if (on && !refine_) coarse_free_ = true;
+    refine_ = on;
+  }
   bool refining() const noexcept { return refine_; }
+  // While refining: a block of the large arena's default pool was freed over [addr, addr+bytes)
+  // of r; if a multi-page handle lies under it, the next refine_freed cuts it.
+  void note_freed(const Reservation& r, CUdeviceptr addr, size_t bytes) {
+    if (refine_ && !coarse_free_ && placement_.holds_coarse(r.id, addr, bytes)) {
+      coarse_free_ = true;
+    }
+  }
+  // While refining, if multi-page handles may lie under free memory of the large arena: cuts
+  // those under safe free memory into one-page handles (after asking the fences), at most
+  // kRefinePagesPerCall pages a call (one allocation's latency stays bounded), and remembers
+  // whether any are left. Best effort: a page the driver will not create again stays unmapped
+  // (free memory, nothing lost), and a failure is not the caller's.
+  void refine_freed();
   // Raises the mapped/physical peaks to now (plus in_hand pages created but not yet mapped or
   // pooled).
   void note_peaks(size_t in_hand);
@@ -161,14 +177,9 @@ class PageSupply {
   Plan plan(Reservation& r, CUdeviceptr addr, size_t bytes, size_t max_pages);
   void split_handle(Reservation& r, size_t head, CUdeviceptr addr, size_t bytes, Plan& plan);
   void add_extra(const std::vector<HandleSlot>& extra, Filled& filled);
-  // Cuts multi-page handles lying wholly under safe free memory of the default pool into one-page
-  // handles (refining; after a split): those of at most kRefineMaxHandlePages, at most
-  // kRefinePagesPerCall pages a call (one allocation's latency stays bounded). Best effort: a
-  // page the driver will not create again stays unmapped (free memory, nothing lost), and a
-  // failure is not the request's.
-  void refine_free_handles();
-  static constexpr size_t kRefinePagesPerCall = 512;
-  static constexpr size_t kRefineMaxHandlePages = 64;
+  // Cuts the multi-page handle h (under safe free memory) into one-page handles.
+  void cut_to_pages(const ReclaimableHandle& h);
+  static constexpr size_t kRefinePagesPerCall = 1024;
   void map_and_grant(Reservation& r, const Filled& filled, Grants grant);
   void put_back(const Filled& filled, size_t from = 0);
   // Unmaps the handles into the pool, one cuMemUnmap per run of adjacent ones.
@@ -202,7 +213,8 @@ class PageSupply {
   size_t touched_pages_ = 0;
   size_t outside_pages_ = 0;
   size_t high_water_ = 0;  // most pages touched by live blocks plus a request's, so far
-  bool refine_ = false;    // see set_refine
+  bool refine_ = false;       // see set_refine
+  bool coarse_free_ = false;  // refining: multi-page handles may lie under free memory
   size_t reserved_pages_ = 0;
   size_t reserve_asked_pages_ = 0;
   size_t reserve_handle_pages_ = 1;

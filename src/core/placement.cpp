@@ -195,6 +195,33 @@ std::vector<ReclaimableHandle> Placement::reclaimable_handles() {
   return out;
 }
 
+std::vector<ReclaimableHandle> Placement::coarse_free_handles(bool* unsafe) {
+  std::vector<ReclaimableHandle> out;
+  index_.for_each_safe_largest_first(Arena::large, [&](BlockIt it) {
+    const size_t before = out.size();
+    handles_under(it, out);
+    out.erase(std::remove_if(out.begin() + static_cast<std::ptrdiff_t>(before), out.end(),
+                             [](const ReclaimableHandle& h) { return h.pages <= 1; }),
+              out.end());
+    return true;
+  });
+  *unsafe = false;
+  index_.for_each_unsafe(Arena::large, [&](BlockIt it) {
+    *unsafe = holds_coarse(it->second.res, it->first, it->second.size);
+    return !*unsafe;
+  });
+  return out;
+}
+
+bool Placement::holds_coarse(uint32_t res, CUdeviceptr addr, size_t bytes) const {
+  const Reservation& r = this->res(res);
+  const PageRange inner = r.inner_pages(addr, bytes);
+  for (const HandleRun& h : r.handles_in(inner.lo, inner.hi)) {
+    if (h.pages > 1 && inner.holds(h)) return true;
+  }
+  return false;
+}
+
 void Placement::handles_under(BlockIt it, std::vector<ReclaimableHandle>& out) const {
   const Reservation& r = res(it->second.res);
   const PageRange inner = r.inner_pages(it->first, it->second.size);

@@ -128,6 +128,12 @@ class Placement {
   // (the only one whose pages others may take): large arena first, blocks largest first, handles
   // in address order.
   std::vector<ReclaimableHandle> reclaimable_handles();
+  // The multi-page handles under free memory of the large arena's default pool: those under safe
+  // free blocks (which can be unmapped now), largest blocks first; *unsafe: whether unsafe free
+  // blocks hold some too (unmapped once their work is proven done).
+  std::vector<ReclaimableHandle> coarse_free_handles(bool* unsafe);
+  // Whether a multi-page handle lies in [addr, addr+bytes) of reservation `res`.
+  bool holds_coarse(uint32_t res, CUdeviceptr addr, size_t bytes) const;
   // The mapped handles lying wholly inside free block it's inner pages, appended to out.
   void handles_under(BlockIt it, std::vector<ReclaimableHandle>& out) const;
   // Gives back (cuMemAddressFree) every reservation that holds no live block and no mapping.

@@ -228,6 +228,11 @@ class StreamOrder {
   bool has_unfinished_frees() const noexcept {
     return !pending_.empty() || placement_.index().any_unsafe();
   }
+  // Freed memory that the work of a stream other than `stream` may still use: what proving
+  // could make usable to `stream` (its own free memory already is).
+  bool others_have_unfinished_frees(StreamKey stream) const noexcept {
+    return !pending_.empty() || placement_.index().any_unsafe_but(stream);
+  }
   size_t tracked_streams() const noexcept { return streams_.size(); }
   // Every stream identity (kind, driver id, handle, context, free/safe numbers, fences) and
   // every pending block, one a line.

@@ -50,58 +50,130 @@ TEST(WorkloadShapeTest, OtherSizesOfOneStructureVaryTheSameSizesDoNot) {
       for (int j = 0; j < 16; ++j) {
         const size_t sz = base[j % 4] * scale * 4096;
         // An exactly repeated step: every point known from the second on.
-        shape.allocation(static_cast<uint64_t>(j), !vary && step > 0);
+        shape.allocation(sz, static_cast<uint64_t>(j), !vary && step > 0);
         shape.note(sz, false);
-        if (++n < core::WorkloadShape::kWindow && shape.varies()) early = true;
+        if (++n < core::WorkloadShape::kMoved && shape.varies()) early = true;
       }
     }
-    EXPECT_FALSE(early) << "an answer before a window of allocations";
+    EXPECT_FALSE(early) << "an answer before kMoved allocations";
     EXPECT_EQ(shape.varies(), vary);
   }
 }
 
+// The layers of one model: one structure at one size, many times at points the echo has not
+// seen (each layer adds live blocks): never a varying workload.
+TEST(WorkloadShapeTest, LayersOfOneSizeAtNewPointsDoNotVary) {
+  core::WorkloadShape shape;
+  const size_t base[6] = {3, 1, 1, 4, 4, 1};
+  uint64_t live = 0;
+  for (int layer = 0; layer < 2000; ++layer) {
+    for (size_t b : base) {
+      shape.allocation(b * 6 * MiB, live++, false);
+      shape.note(b * 6 * MiB, false);
+    }
+  }
+  EXPECT_FALSE(shape.varies());
+}
+
+// Once varied, for good: steps of one size after it do not make it forget (a workload that has
+// varied pays for fine handles once).
+TEST(WorkloadShapeTest, VariesForGood) {
+  core::WorkloadShape shape;
+  std::mt19937_64 rng(5);
+  const size_t base[4] = {1, 4, 2, 8};
+  for (int step = 0; step < 50 && !shape.varies(); ++step) {
+    const size_t scale = 1 + rng() % 1000;
+    for (int j = 0; j < 16; ++j) {
+      shape.allocation(base[j % 4] * scale * 4096, static_cast<uint64_t>(j), false);
+      shape.note(base[j % 4] * scale * 4096, false);
+    }
+  }
+  ASSERT_TRUE(shape.varies());
+  for (int step = 0; step < 1000; ++step) {
+    for (int j = 0; j < 16; ++j) {
+      shape.allocation(base[j % 4] * 409600, static_cast<uint64_t>(j), true);
+      shape.note(base[j % 4] * 409600, false);
+    }
+  }
+  EXPECT_TRUE(shape.varies());
+}
+
 class VaryingWorkloadTest : public CoreTest {
  protected:
-  // Varying steps until the shape varies, then three small live blocks around a 1 GiB and a
-  // `cached` block, both freed (cached memory in large handles). Returns the live blocks.
+  // Three small live blocks around a 1 GiB and a `cached` block allocated while nothing says the
+  // workload varies (block-sized handles), then varying steps until it does, then the two large
+  // blocks freed: multi-page handles under free memory, to be cut into pages. Returns the live
+  // blocks.
   std::vector<void*> setup(CUstream& s, size_t capacity, size_t cached = 512 * MiB) {
     make(sim_config(capacity, false));
     s = new_stream();
-    VaryingSteps w;
-    auto alloc = [&](size_t n) { return alloc_->allocate(n, s); };
-    auto free = [&](void* p) { alloc_->deallocate(p, s); };
-    for (int i = 0; i < 150; ++i) w.step(alloc, free);
     std::vector<void*> keep;
     keep.push_back(alloc_->allocate(2 * MiB, s));
     void* b = alloc_->allocate(1 * GiB, s);
     keep.push_back(alloc_->allocate(2 * MiB, s));
     void* c = alloc_->allocate(cached, s);
     keep.push_back(alloc_->allocate(2 * MiB, s));
+    VaryingSteps w;
+    auto alloc = [&](size_t n) { return alloc_->allocate(n, s); };
+    auto free = [&](void* p) { alloc_->deallocate(p, s); };
+    for (int i = 0; i < 150; ++i) w.step(alloc, free);
     alloc_->deallocate(b, s);
     alloc_->deallocate(c, s);
     return keep;
   }
+  // Pages of the device's handles beyond their first: 0 when every handle is one page.
+  static size_t pages_beyond_one_per_handle() {
+    const sim::Outstanding o = sim::outstanding(0);
+    return o.physical_bytes / (2 * MiB) - o.allocations;
+  }
 };
-
-// One allocation that splits a handle while the workload varies refines cached memory a bounded
-// amount at a time: 40 GiB cached in 1 GiB handles is not cut into 20,480 pages inside it.
-TEST_F(VaryingWorkloadTest, OneSplitRefinesABoundedAmountOfCachedMemory) {
+// Once the workload varies, new pages are one-page handles: a block's boundaries may fall
+// anywhere in later steps without a split.
+TEST_F(VaryingWorkloadTest, NewPagesAreOnePageOnceItVaries) {
   CUstream s = nullptr;
-  std::vector<void*> keep = setup(s, 80 * GiB, 40 * GiB);
+  std::vector<void*> keep = setup(s, 80 * GiB);
+  for (int i = 0; i < 8; ++i) {  // cut what the steps before it made in large handles
+    alloc_->deallocate(alloc_->allocate(4 * MiB, s), s);
+  }
+  ASSERT_EQ(pages_beyond_one_per_handle(), 0u);
   const uint64_t c0 = sim::call_count(EntryPoint::mem_create);
-  void* p = alloc_->allocate(700 * MiB, s);  // splits the 1 GiB block's handle
-  const uint64_t creates = sim::call_count(EntryPoint::mem_create) - c0;
-  EXPECT_LT(creates, 1000u);
-  EXPECT_GT(creates, 1u) << "no split: the test no longer sets up what it checks";
+  void* p = alloc_->allocate(3 * GiB, s);  // beyond every page mapped so far
+  EXPECT_GE(sim::call_count(EntryPoint::mem_create) - c0, 1000u);
+  EXPECT_EQ(pages_beyond_one_per_handle(), 0u);
   alloc_->deallocate(p, s);
   for (void* k : keep) alloc_->deallocate(k, s);
   EXPECT_EQ(books_vs_driver(), "");
 }
 
-// A cuMemCreate refused (any error) during an allocation that splits and refines loses no page:
-// the allocation either succeeds or fails whole, the books match the driver, and every page
-// comes back. Refinement comes after the allocation's own pages, so a refusal there is not the
-// allocation's failure.
+// The large handles made before the workload varied are cut into pages once their blocks are
+// free, a bounded amount per allocation (40 GiB cached in 1 GiB handles is not cut into 20,480
+// pages inside one call), until none is left; then allocations that fit the mapped pages make
+// no driver call.
+TEST_F(VaryingWorkloadTest, LargeHandlesFreedAreCutABoundedAmountPerCallUntilNoneIsLeft) {
+  CUstream s = nullptr;
+  std::vector<void*> keep = setup(s, 80 * GiB, 40 * GiB);
+  ASSERT_GT(pages_beyond_one_per_handle(), 20000u) << "the test no longer sets up what it checks";
+  int calls = 0;
+  while (pages_beyond_one_per_handle() != 0 && calls < 100) {
+    const uint64_t c0 = sim::call_count(EntryPoint::mem_create);
+    alloc_->deallocate(alloc_->allocate(4 * MiB, s), s);
+    ++calls;
+    EXPECT_LE(sim::call_count(EntryPoint::mem_create) - c0, 512u + 1024u + 3u) << "call " << calls;
+  }
+  EXPECT_EQ(pages_beyond_one_per_handle(), 0u);
+  EXPECT_GE(calls, 20);
+  const uint64_t n0 = work_calls();
+  void* p = alloc_->allocate(700 * MiB, s);
+  alloc_->deallocate(p, s);
+  EXPECT_EQ(work_calls() - n0, 0u);
+  for (void* k : keep) alloc_->deallocate(k, s);
+  EXPECT_EQ(books_vs_driver(), "");
+}
+
+// A cuMemCreate refused (any error) while an allocation cuts large handles into pages loses no
+// page: the allocation either succeeds or fails whole, the books match the driver, and every
+// page comes back. The cut comes before the allocation's own pages and is best effort, so a
+// refusal there is not the allocation's failure.
 TEST_F(VaryingWorkloadTest, ARefusedCreateWhileRefiningLosesNothing) {
   uint64_t creates = 0;
   {
