@@ -135,9 +135,17 @@ Json replay_json(const ReplayReport& r) {
   }
   j["passes"] = Json::array();
   for (const replay::PassResult& pass : p.passes) {
+    Json calls = Json::object();
+    for (size_t e = 0; e < pass.driver_calls.size(); ++e) {
+      if (pass.driver_calls[e] != 0) {
+        calls[driver::entry_point_name(static_cast<driver::EntryPoint>(e))] = pass.driver_calls[e];
+      }
+    }
     j["passes"].push_back({{"ooms", pass.ooms},
                            {"driver_calls_total", pass.driver_calls_total},
+                           {"driver_calls", calls},
                            {"modeled_driver_seconds", pass.modeled_driver_seconds},
+                           {"created_pages", pass.created_pages},
                            {"peak_physical_bytes", pass.peak_physical_bytes},
                            {"peak_mapped_bytes", pass.peak_mapped_bytes}});
   }

@@ -188,7 +188,7 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
     shape_.allocation(sz, ss.large_refs, echo_.known(point));
     if (shape_.varies()) supply_.set_refine(true);
     // Handles a varying workload's block boundaries would cut, cut now (once).
-    if (slot == kDefaultPool) supply_.refine_freed();
+    if (slot == kDefaultPool) supply_.refine_freed(ss.key);
   }
   BlockIt reused = placement_.index().end();
   if (slot == kDefaultPool) reused = place_echoed(point, short_point, sz, a, ss);
@@ -257,6 +257,16 @@ BlockIt DeviceAllocator::place(size_t sz, Arena a, StreamKey stream, PageRequest
   if (supply_.reserved_pages() > 0 && !caches_.empty() &&
       supply_.touched_pages() + (sz + page_ - 1) / page_ > supply_.reserved_pages()) {
     flush_caches_locked();
+  }
+  // A small block that finds no mapped place: the blocks parked in thread caches (all of the
+  // small arena) go back first, so that the pages they hold serve it rather than new ones (parked
+  // blocks scattered over the arena's pages would otherwise keep it growing).
+  if (a == Arena::small && pool == kDefaultPool && !caches_.empty()) {
+    size_t offset = 0;
+    if (placement_.find_ready(sz, a, stream, supply_.pages_left(), &offset) ==
+        placement_.index().end()) {
+      flush_caches_locked();
+    }
   }
   try {
     return place_once(sz, a, stream, req, pool);
@@ -395,6 +405,7 @@ void DeviceAllocator::make_live(BlockIt it, size_t requested, StreamOrder::Strea
   b.requested = requested;
   streams_.on_alloc(b, ss);
   supply_.touch(r, it->first, b.size);
+  if (r.arena == Arena::large) ++large_live_;
   if (b.pool != kDefaultPool) count_in_pool(b, +1);
   stats_.requested_bytes += requested;
   stats_.allocated_bytes += b.size;
@@ -458,13 +469,14 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   credit_free(b.size, b.requested);
   deps = streams_.end_uses(b, ss, std::move(deps));
   if (placement_.arena_of(b) == Arena::large) note_large(b.size, true);
+  const bool large = placement_.arena_of(b) == Arena::large;  // b may merge away in on_free
+  bool cut_after = false;  // large handles under it to cut into pages (PageSupply::note_freed)
   if (asleep) {
     b.state = BlockState::live;  // freed as a live block; its pages are gone (not touched)
   } else {
     supply_.untouch(placement_.res(b.res), it->first, b.size);
-    if (b.pool == kDefaultPool && placement_.arena_of(b) == Arena::large) {
-      supply_.note_freed(placement_.res(b.res), it->first, b.size);
-    }
+    cut_after = b.pool == kDefaultPool && large &&
+                supply_.note_freed(placement_.res(b.res), it->first, b.size);
   }
   PoolSlot emptied = kDefaultPool;  // a returned pool this free leaves with no live block
   if (b.pool != kDefaultPool) {
@@ -484,6 +496,16 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   if (events_ != nullptr) events_->on_free(device(), it->first, b.requested, stream);
   streams_.on_free(it, ss, std::move(deps));
   if (emptied != kDefaultPool) forget_pool(emptied);  // room made above: cannot throw
+  if (cut_after) supply_.refine_freed(ss.key);  // best effort: never throws
+  if (large && --large_live_ == 0 && !caches_.empty()) {
+    // The application holds no large block: a workload that starts over (another run, another
+    // model) starts from the books, not from small blocks the one before left parked, scattered
+    // over the small arena's pages. Best effort: out of host memory they stay parked.
+    try {
+      flush_caches_locked();
+    } catch (...) {
+    }
+  }
   trim_after_free();
   recheck_limit_locked();
 }

@@ -333,6 +333,7 @@ class DeviceAllocator {
     echo_.note(sz, freed);
     shape_.note(sz, freed);
   }
+  size_t large_live_ = 0;  // live blocks of the large arena (parked blocks are all small)
   PoolTable pools_;
   RegistrableBlocks registrable_;
   ImportedBlocks imports_;

@@ -155,13 +155,23 @@ bool PageSupply::ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes, Pa
   return true;
 }
 
-void PageSupply::refine_freed() {
-  if (!refine_ || !coarse_free_) return;
+void PageSupply::refine_freed(StreamKey stream) {
+  const uint64_t now = ++sweeps_;
+  if (!refine_ || !sweep_) return;
   std::vector<ReclaimableHandle> handles;
-  bool unsafe = false;
+  std::vector<StreamKey> owners;
   try {
-    if (streams_.has_unfinished_frees()) streams_.poll(false);
-    handles = placement_.coarse_free_handles(&unsafe);
+    handles = placement_.coarse_free_handles(&owners);
+    bool proved = false;
+    if (std::find(owners.begin(), owners.end(), stream) != owners.end()) {
+      proved = streams_.prove_own(stream);
+    }
+    if (owners.size() > (proved ? 1u : 0u) && now >= asked_at_ + kRefineAskEvery) {
+      streams_.poll(false);
+      asked_at_ = now;
+      proved = true;
+    }
+    if (proved) handles = placement_.coarse_free_handles(&owners);
   } catch (...) {
     return;
   }
@@ -172,7 +182,7 @@ void PageSupply::refine_freed() {
     cut_to_pages(handles[i]);
     done += handles[i].pages;
   }
-  coarse_free_ = unsafe || i < handles.size();
+  sweep_ = !owners.empty() || i < handles.size();
 }
 
 void PageSupply::cut_to_pages(const ReclaimableHandle& h) {

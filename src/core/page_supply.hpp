@@ -75,26 +75,34 @@ class PageSupply {
   // Whether handles are refined (docs/design.md, "Settling on a varying workload"): once the
   // workload repeats its structure with other sizes (WorkloadShape), for good, the large arena's
   // new pages are one-page handles, a split cuts the whole handle into one-page handles, and the
-  // multi-page handles made before lie under free memory are cut the same way (refine_freed),
-  // so that block boundaries falling anywhere later need no split.
+  // multi-page handles made before that lie under free memory are cut the same way
+  // (refine_freed), so that block boundaries falling anywhere later need no split.
   void set_refine(bool on) noexcept {
-    if (on && !refine_) coarse_free_ = true;
+    if (on && !refine_) sweep_ = true;
     refine_ = on;
   }
   bool refining() const noexcept { return refine_; }
   // While refining: a block of the large arena's default pool was freed over [addr, addr+bytes)
-  // of r; if a multi-page handle lies under it, the next refine_freed cuts it.
-  void note_freed(const Reservation& r, CUdeviceptr addr, size_t bytes) {
-    if (refine_ && !coarse_free_ && placement_.holds_coarse(r.id, addr, bytes)) {
-      coarse_free_ = true;
-    }
+  // of r. Whether a multi-page handle lies under it: the caller then cuts it at once
+  // (refine_freed), in the call that freed it, so that what follows (the next step of a training
+  // loop, a workload started over) finds pages that fit any block.
+  bool note_freed(const Reservation& r, CUdeviceptr addr, size_t bytes) {
+    if (!refine_ || !placement_.holds_coarse(r.id, addr, bytes)) return false;
+    sweep_ = true;
+    return true;
   }
-  // While refining, if multi-page handles may lie under free memory of the large arena: cuts
-  // those under safe free memory into one-page handles (after asking the fences), at most
-  // kRefinePagesPerCall pages a call (one allocation's latency stays bounded), and remembers
-  // whether any are left. Best effort: a page the driver will not create again stays unmapped
-  // (free memory, nothing lost), and a failure is not the caller's.
-  void refine_freed();
+  // While refining, when multi-page handles may lie under free memory of the large arena (once
+  // the workload starts varying, and after note_freed): cuts them into one-page handles, at most
+  // kRefinePagesPerCall pages a call (one call's latency stays bounded), until none is left.
+  // Memory `stream` freed is proven done first by waiting for its own fence
+  // (StreamOrder::prove_own: its free memory merges with what it frees next, so a query alone
+  // may never catch up with it); other streams' by asking their fences, at most every
+  // kRefineAskEvery calls. Best effort: a page the driver will not create again stays unmapped
+  // (free memory, nothing lost), and a failure is not the caller's. Called at every allocation of
+  // the large arena's default pool, and at frees note_freed answers true for.
+  void refine_freed(StreamKey stream);
+  static constexpr size_t kRefinePagesPerCall = 1024;
+  static constexpr uint64_t kRefineAskEvery = 256;
   // Raises the mapped/physical peaks to now (plus in_hand pages created but not yet mapped or
   // pooled).
   void note_peaks(size_t in_hand);
@@ -179,7 +187,6 @@ class PageSupply {
   void add_extra(const std::vector<HandleSlot>& extra, Filled& filled);
   // Cuts the multi-page handle h (under safe free memory) into one-page handles.
   void cut_to_pages(const ReclaimableHandle& h);
-  static constexpr size_t kRefinePagesPerCall = 1024;
   void map_and_grant(Reservation& r, const Filled& filled, Grants grant);
   void put_back(const Filled& filled, size_t from = 0);
   // Unmaps the handles into the pool, one cuMemUnmap per run of adjacent ones.
@@ -214,7 +221,9 @@ class PageSupply {
   size_t outside_pages_ = 0;
   size_t high_water_ = 0;  // most pages touched by live blocks plus a request's, so far
   bool refine_ = false;       // see set_refine
-  bool coarse_free_ = false;  // refining: multi-page handles may lie under free memory
+  bool sweep_ = false;      // refining: multi-page handles may lie under free memory
+  uint64_t sweeps_ = 0;     // refine_freed calls
+  uint64_t asked_at_ = 0;   // sweeps_ when other streams' fences were asked
   size_t reserved_pages_ = 0;
   size_t reserve_asked_pages_ = 0;
   size_t reserve_handle_pages_ = 1;

@@ -195,7 +195,7 @@ std::vector<ReclaimableHandle> Placement::reclaimable_handles() {
   return out;
 }
 
-std::vector<ReclaimableHandle> Placement::coarse_free_handles(bool* unsafe) {
+std::vector<ReclaimableHandle> Placement::coarse_free_handles(std::vector<StreamKey>* owners) {
   std::vector<ReclaimableHandle> out;
   index_.for_each_safe_largest_first(Arena::large, [&](BlockIt it) {
     const size_t before = out.size();
@@ -205,10 +205,14 @@ std::vector<ReclaimableHandle> Placement::coarse_free_handles(bool* unsafe) {
               out.end());
     return true;
   });
-  *unsafe = false;
+  owners->clear();
   index_.for_each_unsafe(Arena::large, [&](BlockIt it) {
-    *unsafe = holds_coarse(it->second.res, it->first, it->second.size);
-    return !*unsafe;
+    const StreamKey k = it->second.stream;
+    if (std::find(owners->begin(), owners->end(), k) == owners->end() &&
+        holds_coarse(it->second.res, it->first, it->second.size)) {
+      owners->push_back(k);
+    }
+    return true;
   });
   return out;
 }

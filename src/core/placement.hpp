@@ -129,9 +129,9 @@ class Placement {
   // in address order.
   std::vector<ReclaimableHandle> reclaimable_handles();
   // The multi-page handles under free memory of the large arena's default pool: those under safe
-  // free blocks (which can be unmapped now), largest blocks first; *unsafe: whether unsafe free
-  // blocks hold some too (unmapped once their work is proven done).
-  std::vector<ReclaimableHandle> coarse_free_handles(bool* unsafe);
+  // free blocks (which can be unmapped now), largest blocks first; *owners: the streams whose
+  // unsafe free blocks hold some too (unmapped once their work is proven done).
+  std::vector<ReclaimableHandle> coarse_free_handles(std::vector<StreamKey>* owners);
   // Whether a multi-page handle lies in [addr, addr+bytes) of reservation `res`.
   bool holds_coarse(uint32_t res, CUdeviceptr addr, size_t bytes) const;
   // The mapped handles lying wholly inside free block it's inner pages, appended to out.

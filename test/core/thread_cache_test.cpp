@@ -287,8 +287,9 @@ TEST_F(ThreadCacheTest, StatsTellWhatAFlushWouldWithoutFlushing) {
     ++compared;
   }
   EXPECT_GT(compared, 50u);
-  // Blocks were parked at the reads: most allocations after them came from the caches.
-  EXPECT_GT(alloc_->stats().thread_cache_hits, 1000u);
+  // Blocks were parked at the reads: many allocations came from the caches (fewer than half: a
+  // small block that finds no mapped place takes the parked ones back first).
+  EXPECT_GT(alloc_->stats().thread_cache_hits, 500u);
   for (auto [p, s] : live) alloc_->deallocate(p, s);
   EXPECT_EQ(books_vs_driver(), "");
 
