@@ -1,21 +1,28 @@
-// A property of training runs whose steps vary in shape (workloads/transformer_steps.hpp: random
-// batch and length each step, backward on a second thread), replayed on expanse with the default
-// host model beside the model of PyTorch's expandable segments, for many seeds. Once the run has
-// shown its range of shapes (from the 10th step on): expanse holds at most what expandable
-// segments held so far + 64 MiB, and where expandable segments make no driver call in a step and
-// expanse's own peak does not grow, expanse neither creates nor releases physical memory.
+// Training runs whose steps vary in shape (workloads/transformer_steps.hpp: random batch and length
+// each step, backward on a second thread), replayed on expanse with the default host model beside
+// the model of PyTorch's expandable segments, for many seeds and three shapes of model, and judged
+// as docs/design.md promises ("Settling once"; report/settling.hpp):
+// - from the 10th step on, no cuMemUnmap and no cuMemRelease; pages created, mapped and granted
+//   only above expanse's own earlier peak; no more of any other call than expandable segments
+//   make in that step;
+// - expanse's peak physical memory at most their peak reserved + 64 MiB at the end of every step;
+// - runs of one shape (a workload that repeats) make no driver call from their third step (the
+//   first two differ: the optimizer's state is made at the end of the first).
+// The whole run's modeled driver time against its bound (max(1.25 x expandable segments, the
+// one-page floor) + 10 ms) is printed per shape; the test that asserts it is disabled while
+// expanse does not meet it (docs/design.md says why: the first steps' pages, made in block-sized
+// handles before anything says the workload varies, are made again in pages).
 //
-// Both are disabled while expanse does not meet them: run them with
-// --gtest_also_run_disabled_tests; each prints a summary line over all seeds, and the step-by-step
-// figures of every seed that fails. EXPANSE_VARYING_SEEDS=N replays seeds 1..N (default kSeeds).
+// EXPANSE_VARYING_SEEDS=N replays seeds 1..N of each shape (default kSeeds).
 #include "conf/config.hpp"
 #include "models/torch_model_run.hpp"
 #include "replay/replay.hpp"
-#include "trace/torch_settings.hpp"
+#include "report/settling.hpp"
 #include "workloads/transformer_steps.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -27,162 +34,182 @@ namespace {
 using driver::EntryPoint;
 
 constexpr uint64_t MiB = uint64_t{1} << 20;
-constexpr int kSteps = 30;
-constexpr size_t kFirstCheckedStep = 10;  // 1-based
-constexpr uint64_t kSlack = 64 * MiB;
+constexpr uint64_t GiB = uint64_t{1} << 30;
+constexpr size_t kFirstJudgedStep = 10;  // 1-based
+constexpr int64_t kSlack = 64 * MiB;
 constexpr int kSeeds = 100;
 
-// One step's figures, both allocators.
-struct Step {
-  uint64_t batch = 0, length = 0;
-  uint64_t es_calls = 0;               // expandable segments' driver calls in the step
-  uint64_t es_peak = 0;                // their peak reserved so far
-  uint64_t calls = 0;                  // expanse's driver calls in the step
-  uint64_t creates = 0, releases = 0;  // of them, cuMemCreate and cuMemRelease
-  uint64_t physical = 0;               // expanse's physical bytes at the step's end
-  uint64_t peak = 0;                   // expanse's peak physical so far
+// A shape of model and the device it runs on.
+struct Shape {
+  const char* name;
+  replay::TransformerSteps steps;
+  uint64_t capacity;
 };
 
-struct SeedRun {
-  uint64_t seed = 0;
-  std::vector<Step> steps;
-  std::string table() const {
-    std::string out = "seed " + std::to_string(seed) +
-                      ": step batch x length | ES calls, ES peak MiB | expanse calls (create, "
-                      "release), physical MiB, peak MiB\n";
-    char line[200];
-    for (size_t i = 0; i < steps.size(); ++i) {
-      const Step& s = steps[i];
-      std::snprintf(
-          line, sizeof line, "%3zu %3llux%-5llu | %6llu %9.1f | %6llu (%llu, %llu) %9.1f %9.1f\n",
-          i + 1, static_cast<unsigned long long>(s.batch),
-          static_cast<unsigned long long>(s.length), static_cast<unsigned long long>(s.es_calls),
-          static_cast<double>(s.es_peak) / MiB, static_cast<unsigned long long>(s.calls),
-          static_cast<unsigned long long>(s.creates), static_cast<unsigned long long>(s.releases),
-          static_cast<double>(s.physical) / MiB, static_cast<double>(s.peak) / MiB);
-      out += line;
-    }
-    return out;
-  }
-};
+// The default GPT-2-sized model; a small model with large batches (its activations dwarf its
+// weights, so little of its memory can keep large handles); a long-context model whose largest
+// steps come near the device's capacity (up to 58 GiB of 60: within 2 GiB, placement must fit
+// them in what is mapped; at the capacity itself compaction moves pages, as it must to avoid the
+// out-of-memory error expandable segments would meet there).
+std::vector<Shape> shapes() {
+  std::vector<Shape> out;
+  replay::TransformerSteps gpt2;
+  gpt2.steps = 120;
+  out.push_back({"gpt2", gpt2, 80 * GiB});
+  replay::TransformerSteps small = gpt2;
+  small.steps = 60;
+  small.layers = 4;
+  small.width = 256;
+  small.heads = 4;
+  small.min_batch = 16;
+  small.max_batch = 64;
+  out.push_back({"small_model_large_batches", small, 80 * GiB});
+  replay::TransformerSteps longctx = gpt2;
+  longctx.steps = 40;
+  longctx.layers = 24;
+  longctx.width = 1024;
+  longctx.heads = 16;
+  longctx.positions = 4096;
+  longctx.min_length = 512;
+  longctx.max_length = 4096;
+  longctx.min_batch = 1;
+  longctx.max_batch = 5;
+  out.push_back({"long_context_near_capacity", longctx, 60 * GiB});
+  return out;
+}
 
 int seeds() {
   const char* v = std::getenv("EXPANSE_VARYING_SEEDS");
   return v != nullptr && std::atoi(v) > 0 ? std::atoi(v) : kSeeds;
 }
 
-SeedRun replay_seed(uint64_t seed) {
-  replay::TransformerSteps shape;
-  shape.steps = kSteps;
-  shape.seed = seed;
-  const replay::TransformerRun workload = replay::transformer_steps(shape);
-  const uint64_t capacity = uint64_t{80} << 30;
+struct SeedRun {
+  uint64_t seed = 0;
+  replay::SteppedRun run;
+};
 
-  trace::TorchSettings es;
-  es.expandable_segments = true;
-  replay::TorchRunOptions to;
-  to.capacity = capacity;
-  to.record_events = false;
-  to.marks = workload.step_ends;
-  const replay::TorchRun model = replay::run_torch_model(workload.trace, es, to);
-
-  replay::ReplayOptions ro;  // the default host model: PyTorch's path, the GPU running behind
-  ro.marks = workload.step_ends;
-  const replay::ReplayResult ex =
-      replay::replay_trace(workload.trace, conf::parse_config(""), capacity, ro);
-
-  SeedRun r;
-  r.seed = seed;
-  EXPECT_EQ(model.ooms, 0u);
-  EXPECT_EQ(ex.ooms, 0u) << ex.first_oom;
-  EXPECT_EQ(model.marks.size(), workload.step_ends.size());
-  EXPECT_EQ(ex.marks.size(), workload.step_ends.size());
-  const size_t n = std::min(model.marks.size(), ex.marks.size());
-  for (size_t i = 0; i < n; ++i) {
-    const replay::TorchMark& m = model.marks[i];
-    const replay::ReplayMark& x = ex.marks[i];
-    const replay::TorchMark* pm = i > 0 ? &model.marks[i - 1] : nullptr;
-    const replay::ReplayMark* px = i > 0 ? &ex.marks[i - 1] : nullptr;
-    auto calls_of = [&](EntryPoint e) {
-      const auto k = static_cast<size_t>(e);
-      return x.driver_calls[k] - (px != nullptr ? px->driver_calls[k] : 0);
-    };
-    Step s;
-    s.batch = workload.batch[i];
-    s.length = workload.length[i];
-    s.es_calls = m.driver_calls_total - (pm != nullptr ? pm->driver_calls_total : 0);
-    s.es_peak = m.peak_reserved;
-    s.calls = x.driver_calls_total - (px != nullptr ? px->driver_calls_total : 0);
-    s.creates = calls_of(EntryPoint::mem_create);
-    s.releases = calls_of(EntryPoint::mem_release);
-    s.physical = x.physical_bytes;
-    s.peak = x.peak_physical_bytes;
-    r.steps.push_back(s);
-  }
-  return r;
-}
-
-// The replays, once for both properties.
-const std::vector<SeedRun>& runs() {
-  static const std::vector<SeedRun> all = [] {
-    std::vector<SeedRun> v;
-    for (int seed = 1; seed <= seeds(); ++seed) {
-      v.push_back(replay_seed(static_cast<uint64_t>(seed)));
+// Every seed of every shape, replayed once for all the tests below.
+const std::vector<std::vector<SeedRun>>& runs() {
+  static const std::vector<std::vector<SeedRun>> all = [] {
+    std::vector<std::vector<SeedRun>> v;
+    for (Shape sh : shapes()) {
+      std::vector<SeedRun> runs_of_shape;
+      for (int seed = 1; seed <= seeds(); ++seed) {
+        sh.steps.seed = static_cast<uint64_t>(seed);
+        const replay::TransformerRun w = replay::transformer_steps(sh.steps);
+        runs_of_shape.push_back(
+            {sh.steps.seed, replay::run_steps(w.trace, w.step_ends, conf::parse_config(""),
+                                              sh.capacity, replay::default_host_model(),
+                                              kFirstJudgedStep)});
+      }
+      v.push_back(std::move(runs_of_shape));
     }
     return v;
   }();
   return all;
 }
 
-// Peaks so far on both sides, so that every moment of a step counts, not only its end.
-TEST(VaryingSteps, DISABLED_PhysicalAtMostExpandableSegmentsPeakPlus64MiB) {
-  size_t over = 0, seeds_over = 0;
-  double most = -1e30;  // MiB expanse's peak was above theirs, at worst
-  std::string where;
-  for (const SeedRun& r : runs()) {
-    ASSERT_EQ(r.steps.size(), static_cast<size_t>(kSteps));
-    size_t here = 0;
-    for (size_t i = kFirstCheckedStep - 1; i < r.steps.size(); ++i) {
-      const Step& s = r.steps[i];
-      here += s.peak > s.es_peak + kSlack ? 1 : 0;
-      const double above = (static_cast<double>(s.peak) - static_cast<double>(s.es_peak)) / MiB;
-      if (above > most) {
-        most = above;
-        where = "seed " + std::to_string(r.seed) + ", step " + std::to_string(i + 1);
+TEST(VaryingSteps, SettledFromTheTenthStep) {
+  const auto all = shapes();
+  for (size_t k = 0; k < all.size(); ++k) {
+    size_t breaking = 0;
+    for (const SeedRun& r : runs()[k]) {
+      EXPECT_EQ(r.run.expanse.ooms, 0u) << all[k].name << " seed " << r.seed << ": "
+                                        << r.run.expanse.first_oom;
+      if (r.run.steps_breaking() == 0) continue;
+      ++breaking;
+      for (size_t i = 0; i < r.run.breaks.size(); ++i) {
+        EXPECT_EQ(r.run.breaks[i], "") << all[k].name << " seed " << r.seed << " step " << i + 1;
       }
     }
-    over += here;
-    seeds_over += here != 0 ? 1 : 0;
-    EXPECT_EQ(here, 0u) << here << " steps from step " << kFirstCheckedStep
-                        << " on where expanse's peak physical exceeds expandable segments' peak "
-                           "reserved + 64 MiB\n"
-                        << r.table();
+    std::printf("%s: %zu of %zu runs break settling from step %zu\n", all[k].name, breaking,
+                runs()[k].size(), kFirstJudgedStep);
   }
-  std::printf("steps over the bound %zu, in %zu of %d seeds; expanse's peak at most %.0f MiB "
-              "above theirs (%s)\n",
-              over, seeds_over, seeds(), most, where.c_str());
 }
 
-// Counts the steps (from the 10th on) where expandable segments made no call and expanse's peak
-// did not grow, and of them those where expanse created or released physical memory.
-TEST(VaryingSteps, DISABLED_NoCreateOrReleaseWhereExpandableSegmentsSettled) {
-  size_t settled = 0, churned = 0, seeds_churned = 0;
-  for (const SeedRun& r : runs()) {
-    size_t here = 0;
-    for (size_t i = kFirstCheckedStep - 1; i < r.steps.size(); ++i) {
-      const Step& s = r.steps[i];
-      if (s.es_calls != 0 || s.peak > r.steps[i - 1].peak) continue;
-      ++settled;
-      if (s.creates != 0 || s.releases != 0) ++here;
+TEST(VaryingSteps, PeakAtMostExpandableSegmentsPlus64MiBAtEveryStep) {
+  const auto all = shapes();
+  for (size_t k = 0; k < all.size(); ++k) {
+    int64_t worst = INT64_MIN;
+    for (const SeedRun& r : runs()[k]) {
+      size_t step = 0;
+      const int64_t excess = r.run.worst_peak_excess(&step);
+      worst = std::max(worst, excess);
+      EXPECT_LE(excess, kSlack) << all[k].name << " seed " << r.seed << ": expanse's peak "
+                                << excess / static_cast<int64_t>(MiB)
+                                << " MiB above expandable segments' at step " << step;
     }
-    churned += here;
-    seeds_churned += here != 0 ? 1 : 0;
-    EXPECT_EQ(here, 0u) << here << " steps with cuMemCreate/cuMemRelease where expandable "
-                        << "segments made no driver call and expanse's peak did not grow\n"
-                        << r.table();
+    std::printf("%s: expanse's peak at most %lld MiB above expandable segments'\n", all[k].name,
+                static_cast<long long>(worst / static_cast<int64_t>(MiB)));
   }
-  std::printf("settled steps %zu, of them with cuMemCreate/cuMemRelease %zu, in %zu of %d seeds\n",
-              settled, churned, seeds_churned, seeds());
+}
+
+// Disabled while expanse does not meet it: the first steps, made in block-sized handles before the
+// workload shows it varies, are made again in pages (docs/design.md, "Settling on a varying
+// workload"). Run it with --gtest_also_run_disabled_tests: it prints, per shape, how many runs
+// meet the bound and the largest ratio to it.
+TEST(VaryingSteps, DISABLED_WholeRunWithinItsBound) {
+  const auto all = shapes();
+  for (size_t k = 0; k < all.size(); ++k) {
+    size_t within = 0;
+    double worst = 0;
+    for (const SeedRun& r : runs()[k]) {
+      const double ratio = r.run.seconds() / r.run.bound;
+      worst = std::max(worst, ratio);
+      within += ratio <= 1.0 ? 1 : 0;
+      EXPECT_LE(r.run.seconds(), r.run.bound)
+          << all[k].name << " seed " << r.seed << ": " << r.run.seconds() << " s, bound "
+          << r.run.bound << " s (created pages " << r.run.created_ratio() << " x peak)";
+    }
+    std::printf("%s: %zu of %zu runs within max(1.25 x expandable, one-page floor) + 10 ms; "
+                "worst %.3f x the bound\n",
+                all[k].name, within, runs()[k].size(), worst);
+  }
+}
+
+// Runs of one shape, up to about 52 GiB live: a repeated workload makes no driver call once its
+// steps repeat (from the third: the optimizer's state, made at the end of the first, changes the
+// second), and never takes the one-page handles a varying workload needs.
+TEST(VaryingSteps, FixedShapesMakeNoCallFromTheirThirdStep) {
+  struct Fixed {
+    const char* name;
+    int layers;
+    uint64_t width, heads, vocab, batch, length;
+  };
+  const Fixed fixed[] = {{"gpt2 4x512", 12, 768, 12, 50257, 4, 512},
+                         {"24 layers of 1024, 8x1024", 24, 1024, 16, 10000, 8, 1024},
+                         {"24 layers of 2048, 16x512 (52 GiB)", 24, 2048, 16, 50257, 16, 512}};
+  for (const Fixed& f : fixed) {
+    replay::TransformerSteps s;
+    s.steps = 6;
+    s.layers = f.layers;
+    s.width = f.width;
+    s.heads = f.heads;
+    s.vocab = f.vocab;
+    s.min_batch = s.max_batch = f.batch;
+    s.min_length = s.max_length = f.length;
+    const replay::TransformerRun w = replay::transformer_steps(s);
+    const replay::SteppedRun r = replay::run_steps(w.trace, w.step_ends, conf::parse_config(""),
+                                                   80 * GiB, replay::default_host_model(), 3);
+    ASSERT_EQ(r.steps.size(), 6u);
+    for (size_t i = 2; i < r.steps.size(); ++i) {
+      uint64_t calls = 0;
+      for (uint64_t c : r.steps[i].calls) calls += c;
+      EXPECT_EQ(calls, 0u) << f.name << ", step " << i + 1;
+    }
+    // Block-sized handles: on average well over a page each (one-page handles, the varying
+    // workload's, would make one a page).
+    const uint64_t creates =
+        r.expanse.stats.driver_calls[static_cast<size_t>(EntryPoint::mem_create)];
+    const uint64_t pages = r.expanse.stats.num_created_pages;
+    EXPECT_LT(creates * 3, pages * 2) << f.name << ": one-page handles for a repeated workload";
+    std::printf("%s: step 2 made %llu calls; %llu handles for %llu pages created, peak %llu\n",
+                f.name,
+                static_cast<unsigned long long>(
+                    r.expanse.marks[1].driver_calls_total - r.expanse.marks[0].driver_calls_total),
+                static_cast<unsigned long long>(creates), static_cast<unsigned long long>(pages),
+                static_cast<unsigned long long>(r.peak_pages));
+  }
 }
 
 // The per-step figures above come from the replay's marks: per entry point, adding up to the
