@@ -133,6 +133,17 @@ Json replay_json(const ReplayReport& r) {
     j["live_set_driver_floor"] = {
         {"blocks", f->blocks}, {"op", f->op}, {"modeled_driver_seconds", f->seconds}};
   }
+  if (p.page_size != 0) {
+    const replay::OnePageFloor f = replay::one_page_driver_floor(
+        t.peak_live_bytes, p.page_size, driver::CostModel::get_default());
+    j["one_page_driver_floor"] = {{"pages", f.pages}, {"modeled_driver_seconds", f.seconds}};
+    const uint64_t peak_pages = (p.stats.peak_physical_bytes + p.page_size - 1) / p.page_size;
+    if (!p.passes.empty() && peak_pages != 0) {
+      j["first_pass_created_pages"] = p.passes.front().created_pages;
+      j["first_pass_created_pages_per_peak_page"] =
+          static_cast<double>(p.passes.front().created_pages) / static_cast<double>(peak_pages);
+    }
+  }
   j["passes"] = Json::array();
   for (const replay::PassResult& pass : p.passes) {
     Json calls = Json::object();
@@ -214,6 +225,19 @@ std::string replay_text(const ReplayReport& r) {
       << f->blocks << " block" << (f->blocks == 1 ? "" : "s")
       << " of a page or more live at once (after operation " << f->op
       << ") without sharing a handle (invariant 1)\n";
+  }
+  if (p.page_size != 0 && !p.passes.empty()) {
+    const replay::OnePageFloor f = replay::one_page_driver_floor(
+        t.peak_live_bytes, p.page_size, driver::CostModel::get_default());
+    const uint64_t peak_pages = (p.stats.peak_physical_bytes + p.page_size - 1) / p.page_size;
+    o << "page floor   " << fixed(f.seconds, 3) << " s modeled to create, map and grant the "
+      << f.pages << " pages of peak live one at a time (what a workload whose block boundaries "
+      << "move needs); the first pass created " << p.passes.front().created_pages << " pages, "
+      << fixed(peak_pages ? static_cast<double>(p.passes.front().created_pages) /
+                                static_cast<double>(peak_pages)
+                          : 0.0,
+               2)
+      << " x its peak\n";
   }
   if (p.passes.size() > 1) {
     for (size_t i = 0; i < p.passes.size(); ++i) {

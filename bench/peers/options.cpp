@@ -26,6 +26,10 @@ std::vector<std::string> Options::to_args() const {
   std::vector<std::string> a = {"--seconds", std::to_string(seconds), "--rounds",
                                 std::to_string(rounds), "--passes", std::to_string(passes)};
   if (sim) a.push_back("--sim");
+  if (!host.empty()) {
+    a.push_back("--host");
+    a.push_back(host);
+  }
   return a;
 }
 
@@ -45,6 +49,8 @@ Options parse_options(int argc, char** argv) {
       o.passes = static_cast<int>(positive_number(a, value()));
     } else if (a == "--sim") {
       o.sim = true;
+    } else if (a == "--host") {
+      o.host = value();
     } else if (a == "--only") {
       std::stringstream ss(value());
       for (std::string name; std::getline(ss, name, ',');) o.only.push_back(name);
@@ -57,6 +63,10 @@ Options parse_options(int argc, char** argv) {
     }
   }
   if (o.rounds < 1 || o.passes < 1) throw std::invalid_argument("--rounds and --passes >= 1");
+  if (!o.host.empty() && !o.sim) {
+    throw std::invalid_argument("--host models how a trace is issued on the sim: it needs --sim "
+                                "(on a GPU the program issues it from one thread)");
+  }
   return o;
 }
 

@@ -13,13 +13,18 @@
 // runs it on a GPU.
 //
 //   build-peers/bin/expanse_peers_bench [--seconds 0.3] [--rounds 3] [--passes 2] TRACE...
-//   build-peers/bin/expanse_peers_bench --sim TRACE...   (no GPU: the expanse columns on the sim)
+//   build-peers/bin/expanse_peers_bench --sim [--host MODEL] TRACE...
+//       (no GPU: the expanse columns on the sim, each trace replayed as `expanse replay` replays
+//        it, through the replay's host model, default torch: figures per pass are modeled driver
+//        seconds)
 #include "peers/child_run.hpp"
 #include "peers/gpu.hpp"
 #include "peers/hot_path.hpp"
 #include "peers/options.hpp"
 #include "peers/peer.hpp"
+#include "peers/sim_replay.hpp"
 #include "peers/trace_run.hpp"
+#include "replay/host_model.hpp"
 #include "trace/trace.hpp"
 
 #include <algorithm>
@@ -44,6 +49,12 @@ std::string expanse_conf(const Options& o) {
   return o.sim ? "driver:sim,sim_backing:false" : "driver:cuda";
 }
 
+// The host model the sim replays traces through (--host, the replay's default otherwise).
+expanse::replay::HostModel host_of(const Options& o) {
+  return o.host.empty() ? expanse::replay::default_host_model()
+                        : expanse::replay::parse_host_model(o.host);
+}
+
 // Child: runs one allocator through both workloads, one result line each.
 int run_one(const Options& o, const PeerKind& kind) {
   try {
@@ -59,12 +70,28 @@ int run_one(const Options& o, const PeerKind& kind) {
       }
     }
     for (size_t i = 0; i < o.traces.size(); ++i) {
+      const auto t = expanse::trace::load_trace(o.traces[i]);
+      if (o.sim) {
+        // As the replay issues it, through the host model, on a sim device of its own.
+        const char* conf = std::getenv("EXPANSE_CONF");
+        const SimReplayResult r = replay_on_sim(t, conf != nullptr ? conf : "", host_of(o),
+                                                o.passes);
+        std::printf("trace %zu %llu %llu %llu", i, static_cast<unsigned long long>(r.peak_physical),
+                    static_cast<unsigned long long>(r.ooms),
+                    static_cast<unsigned long long>(r.empty_cache_calls));
+        for (size_t p = 0; p < r.pass_modeled_seconds.size(); ++p) {
+          std::printf(" %.4f/%llu", r.pass_modeled_seconds[p],
+                      static_cast<unsigned long long>(r.pass_driver_calls[p]));
+        }
+        std::printf("\n");
+        std::fflush(stdout);
+        continue;
+      }
       // What the previous workload left cached goes back, and the allocator starts afresh
       // where it can (RMM's resources; expanse and PyTorch are process-wide).
       peer->release_cached();
       peer.reset();
       peer = kind.make();
-      const auto t = expanse::trace::load_trace(o.traces[i]);
       const TraceRunResult r = run_trace(*peer, gpu, t, o.passes);
       std::printf("trace %zu %llu %llu %llu", i, static_cast<unsigned long long>(r.peak_reserved),
                   static_cast<unsigned long long>(r.ooms),
@@ -153,9 +180,11 @@ void print_tables(const Options& o, const std::vector<PeerKind>& kinds,
                 "inferred; %d passes%s\n",
                 t.path.c_str(), t.ops.size(), t.streams.size(),
                 static_cast<unsigned long long>(t.peak_live_bytes), empty_cache, o.passes,
-                o.sim ? " (sim: no page touched)" : ", every block's pages written");
+                o.sim ? (" (sim, replayed through the host model " + host_of(o).describe() +
+                         ")").c_str()
+                      : ", every block's pages written");
     std::printf("%-24s | %22s | %6s | %s\n", "allocator", "peak reserved (x live)", "OOMs",
-                "wall s per pass");
+                o.sim ? "modeled driver s / driver calls, per pass" : "wall s per pass");
     for (size_t k = 0; k < kinds.size(); ++k) {
       auto it = res[k].trace_fields.find(i);
       if (!res[k].left_out.empty() && it == res[k].trace_fields.end()) continue;
@@ -208,6 +237,7 @@ int main(int argc, char** argv) {
 
   std::vector<expanse::trace::Trace> traces;
   try {
+    if (o.sim) (void)host_of(o);  // a bad --host is named before any child runs
     for (const auto& p : o.traces) traces.push_back(expanse::trace::load_trace(p));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "expanse_peers_bench: %s\n", e.what());
