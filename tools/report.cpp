@@ -133,7 +133,7 @@ Json replay_json(const ReplayReport& r) {
     j["live_set_driver_floor"] = {
         {"blocks", f->blocks}, {"op", f->op}, {"modeled_driver_seconds", f->seconds}};
   }
-  if (p.page_size != 0) {
+  if (p.page_size != 0 && !p.passes.empty() && p.passes.front().ooms == 0) {
     const replay::OnePageFloor f = replay::one_page_driver_floor(
         t.peak_live_bytes, p.page_size, driver::CostModel::get_default());
     j["one_page_driver_floor"] = {{"pages", f.pages}, {"modeled_driver_seconds", f.seconds}};
@@ -226,7 +226,7 @@ std::string replay_text(const ReplayReport& r) {
       << " of a page or more live at once (after operation " << f->op
       << ") without sharing a handle (invariant 1)\n";
   }
-  if (p.page_size != 0 && !p.passes.empty()) {
+  if (p.page_size != 0 && !p.passes.empty() && p.passes.front().ooms == 0) {
     const replay::OnePageFloor f = replay::one_page_driver_floor(
         t.peak_live_bytes, p.page_size, driver::CostModel::get_default());
     const uint64_t peak_pages = (p.stats.peak_physical_bytes + p.page_size - 1) / p.page_size;

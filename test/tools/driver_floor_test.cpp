@@ -188,6 +188,7 @@ TEST(DriverFloorReport, LeftOutWhenTheFirstPassRanOutOfMemory) {
       << "the run this guards against: fewer blocks placed than the floor counts";
   EXPECT_FALSE(tools::replay_json(small).contains("preexisting_driver_floor"));
   EXPECT_FALSE(tools::replay_json(small).contains("live_set_driver_floor"));
+  EXPECT_FALSE(tools::replay_json(small).contains("one_page_driver_floor"));
   EXPECT_EQ(tools::replay_text(small).find("floor "), std::string::npos);
 
   replay::ReplayReport big{t, replay::replay_trace(t, conf::parse_config(""), 16 * GiB), {}, 0, 0};
@@ -202,6 +203,30 @@ TEST(DriverFloorReport, LeftOutWhenTheFirstPassRanOutOfMemory) {
   EXPECT_EQ(j["live_set_driver_floor"]["blocks"], 40u) << "the 40 blocks, live at the end";
   EXPECT_GE(j["live_set_driver_floor"]["modeled_driver_seconds"].get<double>(), f.seconds);
   EXPECT_NE(tools::replay_text(big).find("live floor "), std::string::npos);
+  // The one-page floor: every page of peak live one handle each, beside the pages created.
+  ASSERT_TRUE(j.contains("one_page_driver_floor"));
+  const uint64_t pages = (t.peak_live_bytes + P - 1) / P;
+  EXPECT_EQ(j["one_page_driver_floor"]["pages"], pages);
+  EXPECT_DOUBLE_EQ(j["one_page_driver_floor"]["modeled_driver_seconds"].get<double>(),
+                   replay::one_page_driver_floor(t.peak_live_bytes, P, CostModel::get_default())
+                       .seconds);
+  EXPECT_EQ(j["first_pass_created_pages"], big.replay.passes.front().created_pages);
+  EXPECT_GE(j["first_pass_created_pages_per_peak_page"].get<double>(), 1.0);
+  EXPECT_NE(tools::replay_text(big).find("page floor "), std::string::npos);
+}
+
+// The one-page floor prices ceil(peak live / page) pages, each created, mapped and granted
+// alone: linear in the pages, and the same whatever an allocator held.
+TEST(OnePageFloor, PricesEveryPageOfPeakLiveAsOneHandle) {
+  const CostModel& m = CostModel::get_default();
+  const double one = m.cost_ns(driver::EntryPoint::mem_create, P) +
+                     m.cost_ns(driver::EntryPoint::mem_map, P) +
+                     m.cost_ns(driver::EntryPoint::mem_set_access, P);
+  EXPECT_EQ(replay::one_page_driver_floor(0, P, m).pages, 0u);
+  EXPECT_EQ(replay::one_page_driver_floor(1, P, m).pages, 1u);
+  EXPECT_EQ(replay::one_page_driver_floor(P, P, m).pages, 1u);
+  EXPECT_EQ(replay::one_page_driver_floor(P + 1, P, m).pages, 2u);
+  EXPECT_NEAR(replay::one_page_driver_floor(1000 * P, P, m).seconds, 1000 * one * 1e-9, 1e-12);
 }
 
 }  // namespace
