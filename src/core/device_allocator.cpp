@@ -328,7 +328,9 @@ BlockIt DeviceAllocator::place_once(size_t sz, Arena a, StreamKey stream, PageRe
     // inner pages (reservation.hpp), and the rest stays the pool's free memory, mapped.
     // A pool's memory takes one-page handles: nothing splits a live pool's handles (a graph may
     // address the pages), so only these let it place any block in its free memory again.
-    const size_t max_handle = pool == kDefaultPool ? 0 : 1;
+    // A varying workload's large blocks, too: their boundaries may fall anywhere next step.
+    const size_t max_handle =
+        pool != kDefaultPool || (a == Arena::large && supply_.refining()) ? 1 : 0;
     if (!supply_.ensure_pages(r, it->first, sz, req, max_handle)) throw_oom(req);
     if (span > sz && !supply_.ensure_pages(r, it->first + sz, span - sz, req, max_handle)) {
       throw_oom(req);
@@ -476,7 +478,7 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   } else {
     supply_.untouch(placement_.res(b.res), it->first, b.size);
     cut_after = b.pool == kDefaultPool && large &&
-                supply_.note_freed(placement_.res(b.res), it->first, b.size);
+                supply_.note_freed(placement_.res(b.res), it->first, b.size, !deps.empty());
   }
   PoolSlot emptied = kDefaultPool;  // a returned pool this free leaves with no live block
   if (b.pool != kDefaultPool) {

@@ -127,7 +127,7 @@ bool PageSupply::ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes, Pa
       if (s.held_pages() < s.reserved_pages_) s.top_up();
     }
   } top_up_after{*this};
-  Plan p = plan(r, addr, bytes, refine_ ? 1 : max_handle_pages != 0 ? max_handle_pages : max_pages_);
+  Plan p = plan(r, addr, bytes, max_handle_pages != 0 ? max_handle_pages : max_pages_);
   if (p.slots.empty() && p.grant.empty() && p.extra.empty()) return true;
   for (const HandleSlot& s : p.slots) req.needed += s.pages();
 
@@ -157,7 +157,14 @@ bool PageSupply::ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes, Pa
 
 void PageSupply::refine_freed(StreamKey stream) {
   const uint64_t now = ++sweeps_;
-  if (!refine_ || !sweep_) return;
+  if (!refine_) return;
+  if (!sweep_ && pending_coarse_ && streams_.pending_released() != pending_seen_) {
+    // A block that waited for other streams, large handles and all, may be free now.
+    sweep_ = true;
+    pending_coarse_ = streams_.has_pending();
+    pending_seen_ = streams_.pending_released();
+  }
+  if (!sweep_ || now < next_sweep_) return;
   std::vector<ReclaimableHandle> handles;
   std::vector<StreamKey> owners;
   try {
@@ -183,6 +190,12 @@ void PageSupply::refine_freed(StreamKey stream) {
     done += handles[i].pages;
   }
   sweep_ = !owners.empty() || i < handles.size();
+  // Nothing to cut now, only memory no fence proves yet (a capture under way, another thread's
+  // stream): look again after kRefineAskEvery calls, not at every one.
+  if (sweep_ && handles.empty()) next_sweep_ = now + kRefineAskEvery;
+  // The cut released reserved pages before creating them again: what it could not create is
+  // created again into the pool (nothing is given back while the reservation holds it).
+  if (held_pages() < reserved_pages_) top_up();
 }
 
 void PageSupply::cut_to_pages(const ReclaimableHandle& h) {
@@ -199,9 +212,9 @@ void PageSupply::cut_to_pages(const ReclaimableHandle& h) {
     if (held_pages() + filled.size() + 1 > std::min(limit_pages_, capacity_pages_)) break;
     CUmemGenericAllocationHandle one = 0;
     try {
-      if (drv_.create(page_, &one) != CUDA_SUCCESS) break;
+      if (drv_.create(page_, &one) != CUDA_SUCCESS) break;  // out of memory: the rest too
     } catch (...) {
-      break;
+      continue;  // a refused page stays unmapped (free memory); the next may be created
     }
     ++stats_.num_created_pages;
     filled.emplace_back(HandleSlot{p, 1}, one);  // reserved: does not throw

@@ -83,12 +83,20 @@ class PageSupply {
   }
   bool refining() const noexcept { return refine_; }
   // While refining: a block of the large arena's default pool was freed over [addr, addr+bytes)
-  // of r. Whether a multi-page handle lies under it: the caller then cuts it at once
+  // of r, into the free index (pending: false) or waiting for other streams that used it
+  // (pending: true). Whether a multi-page handle lies under it that the caller should cut at once
   // (refine_freed), in the call that freed it, so that what follows (the next step of a training
-  // loop, a workload started over) finds pages that fit any block.
-  bool note_freed(const Reservation& r, CUdeviceptr addr, size_t bytes) {
+  // loop, a workload started over) finds pages that fit any block. A pending block's handles
+  // are cut once it leaves the pending list (StreamOrder::pending_released).
+  bool note_freed(const Reservation& r, CUdeviceptr addr, size_t bytes, bool pending) {
     if (!refine_ || !placement_.holds_coarse(r.id, addr, bytes)) return false;
+    if (pending) {
+      if (!pending_coarse_) pending_seen_ = streams_.pending_released();
+      pending_coarse_ = true;
+      return false;
+    }
     sweep_ = true;
+    next_sweep_ = 0;
     return true;
   }
   // While refining, when multi-page handles may lie under free memory of the large arena (once
@@ -223,7 +231,12 @@ class PageSupply {
   bool refine_ = false;       // see set_refine
   bool sweep_ = false;      // refining: multi-page handles may lie under free memory
   uint64_t sweeps_ = 0;     // refine_freed calls
+  uint64_t next_sweep_ = 0;  // sweeps_ from which to look again (nothing could be cut)
   uint64_t asked_at_ = 0;   // sweeps_ when other streams' fences were asked
+  // Refining: a pending block held multi-page handles; pending_seen_: StreamOrder's count of
+  // blocks released from the pending list then (a change: look again).
+  bool pending_coarse_ = false;
+  uint64_t pending_seen_ = 0;
   size_t reserved_pages_ = 0;
   size_t reserve_asked_pages_ = 0;
   size_t reserve_handle_pages_ = 1;

@@ -220,6 +220,7 @@ void StreamOrder::release_pending() {
     index.make_room(it->second.pool);
     pending_[i] = std::move(pending_.back());
     pending_.pop_back();
+    ++pending_released_;
     const Arena a = placement_.arena_of(it->second);
     it = index.insert_free(it, a);  // may merge with its owner's other free blocks
     auto owner = streams_.find(it->second.stream);

@@ -234,6 +234,9 @@ class StreamOrder {
     return !pending_.empty() || placement_.index().any_unsafe_but(stream);
   }
   size_t tracked_streams() const noexcept { return streams_.size(); }
+  // Blocks released from the pending list into the free index so far, and whether any waits.
+  uint64_t pending_released() const noexcept { return pending_released_; }
+  bool has_pending() const noexcept { return !pending_.empty(); }
   // Every stream identity (kind, driver id, handle, context, free/safe numbers, fences) and
   // every pending block, one a line.
   void describe(std::ostream& out) const;
@@ -278,6 +281,7 @@ class StreamOrder {
   uint64_t seq_clock_ = 0;  // numbers every free on every stream (StreamState::free_seq)
   uint64_t use_clock_ = 0;  // counts state() calls (StreamState::last_used)
   std::vector<Pending> pending_;
+  uint64_t pending_released_ = 0;  // see pending_released()
   WantedRanges wanted_;
 };
 

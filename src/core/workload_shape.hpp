@@ -76,7 +76,7 @@ class WorkloadShape {
     bool moved = false;
     auto look = [&](uint64_t h, Slot* table) {
       h |= 1;  // 0 marks an empty slot
-      Slot& slot = table[h & (kSlots - 1)];
+      Slot& slot = table[(h >> 1) & (kSlots - 1)];
       moved |= slot.shape == h && slot.size != sz;
       slot = Slot{h, sz};
     };

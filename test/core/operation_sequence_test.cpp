@@ -309,24 +309,24 @@ struct Recorded {
 };
 constexpr size_t kSteps = 1500;
 constexpr Recorded kRecorded[] = {
-    {"default", 1, 0x95fe821d413de427ull},
-    {"default", 2, 0x33a85f64b42d7186ull},
-    {"default_inject", 1, 0x9b4ae4ccdb14ee2aull},
-    {"default_inject", 2, 0xf768a3900244a7e8ull},
+    {"default", 1, 0x7c0aecbb2dbf0b0bull},
+    {"default", 2, 0xf430dfd55a7f26d3ull},
+    {"default_inject", 1, 0x2943defdbedc0d85ull},
+    {"default_inject", 2, 0x1a34fad47a853e23ull},
     {"reclaim_first_inject", 1, 0x290cb353560a650full},
-    {"reclaim_first_inject", 2, 0xc558de8089a675e5ull},
-    {"high_water_threshold_inject", 1, 0x1e47474a2370a314ull},
-    {"high_water_threshold_inject", 2, 0x618dc9d8fdcb5c9bull},
+    {"reclaim_first_inject", 2, 0xa677a85eaef5a148ull},
+    {"high_water_threshold_inject", 1, 0x11039a746ef9cff5ull},
+    {"high_water_threshold_inject", 2, 0xefc4369b35d3952cull},
     {"page_handles_limit_inject", 1, 0x732395f33848829full},
     {"page_handles_limit_inject", 2, 0xd4e7718271f9d57aull},
-    {"small_va_inject", 1, 0xd4d36353c6837392ull},
-    {"small_va_inject", 2, 0x84539cb539354f3eull},
-    {"small_handles", 1, 0x1c66b498ce24bf2eull},
+    {"small_va_inject", 1, 0x63c1420026ff4e2eull},
+    {"small_va_inject", 2, 0x4bf2a8d49c2ee186ull},
+    {"small_handles", 1, 0x58e182d0038801b3ull},
     {"small_handles", 2, 0x721d795741d89866ull},
     {"no_stream_ids_inject", 1, 0x8e254f737546e92cull},
-    {"no_stream_ids_inject", 2, 0x95cac780962a48bdull},
-    {"two_devices_inject", 1, 0x8f10febc3df8acb8ull},
-    {"two_devices_inject", 2, 0x2ea9212acf11af29ull},
+    {"no_stream_ids_inject", 2, 0xa2bad7b181f0902eull},
+    {"two_devices_inject", 1, 0x4ee97b5c70353abfull},
+    {"two_devices_inject", 2, 0x0c730da6bcb2f61dull},
 };
 
 TEST_F(OperationSequenceTest, FiguresMatchTheRecordedOnes) {

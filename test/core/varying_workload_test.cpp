@@ -102,10 +102,11 @@ class VaryingWorkloadTest : public CoreTest {
  protected:
   // Three small live blocks around a 1 GiB and a `cached` block, allocated while nothing says
   // the workload varies (block-sized handles), then varying steps until it does. Returns the
-  // small blocks; *large gets the two large ones, still live.
+  // small blocks; *large gets the two large ones, still live. reserve: bytes reserved first.
   std::vector<void*> setup(CUstream& s, size_t capacity, size_t cached,
-                           std::vector<void*>* large) {
+                           std::vector<void*>* large, size_t reserve = 0) {
     make(sim_config(capacity, false));
+    if (reserve != 0) alloc_->reserve(reserve);
     s = new_stream();
     std::vector<void*> keep;
     keep.push_back(alloc_->allocate(2 * MiB, s));
@@ -215,6 +216,75 @@ TEST_F(VaryingWorkloadTest, ARefusedCreateWhileCuttingLosesNothing) {
     TearDown();
     if (HasFailure()) return;
   }
+}
+
+// A block freed on another stream than its own waits for both (pending): its large handles are
+// cut once it leaves the pending list, not left for a later step's split.
+TEST_F(VaryingWorkloadTest, LargeHandlesOfABlockFreedOnAnotherStreamAreCutOnceItIsFree) {
+  CUstream s = nullptr;
+  std::vector<void*> large;
+  std::vector<void*> keep = setup(s, 80 * GiB, 512 * MiB, &large);
+  CUstream s2 = new_stream();
+  const size_t before = pages_beyond_one_per_handle();
+  ASSERT_GT(before, 700u);
+  const uint64_t syncs = sim::call_count(EntryPoint::event_synchronize);
+  for (void* p : large) alloc_->deallocate(p, s2);  // pending: s's work may still use them
+  EXPECT_EQ(sim::call_count(EntryPoint::event_synchronize), syncs)
+      << "a free that cannot cut anything (its block waits for s) waits for nothing";
+  EXPECT_EQ(pages_beyond_one_per_handle(), before);
+  // The streams' next calls record the fences they owe; an allocation that needs new pages asks
+  // them, which frees the blocks; the allocations after it cut their handles, a bounded amount
+  // each.
+  alloc_->deallocate(alloc_->allocate(3 * MiB, s2), s2);
+  alloc_->deallocate(alloc_->allocate(3 * MiB, s), s);
+  alloc_->deallocate(alloc_->allocate(3 * GiB, s), s);
+  for (int i = 0; i < 20 && pages_beyond_one_per_handle() != 0; ++i) {
+    alloc_->deallocate(alloc_->allocate(5 * MiB + static_cast<size_t>(i) * 4096, s), s);
+  }
+  EXPECT_EQ(pages_beyond_one_per_handle(), 0u);
+  for (void* k : keep) alloc_->deallocate(k, s);
+  EXPECT_EQ(books_vs_driver(), "");
+}
+
+// Only the default pool's large blocks take one-page handles when the workload varies: a pool
+// woken after it keeps the handles any block gets (a 4 GiB block: a few, not 2,048).
+TEST_F(VaryingWorkloadTest, AWakeAfterTheWorkloadVariesKeepsBlockSizedHandles) {
+  CUstream s = nullptr;
+  std::vector<void*> large;
+  std::vector<void*> keep = setup(s, 80 * GiB, 512 * MiB, &large);
+  alloc_->create_pool(7);
+  void* w = alloc_->allocate(4 * GiB, s, 7);
+  ASSERT_TRUE(alloc_->sleep_pool(7, core::DeviceAllocator::SleepMode::discard));
+  const uint64_t c0 = sim::call_count(EntryPoint::mem_create);
+  alloc_->wake_pool(7);
+  EXPECT_LE(sim::call_count(EntryPoint::mem_create) - c0, 8u);
+  alloc_->deallocate(w, s);
+  alloc_->release_pool(7);
+  for (void* p : large) alloc_->deallocate(p, s);
+  for (void* k : keep) alloc_->deallocate(k, s);
+  EXPECT_EQ(books_vs_driver(), "");
+}
+
+// Cutting releases reserved pages before it creates them again: when the driver refuses some of
+// the creates, what the reservation lacks is created again at once (it never gives memory back
+// while it holds it), and a refused page does not stop the pages after it.
+TEST_F(VaryingWorkloadTest, ACutWithRefusedCreatesKeepsTheReservationHeld) {
+  CUstream s = nullptr;
+  std::vector<void*> large;
+  std::vector<void*> keep = setup(s, 16 * GiB, 512 * MiB, &large, 4 * GiB);
+  const uint64_t reserved = alloc_->reservation().reserved_bytes;
+  ASSERT_EQ(reserved, 4 * GiB);
+  ASSERT_GE(alloc_->stats().physical_bytes, reserved);
+  sim::inject_failure(EntryPoint::mem_create, 1, CUDA_ERROR_UNKNOWN);
+  sim::inject_failure(EntryPoint::mem_create, 2, CUDA_ERROR_UNKNOWN);
+  alloc_->deallocate(large[1], s);
+  sim::clear_injections();
+  EXPECT_GE(alloc_->stats().physical_bytes, reserved);
+  EXPECT_EQ(alloc_->check_invariants(), "");
+  EXPECT_EQ(books_vs_driver(), "");
+  alloc_->deallocate(large[0], s);
+  for (void* k : keep) alloc_->deallocate(k, s);
+  EXPECT_GE(alloc_->stats().physical_bytes, reserved);
 }
 
 }  // namespace
