@@ -5,10 +5,10 @@
 #define EXPANSE_NULL_STREAM_IS_LEGACY 1
 #include "api/errors.hpp"
 #include "api/history.hpp"
-#include "api/pools.hpp"
+#include "api/pool_registry.hpp"
 #include "api/runtime.hpp"
-#include "api/stats.hpp"
-#include "core/capture_announcements.hpp"
+#include "api/c_stats.hpp"
+#include "core/streams/capture_announcements.hpp"
 #include "expanse/expanse.h"
 
 #include <cstring>

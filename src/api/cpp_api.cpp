@@ -1,8 +1,8 @@
 // The C++ facade: the same operations as the C ABI, with exceptions.
 #include "api/errors.hpp"
-#include "api/pools.hpp"
+#include "api/pool_registry.hpp"
 #include "api/runtime.hpp"
-#include "api/stats.hpp"
+#include "api/c_stats.hpp"
 #include "expanse/expanse.hpp"
 
 namespace expanse {

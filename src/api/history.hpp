@@ -5,7 +5,7 @@
 // pytorch.org/memory_viz draws it and `expanse replay` replays it.
 #pragma once
 
-#include "core/allocator_events.hpp"
+#include "core/base/allocator_events.hpp"
 #include "core/device_allocator.hpp"
 
 #include <atomic>

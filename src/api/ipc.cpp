@@ -3,7 +3,7 @@
 #include "api/errors.hpp"
 #include "api/ipc_wire.hpp"
 #include "api/runtime.hpp"
-#include "core/format.hpp"
+#include "core/base/format.hpp"
 
 #include <fcntl.h>
 #include <sys/socket.h>

@@ -1,7 +1,7 @@
 #include "api/oom_message.hpp"
 
 #include "api/errors.hpp"
-#include "api/stats.hpp"
+#include "api/c_stats.hpp"
 
 #include <algorithm>
 #include <cinttypes>

@@ -1,6 +1,6 @@
 // The C ABI of pools (expanse_pool_*): pools.hpp with every exception turned into a code.
 #include "api/errors.hpp"
-#include "api/pools.hpp"
+#include "api/pool_registry.hpp"
 #include "expanse/expanse.h"
 
 #include <string>

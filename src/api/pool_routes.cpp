@@ -1,7 +1,7 @@
 #include "api/pool_routes.hpp"
 
-#include "core/cache_bypass.hpp"
-#include "core/capture_announcements.hpp"
+#include "core/front/cache_bypass.hpp"
+#include "core/streams/capture_announcements.hpp"
 #include "expanse/errors.hpp"
 
 #include <string>

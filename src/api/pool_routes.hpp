@@ -13,7 +13,7 @@
 // (join_for_free): the graph uses its memory on every replay, so it must not go back to others.
 #pragma once
 
-#include "core/pool_table.hpp"
+#include "core/pools/pool_table.hpp"
 #include "driver/driver.hpp"
 
 #include <cuda.h>

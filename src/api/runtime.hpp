@@ -3,9 +3,9 @@
 #pragma once
 
 #include "api/pool_routes.hpp"
-#include "api/pools.hpp"
+#include "api/pool_registry.hpp"
 #include "conf/config.hpp"
-#include "core/options.hpp"
+#include "core/base/options.hpp"
 #include "core/device_allocator.hpp"
 #include "driver/driver.hpp"
 

@@ -1,5 +1,5 @@
 #include "api/errors.hpp"
-#include "api/pools.hpp"
+#include "api/pool_registry.hpp"
 #include "api/runtime.hpp"
 
 #include <cstdio>

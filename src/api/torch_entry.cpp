@@ -16,9 +16,9 @@
 
 #include "api/errors.hpp"
 #include "api/oom_message.hpp"
-#include "api/pools.hpp"
+#include "api/pool_registry.hpp"
 #include "api/runtime.hpp"
-#include "api/stats.hpp"
+#include "api/c_stats.hpp"
 #include "expanse/expanse.h"
 
 #include <atomic>

@@ -2,7 +2,7 @@
 // check and the memory history's view of segments.
 #include "core/device_allocator.hpp"
 
-#include "core/format.hpp"
+#include "core/base/format.hpp"
 #include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 

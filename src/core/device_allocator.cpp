@@ -1,8 +1,8 @@
 #include "core/device_allocator.hpp"
 
-#include "core/capture_announcements.hpp"
-#include "core/check.hpp"
-#include "core/format.hpp"
+#include "core/streams/capture_announcements.hpp"
+#include "core/base/check.hpp"
+#include "core/base/format.hpp"
 #include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 

@@ -20,22 +20,22 @@
 // fail) flushes all caches first.
 #pragma once
 
-#include "core/allocator_events.hpp"
-#include "core/block_index.hpp"
-#include "core/check.hpp"
-#include "core/device_driver.hpp"
-#include "core/options.hpp"
-#include "core/page_request.hpp"
-#include "core/page_supply.hpp"
-#include "core/imported_blocks.hpp"
-#include "core/placement.hpp"
-#include "core/placement_echo.hpp"
-#include "core/workload_shape.hpp"
-#include "core/registrable_blocks.hpp"
-#include "core/pool_table.hpp"
-#include "core/stats.hpp"
-#include "core/stream_order.hpp"
-#include "core/thread_cache.hpp"
+#include "core/base/allocator_events.hpp"
+#include "core/placement/block_index.hpp"
+#include "core/base/check.hpp"
+#include "core/device/device_driver.hpp"
+#include "core/base/options.hpp"
+#include "core/pages/page_request.hpp"
+#include "core/pages/page_supply.hpp"
+#include "core/sharing/imported_blocks.hpp"
+#include "core/placement/placement.hpp"
+#include "core/placement/placement_echo.hpp"
+#include "core/placement/workload_shape.hpp"
+#include "core/sharing/registrable_blocks.hpp"
+#include "core/pools/pool_table.hpp"
+#include "core/base/device_stats.hpp"
+#include "core/streams/stream_order.hpp"
+#include "core/front/thread_cache.hpp"
 
 #include <cuda.h>
 

@@ -22,9 +22,9 @@
 // bytes allocated are back to at most where they were when those frees were made) and spends it.
 // Any other allocation computes the peak exactly under the lock (the books' allocated bytes less
 // every parked block) and sets every thread's credit to 0.
-#include "core/cache_bypass.hpp"
+#include "core/front/cache_bypass.hpp"
 #include "core/device_allocator.hpp"
-#include "core/format.hpp"
+#include "core/base/format.hpp"
 
 #include <algorithm>
 #include <new>

@@ -1,7 +1,7 @@
 // Pools on one device (pool_table.hpp): create, retain, release, return, trim, stats, checks.
-#include "core/check.hpp"
+#include "core/base/check.hpp"
 #include "core/device_allocator.hpp"
-#include "core/format.hpp"
+#include "core/base/format.hpp"
 #include "conf/env_config.hpp"
 #include "expanse/errors.hpp"
 

@@ -2,7 +2,7 @@
 // (PageSupply::reserve; docs/design.md, "Reservations").
 #include "conf/env_config.hpp"
 #include "core/device_allocator.hpp"
-#include "core/handle_plan.hpp"
+#include "core/pages/handle_plan.hpp"
 #include "expanse/errors.hpp"
 
 #include <algorithm>

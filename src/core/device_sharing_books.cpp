@@ -1,7 +1,7 @@
 // DeviceAllocator's registrable blocks and imports (registrable_blocks.hpp, imported_blocks.hpp):
 // allocation, free, export, import and close, with the books (stats, pages against the limit).
 #include "core/device_allocator.hpp"
-#include "core/format.hpp"
+#include "core/base/format.hpp"
 #include "conf/env_config.hpp"
 #include "driver_api/error_names.hpp"
 #include "expanse/errors.hpp"

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "conf/config.hpp"
-#include "core/stats.hpp"
+#include "core/base/device_stats.hpp"
 #include "replay/host_model.hpp"
 #include "trace/trace.hpp"
 

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "conf/config.hpp"
-#include "core/stats.hpp"
+#include "core/base/device_stats.hpp"
 
 #include <cstdint>
 #include <functional>

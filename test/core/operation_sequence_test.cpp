@@ -6,7 +6,7 @@
 // order) changes a hash. EXPANSE_OP_TRACE_DIR=dir writes each sequence's steps, with addresses and
 // error messages, to dir/<config>_<seed>.txt, to diff two builds.
 #include "core_fixture.hpp"
-#include "core/capture_announcements.hpp"
+#include "core/streams/capture_announcements.hpp"
 #include "expanse/errors.hpp"
 
 #include <algorithm>

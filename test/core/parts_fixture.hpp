@@ -3,10 +3,10 @@
 // everything back as ~DeviceAllocator does and checks the sim holds nothing.
 #pragma once
 
-#include "core/device_driver.hpp"
-#include "core/page_supply.hpp"
-#include "core/placement.hpp"
-#include "core/stream_order.hpp"
+#include "core/device/device_driver.hpp"
+#include "core/pages/page_supply.hpp"
+#include "core/placement/placement.hpp"
+#include "core/streams/stream_order.hpp"
 #include "core_fixture.hpp"
 
 #include <gtest/gtest.h>

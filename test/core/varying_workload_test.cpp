@@ -1,7 +1,7 @@
 // A workload that repeats its structure with other sizes (WorkloadShape; docs/design.md,
 // "Settling on a varying workload"): it is recognised, exact repetition is not mistaken for it,
 // and the fine handles made for it come at a bounded cost per allocation and never lose pages.
-#include "core/workload_shape.hpp"
+#include "core/placement/workload_shape.hpp"
 #include "core_fixture.hpp"
 #include "expanse/errors.hpp"
 

@@ -1,0 +1,289 @@
+// One request's search for handles to fill its slots (PageSupply::ensure_pages): the pool, new
+// handles, reclaim, release-and-create, and last a wait for every stream's freed memory.
+#include "core/base/check.hpp"
+#include "core/pages/page_supply.hpp"
+
+#include <algorithm>
+#include <iterator>
+
+namespace expanse::core {
+
+class PageSupply::Gathering {
+ public:
+  Gathering(PageSupply& s, std::vector<HandleSlot>& open, Filled& filled, PageRequest& req)
+      : s_(s), open_(open), filled_(filled), req_(req) {}
+
+  // Fills open slots into `filled`; what is left open could not be had.
+  void run();
+
+ private:
+  void take(const HandleSlot& slot, CUmemGenericAllocationHandle h) {
+    filled_.emplace_back(slot, h);
+    in_hand_ += slot.pages();
+  }
+  // A slot cut in two halves (the driver or the limit refused it whole).
+  void halve(const HandleSlot& slot) {
+    const size_t h = slot.count / 2;
+    open_.push_back({slot.page + h, slot.count - h});
+    open_.push_back({slot.page, h});
+  }
+  size_t open_pages() const {
+    size_t n = 0;
+    for (const HandleSlot& slot : open_) n += slot.pages();
+    return n;
+  }
+  size_t largest_open() const {
+    size_t n = 0;
+    for (const HandleSlot& slot : open_) n = std::max(n, slot.count);
+    return n;
+  }
+  // Releases the largest pooled handle to create its pages again (allowed even over the limit).
+  void exchange_largest() {
+    const size_t n = s_.pool_.largest();
+    s_.release_pooled(n);
+    credit_ += n;
+  }
+  void from_pool(bool split);
+  bool from_reserve(const HandleSlot& slot);
+  void create_more();
+  // create: new handles for what reclaiming leaves open (false: reclaim only).
+  void reclaim_more(bool create = true);
+  void release_and_create();
+
+  PageSupply& s_;
+  std::vector<HandleSlot>& open_;
+  Filled& filled_;
+  PageRequest& req_;
+  size_t in_hand_ = 0;
+  size_t credit_ = 0;  // pages released here to be created again: allowed even over the limit
+  bool covered_ = false;  // the reservation's untouched pages cover the request
+  bool reclaimed_ = false;  // reclaim has run: pooled handles include ones freed blocks had
+};
+
+void PageSupply::gather(std::vector<HandleSlot>& open, Filled& filled, PageRequest& req) {
+  Gathering(*this, open, filled, req).run();
+}
+
+void PageSupply::Gathering::run() {
+  // Reserved pages are held to be used: the pooled ones serve the slots before anything else
+  // (reshaped into the slots' handles, from_reserve; one-page reserved handles fill any slot).
+  from_pool(s_.reserved_pages_ > 0);
+  // High water: physical memory grows past the most pages live blocks have touched (with this
+  // request) plus a little slack only when nothing can be reclaimed, so while memory is plentiful
+  // the footprint still follows the live set; a repeat of the workload stays under the mark.
+  const AllocatorOptions& opts = s_.opts_;
+  const size_t slack = opts.high_water_slack == kNoLimit
+                           ? SIZE_MAX
+                           : s_.touched_pages_ / 256 + opts.high_water_slack / s_.page_;
+  s_.high_water_ = std::max(s_.high_water_, s_.touched_pages_ + open_pages());
+  const bool over = slack != SIZE_MAX && s_.held_pages() + open_pages() > s_.high_water_ + slack;
+  // While the reservation covers the request, its pages under free memory serve it, after
+  // waiting for the streams' work on them if need be: nothing beyond it is created, and the
+  // memory left to other processes stays theirs.
+  covered_ = s_.reserved_pages_ > 0 &&
+             s_.touched_pages_ + s_.outside_pages_ + in_hand_ + open_pages() <= s_.reserved_pages_;
+  if (covered_) {
+    reclaim_more(false);
+    if (!open_.empty()) {
+      s_.streams_.poll(true);
+      req_.waited = true;
+      reclaim_more(false);
+    }
+  }
+  if (opts.reclaim_before_create || over || covered_) {
+    reclaim_more();
+    create_more();
+  } else {
+    create_more();
+    reclaim_more();
+  }
+  from_pool(true);
+  release_and_create();
+  if (!open_.empty()) {
+    // Last resort: wait for every stream's work on freed memory, then reclaim under it.
+    s_.streams_.poll(true);
+    req_.waited = true;
+    reclaim_more();
+    req_.create_oom = false;
+    create_more();
+    release_and_create();
+  }
+}
+
+// Pooled handles of each open slot's size; with split, the largest smaller pooled handle fills
+// the slot's first pages and the rest stays open.
+void PageSupply::Gathering::from_pool(bool split) {
+  HandlePool& pool = s_.pool_;
+  std::vector<HandleSlot> rest;
+  while (!open_.empty()) {
+    HandleSlot slot = open_.back();
+    open_.pop_back();
+    if (pool.has(slot.count)) {
+      req_.from_pool += slot.pages();
+      take(slot, pool.take(slot.count));
+      continue;
+    }
+    if (split && s_.reshapes_reserve() && from_reserve(slot)) continue;
+    const size_t n = pool.largest_below(slot.count);
+    if (split && n != 0) {
+      req_.from_pool += n;
+      take({slot.page, n}, pool.take(n));
+      open_.push_back({slot.page + n, slot.count - n});
+    } else {
+      rest.push_back(slot);
+    }
+  }
+  open_.swap(rest);
+}
+
+// With a reservation, a slot gets what a new handle would give it without one: a handle of its
+// own size. It is created within the reservation where the reservation lacks pages (a split
+// released them), and otherwise made of pooled pages released for it: the smallest larger pooled
+// handle (cut once) or smaller ones (merged), whichever the cost model prices lower. What is
+// released beyond the slot is created again as power-of-two pieces that stay pooled for the next
+// slots. So blocks keep the handle shapes they have without a reservation (one-page reserved
+// handles cost every large block a mapping per page), and a large reserved handle is cut once
+// into pieces, not released for every smaller slot and created again after it (churn). Once
+// reclaim has run, a pooled handle too large for releasing it to pay (exchange_pays) is mapped as
+// it is, as a reclaimed handle is without a reservation. A merge that falls short makes the slot's
+// first pages. True when the slot, or its first pages (the rest open again), was filled.
+bool PageSupply::Gathering::from_reserve(const HandleSlot& slot) {
+  HandlePool& pool = s_.pool_;
+  const size_t k = slot.count;
+  if (reclaimed_) {
+    const size_t n = pool.largest_below(k);
+    if (n != 0 && !s_.exchange_pays(n)) {
+      req_.from_pool += n;
+      take({slot.page, n}, pool.take(n));
+      open_.push_back({slot.page + n, k - n});
+      return true;
+    }
+  }
+  std::vector<size_t> release;
+  size_t pages = 0;
+  if (s_.held_pages() + in_hand_ + k > s_.reserved_pages_) {
+    release = pool.make_up(k);
+    for (size_t n : release) pages += n;
+    const size_t m = pool.smallest_above(k);
+    if (m != 0 && (pages < k || s_.reshape_ns({m}, k) <= s_.reshape_ns(release, k))) {
+      release.assign(1, m);
+      pages = m;
+    }
+    // One smaller handle costs less mapped as it is than released and created again.
+    if (release.empty() || (pages < k && release.size() == 1)) return false;
+    for (size_t n : release) {
+      s_.release_pooled(n);
+      credit_ += n;  // created again below; what another process takes meanwhile, top_up retries
+    }
+  } else {
+    pages = k;  // the reservation lacks them: created in the slot's shape
+  }
+  const HandleSlot mine{slot.page, std::min(k, pages)};
+  CUmemGenericAllocationHandle h = 0;
+  if (s_.drv_.create(mine.pages() * s_.page_, &h) != CUDA_SUCCESS) return false;
+  if (!release.empty()) credit_ -= mine.pages();
+  try {
+    take(mine, h);
+  } catch (...) {  // out of host memory: not kept in the books, so not kept at all
+    s_.drv_.release(h, mine.pages() * s_.page_);
+    throw;
+  }
+  req_.created += mine.pages();
+  s_.stats_.num_created_pages += mine.pages();
+  if (mine.count < k) open_.push_back({slot.page + mine.count, k - mine.count});
+  for (size_t rest = pages - mine.count; rest != 0;) {
+    size_t n = 1;
+    while (n * 2 <= rest) n *= 2;
+    if (s_.drv_.create(n * s_.page_, &h) != CUDA_SUCCESS) break;
+    try {
+      pool.put(n, h);
+    } catch (...) {
+      s_.drv_.release(h, n * s_.page_);
+      throw;
+    }
+    credit_ -= n;
+    rest -= n;
+    s_.stats_.num_created_pages += n;
+  }
+  s_.note_peaks(in_hand_);
+  return true;
+}
+
+// New handles while the device and the limit allow; a slot refused whole is halved.
+void PageSupply::Gathering::create_more() {
+  std::vector<HandleSlot> rest;
+  while (!open_.empty() && !req_.create_oom) {
+    HandleSlot slot = open_.back();
+    open_.pop_back();
+    const bool exchange = slot.pages() <= credit_;
+    if (!exchange && s_.held_pages() + in_hand_ + slot.pages() > s_.limit_pages_) {
+      req_.limit_hit = true;
+      if (slot.count == 1) {
+        rest.push_back(slot);
+        break;
+      }
+      halve(slot);
+      continue;
+    }
+    CUmemGenericAllocationHandle h = 0;
+    if (s_.drv_.create(slot.pages() * s_.page_, &h) == CUDA_ERROR_OUT_OF_MEMORY) {
+      if (slot.count == 1) {
+        req_.create_oom = true;
+        rest.push_back(slot);
+        break;
+      }
+      halve(slot);
+      continue;
+    }
+    if (exchange) credit_ -= slot.pages();
+    take(slot, h);
+    req_.created += slot.pages();
+    s_.stats_.num_created_pages += slot.pages();
+    s_.note_peaks(in_hand_);
+  }
+  rest.insert(rest.end(), open_.begin(), open_.end());
+  open_.swap(rest);
+}
+
+void PageSupply::Gathering::reclaim_more(bool create) {
+  if (open_.empty()) return;
+  if (s_.streams_.has_unfinished_frees()) s_.streams_.poll(false);
+  req_.reclaimed += s_.reclaim(open_pages());
+  reclaimed_ = true;
+  from_pool(false);
+  // Remapping a small reclaimed handle into a larger slot costs a cuMemMap and a mapping's
+  // share of cuMemSetAccess; releasing it and creating its pages as part of the slot's handle
+  // can cost less by the cost model (2 MiB: ~24 us against ~62 us): exchange those.
+  const size_t largest = largest_open();
+  HandlePool& pool = s_.pool_;
+  // Not with a reservation: from_reserve releases pooled handles for a slot as far as it needs
+  // (one-page reserved handles are never exchanged: they serve any block without a cuMemCreate).
+  while (s_.reserved_pages_ == 0 && !pool.empty() && pool.smallest() < largest &&
+         s_.exchange_pays(pool.smallest())) {
+    const size_t n = pool.smallest();
+    s_.release_pooled(n);
+    credit_ += n;
+  }
+  // The rest fill the slots, cut to their sizes. A reclaimed handle larger than every open slot
+  // (reclaim() takes the smallest that covers what is left) is released and the slots' pages
+  // created in its place: kept in the pool, it would hold memory beside the new pages.
+  from_pool(true);
+  if (!create) return;
+  while (!open_.empty() && !pool.empty() && pool.largest() > largest) exchange_largest();
+  req_.create_oom = false;
+  create_more();
+  from_pool(true);
+}
+
+// Pooled handles no open slot can take are released, and new ones created in their place.
+void PageSupply::Gathering::release_and_create() {
+  while (!open_.empty()) {
+    if (s_.pool_.empty() || s_.pool_.largest() <= largest_open()) return;
+    exchange_largest();
+    req_.create_oom = false;
+    create_more();
+    from_pool(true);
+  }
+}
+
+}  // namespace expanse::core

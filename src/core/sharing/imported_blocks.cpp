@@ -1,0 +1,112 @@
+#include "core/sharing/imported_blocks.hpp"
+
+#include "driver_api/error_names.hpp"
+#include "expanse/errors.hpp"
+
+#include <string>
+
+namespace expanse::core {
+namespace {
+
+std::string code_name(CUresult r) {
+  const char* n = driver::error_name(static_cast<int>(r));
+  return n != nullptr ? n : "CUresult " + std::to_string(static_cast<int>(r));
+}
+
+}  // namespace
+
+CUdeviceptr ImportedBlocks::import(const std::vector<int>& fds,
+                                   const std::vector<size_t>& handle_sizes, size_t offset) {
+  size_t extent = 0;
+  for (size_t s : handle_sizes) extent += s;
+  ImportedBlock b;
+  b.extent = extent;
+  CUdeviceptr va = 0;
+  size_t mapped = 0;  // bytes of va mapped so far
+  auto undo = [&]() noexcept {
+    try {
+      if (mapped != 0) drv_.unmap(va, mapped, b.handles.size());
+      for (const auto& [h, size] : b.handles) drv_.release(h, size);
+      if (va != 0) drv_.address_free(va, extent);
+    } catch (...) {
+    }
+  };
+  try {
+    va = drv_.reserve(extent, drv_.granularity());
+    for (size_t i = 0; i < fds.size(); ++i) {
+      CUmemGenericAllocationHandle h = 0;
+      const CUresult r = drv_.import_fd(fds[i], &h);
+      if (r != CUDA_SUCCESS) {
+        undo();
+        throw usage_error("expanse: ipc import on device " + std::to_string(drv_.device()) +
+                          ": the driver refuses fd " + std::to_string(fds[i]) + " (" +
+                          code_name(r) +
+                          "): not an fd expanse_ipc_export made, or closed, or its handle "
+                          "already released; nothing was changed");
+      }
+      b.handles.emplace_back(h, handle_sizes[i]);
+      int dev = -1;
+      if (drv_.handle_device(h, &dev) == CUDA_SUCCESS && dev != drv_.device()) {
+        undo();
+        throw usage_error("expanse: ipc import on device " + std::to_string(drv_.device()) +
+                          ": fd " + std::to_string(fds[i]) + " holds memory of device " +
+                          std::to_string(dev) + " (import it with that device); nothing was "
+                          "changed");
+      }
+      try {
+        drv_.map(va + mapped, handle_sizes[i], h);
+      } catch (const driver::driver_error& e) {
+        // A size other than the handle's: NOT_SUPPORTED (only whole handles map) or INVALID_VALUE.
+        if (e.code() != CUDA_ERROR_INVALID_VALUE && e.code() != CUDA_ERROR_NOT_SUPPORTED) throw;
+        undo();
+        throw usage_error("expanse: ipc import on device " + std::to_string(drv_.device()) +
+                          ": handle_bytes[" + std::to_string(i) + "] of the handle says " +
+                          std::to_string(handle_sizes[i]) + " bytes, but the driver will not "
+                          "map fd " + std::to_string(fds[i]) + " at that size (" + e.what() +
+                          "): a damaged expanse_ipc_handle; nothing was changed");
+      }
+      mapped += handle_sizes[i];
+    }
+    drv_.set_access(va, extent, b.handles.size());
+  } catch (const usage_error&) {
+    throw;
+  } catch (...) {
+    undo();
+    throw;
+  }
+  bytes_ += extent;
+  b.base = va;
+  blocks_.emplace(va + offset, std::move(b));
+  return va + offset;
+}
+
+void ImportedBlocks::close(CUdeviceptr ptr) {
+  auto it = blocks_.find(ptr);
+  // A failed unmap leaves the import as it was (mapped, its handles held): it stays in the books.
+  drv_.unmap(it->second.base, it->second.extent, it->second.handles.size());
+  const ImportedBlock b = std::move(it->second);
+  blocks_.erase(it);
+  bytes_ -= b.extent;
+  for (const auto& [h, size] : b.handles) drv_.release(h, size);
+  drv_.address_free(b.base, b.extent);
+}
+
+void ImportedBlocks::grant_all() {
+  for (const auto& [ptr, b] : blocks_) drv_.set_access(b.base, b.extent, b.handles.size());
+}
+
+void ImportedBlocks::close_all_quietly() noexcept {
+  while (!blocks_.empty()) {
+    const CUdeviceptr ptr = blocks_.begin()->first;
+    try {
+      close(ptr);
+    } catch (...) {
+      if (has(ptr)) {  // the unmap failed: forget it (shutdown cannot wait)
+        bytes_ -= blocks_.begin()->second.extent;
+        blocks_.erase(blocks_.begin());
+      }
+    }
+  }
+}
+
+}  // namespace expanse::core

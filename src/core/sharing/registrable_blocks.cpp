@@ -1,0 +1,109 @@
+#include "core/sharing/registrable_blocks.hpp"
+
+#include "core/base/options.hpp"
+
+namespace expanse::core {
+
+CUdeviceptr RegistrableBlocks::allocate(size_t bytes, uint64_t pool) {
+  const size_t extent = round_up(bytes, page_);
+  const CUdeviceptr va = drv_.reserve(extent, page_);
+  CUmemGenericAllocationHandle h = 0;
+  try {
+    if (drv_.create(extent, &h) != CUDA_SUCCESS) {
+      drv_.address_free(va, extent);
+      return 0;
+    }
+  } catch (...) {
+    try {
+      drv_.address_free(va, extent);
+    } catch (...) {
+    }
+    throw;
+  }
+  bool mapped = false;
+  try {
+    drv_.map(va, extent, h);
+    mapped = true;
+    drv_.set_access(va, extent, 1);
+  } catch (...) {
+    try {
+      if (mapped) drv_.unmap(va, extent, 1);
+      drv_.release(h, extent);
+      drv_.address_free(va, extent);
+    } catch (...) {
+    }
+    throw;
+  }
+  RegistrableBlock& b = blocks_[va];
+  b.extent = extent;
+  b.requested = bytes;
+  b.handle = h;
+  b.pool = pool;
+  bytes_ += extent;
+  requested_ += bytes;
+  return va;
+}
+
+RegistrableBlock* RegistrableBlocks::find(CUdeviceptr va) {
+  auto it = blocks_.find(va);
+  return it == blocks_.end() ? nullptr : &it->second;
+}
+
+const RegistrableBlock* RegistrableBlocks::find(CUdeviceptr va) const {
+  auto it = blocks_.find(va);
+  return it == blocks_.end() ? nullptr : &it->second;
+}
+
+const RegistrableBlock* RegistrableBlocks::containing(CUdeviceptr va, CUdeviceptr* base) const {
+  auto it = blocks_.upper_bound(va);
+  if (it == blocks_.begin()) return nullptr;
+  --it;
+  if (va >= it->first + it->second.extent) return nullptr;
+  *base = it->first;
+  return &it->second;
+}
+
+void RegistrableBlocks::free(CUdeviceptr va) {
+  auto it = blocks_.find(va);
+  const RegistrableBlock b = it->second;
+  // A failed unmap leaves the block as it was (mapped, its handle held): it stays in the books.
+  drv_.unmap(va, b.extent, 1);
+  blocks_.erase(it);
+  bytes_ -= b.extent;
+  requested_ -= b.requested;
+  drv_.release(b.handle, b.extent);
+  drv_.address_free(va, b.extent);
+}
+
+void RegistrableBlocks::grant_all() {
+  for (const auto& [va, b] : blocks_) drv_.set_access(va, b.extent, 1);
+}
+
+void RegistrableBlocks::free_all_quietly() noexcept {
+  while (!blocks_.empty()) {
+    const CUdeviceptr va = blocks_.begin()->first;
+    try {
+      free(va);
+    } catch (...) {
+      if (find(va) != nullptr) {  // the unmap failed: forget it (shutdown cannot wait)
+        bytes_ -= blocks_.begin()->second.extent;
+        requested_ -= blocks_.begin()->second.requested;
+        blocks_.erase(blocks_.begin());
+      }
+    }
+  }
+}
+
+RegistrableBlocks::PoolFigures RegistrableBlocks::of_pool(uint64_t pool) const {
+  PoolFigures f;
+  for (const auto& [va, b] : blocks_) {
+    if (b.pool != pool) continue;
+    ++f.blocks;
+    f.requested += b.requested;
+    f.bytes += b.extent;
+    f.exported = f.exported || b.exported;
+  }
+  return f;
+}
+
+}  // namespace expanse::core

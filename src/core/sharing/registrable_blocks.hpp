@@ -1,0 +1,76 @@
+// Registrable blocks: memory that other processes and NICs may map (docs/design.md, "Sharing
+// across processes").
+//
+// Each block is one physical handle of its own (cuMemCreate with the device's exportable handle
+// type and RDMA flag, its size rounded up to the page) mapped in a reservation of its own, so
+// cuMemGetAddressRange and cuMemRetainAllocationHandle on any address in it answer that handle
+// (what ncclCommRegister, ncclCommWindowRegister and nvidia_peermem need: one allocation per
+// buffer), and exporting it hands out exactly its memory. These blocks are outside the page
+// books: no other block ever shares their pages, reclaim, trim and sleep never see them, and a
+// free unmaps and releases the handle at once (an importer's mapping keeps the memory alive), so
+// an exported block's memory is never another block's.
+#pragma once
+
+#include "core/device/device_driver.hpp"
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+
+namespace expanse::core {
+
+struct RegistrableBlock {
+  size_t extent = 0;     // bytes mapped (the request rounded up to the page)
+  size_t requested = 0;  // bytes asked for
+  CUmemGenericAllocationHandle handle = 0;
+  uint64_t pool = 0;      // the pool id it was allocated in (0: the default pool)
+  bool exported = false;  // expanse_ipc_export has handed out its handle at least once
+};
+
+class RegistrableBlocks {
+ public:
+  RegistrableBlocks(DeviceDriver& drv, size_t page) : drv_(drv), page_(page) {}
+  RegistrableBlocks(const RegistrableBlocks&) = delete;
+  RegistrableBlocks& operator=(const RegistrableBlocks&) = delete;
+
+  // Reserves, creates, maps and grants access (this device and its peers). Returns 0 when the
+  // device is out of memory (CUDA_ERROR_OUT_OF_MEMORY from cuMemCreate); throws
+  // driver::driver_error for other failures. Nothing is left behind on either.
+  CUdeviceptr allocate(size_t bytes, uint64_t pool);
+  // The block starting at va, or nullptr.
+  RegistrableBlock* find(CUdeviceptr va);
+  const RegistrableBlock* find(CUdeviceptr va) const;
+  // The block holding va anywhere in its extent (its start into *base), or nullptr.
+  const RegistrableBlock* containing(CUdeviceptr va, CUdeviceptr* base) const;
+  // Unmaps, releases and frees the VA of the block at va (which must exist). The caller has
+  // made sure no work on it is pending. Throws driver::driver_error: when the unmap failed the
+  // block stays as it was (mapped, in the books: a later free may succeed); after the unmap the
+  // books forget it either way (a failed release or VA free cannot be retried).
+  void free(CUdeviceptr va);
+  // Grants every block's extent to the devices DeviceDriver grants (a peer was added).
+  void grant_all();
+  // Everything unmapped and released, errors swallowed (shutdown).
+  void free_all_quietly() noexcept;
+
+  size_t count() const noexcept { return blocks_.size(); }
+  size_t bytes() const noexcept { return bytes_; }        // mapped = reserved, in bytes
+  size_t requested() const noexcept { return requested_; }
+  // Live blocks of pool `pool`, their requested and extent bytes, and whether one is exported.
+  struct PoolFigures {
+    size_t blocks = 0, requested = 0, bytes = 0;
+    bool exported = false;
+  };
+  PoolFigures of_pool(uint64_t pool) const;
+  const std::map<CUdeviceptr, RegistrableBlock>& all() const noexcept { return blocks_; }
+
+ private:
+  DeviceDriver& drv_;
+  size_t page_;
+  std::map<CUdeviceptr, RegistrableBlock> blocks_;
+  size_t bytes_ = 0;
+  size_t requested_ = 0;
+};
+
+}  // namespace expanse::core
