@@ -1,4 +1,4 @@
-// Allocate+free pairs per second with thread caches (core/thread_cache.hpp) next to the same
+// Allocate+free pairs per second with thread caches (core/front/thread_cache.hpp) next to the same
 // allocator without them (thread_cache 0: every pair takes the device lock), from one run: 1, 2
 // and 8 threads, each on its own stream, allocating and freeing one size in a loop (a warm,
 // cached pair: no driver call). Prints ns per pair and the 2-thread/1-thread scaling.

@@ -22,7 +22,7 @@ std::string version_text(int v) {
 Json size_or_null(size_t v) { return v == conf::kNoLimit ? Json(nullptr) : Json(v); }
 
 // The allocator options a device gets, with the values DeviceAllocator derives from the
-// capacity when an option is 0 (see core/options.hpp).
+// capacity when an option is 0 (see core/base/options.hpp).
 Json effective_options(const conf::Config& conf, size_t capacity, size_t granularity) {
   conf::AllocatorOptions o = conf::options_for_device(conf, capacity);
   const size_t page = o.page_size != 0 ? o.page_size : granularity;

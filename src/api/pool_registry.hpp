@@ -1,7 +1,7 @@
 // Pools as the C ABI and the C++ API see them: process-wide ids, each naming one device's pool.
 //
 // An id comes from one process-wide counter (from 1; never reused) and names the pool of the same
-// id in its device's allocator (core/pool_table.hpp). The registry remembers which device each id
+// id in its device's allocator (core/pools/pool_table.hpp). The registry remembers which device each id
 // belongs to, for the life of the runtime (an id released and forgotten by its allocator is still
 // known here: its stats say returned). The operations below check here first (an id never
 // created is an error naming it) and then ask the device's allocator, whose errors name the id
@@ -62,7 +62,7 @@ void check_stream_device(Runtime& rt, core::PoolId id, int device, CUstream stre
                          const char* what);
 core::DeviceAllocator& live_pool(Runtime& rt, core::PoolId id, const char* what, int* device);
 
-// Sleep and wake (pool_sleep.cpp). pool_sleep returns false, with nothing changed, while a
+// Sleep and wake (sleep_c_api.cpp). pool_sleep returns false, with nothing changed, while a
 // capture is announced in the device's context or routed into the pool.
 bool pool_sleep(core::PoolId id, int mode, CUstream stream);
 void pool_wake(core::PoolId id, CUstream stream);

@@ -1,4 +1,4 @@
-// Sleep and wake of a pool through the C ABI and the C++ API (core/pool_sleep.cpp does the work):
+// Sleep and wake of a pool through the C ABI and the C++ API (core/sleep_wake.cpp does the work):
 // the checks only the API can make (the stream's device, captures routed into the pool) and the
 // wake hook.
 #include "api/pool_registry.hpp"

@@ -60,7 +60,7 @@ struct AllocatorOptions {
   // reshaped, which serve any block without a cuMemCreate at a mapping per page (docs/design.md,
   // "Reservations").
   size_t reserve_handle_size = 0;
-  // Per-thread caches of freed blocks (core/thread_cache.hpp): the most bytes and blocks one
+  // Per-thread caches of freed blocks (core/front/thread_cache.hpp): the most bytes and blocks one
   // thread's cache holds for one device; 0 in either turns them off. Off here (the replayer and
   // the tools time the allocator itself); EXPANSE_CONF turns them on (kDefaultThreadCache*).
   size_t thread_cache_bytes = 0;

@@ -129,7 +129,7 @@ class DeviceAllocator {
   // Whether pool `id` was created here and is not yet forgotten.
   bool has_pool(PoolId id) const;
 
-  // ---- sleep and wake (pool_sleep.cpp) ----
+  // ---- sleep and wake (sleep_wake.cpp) ----
   // discard_zeroed: discard, and the blocks come back zeroed at wake.
   enum class SleepMode { offload, discard, discard_zeroed };
   // Gives every page of pool `id` (in use, awake) back to the driver, keeping its addresses and

@@ -760,7 +760,7 @@ TEST_P(Pools, CaptureRouteOnThePerThreadStreamTakesItsOwnThreadsCaptureOnly) {
 }
 
 // After a sleep/wake cycle the pool's free memory is mapped as one large handle per free run
-// (pool_sleep.cpp wake_locked -> ensure_pages on free blocks); find_in_pool only takes placements
+// (core/sleep_wake.cpp wake_locked -> ensure_pages on free blocks); find_in_pool only takes placements
 // whose handles it holds whole (HandleFit::ready), so the pool stops reusing its own cached memory.
 TEST_P(Pools, AfterWakeThePoolReusesItsFreeMemory) {
   start("sim_capacity:1GiB");

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Checks that every #include between the folders of src/ (and from tools/ and bench/) points
-down the layers written in src/layers.txt.
+down the layers written in src/layers.txt, and, inside a layer whose folder has rooms (core/),
+every include between its rooms points down their order too.
 
 Usage: check_layers.py REPO_ROOT
 Exit status 0 when every include is allowed; 1 with one line per offending include (file, line,
@@ -15,24 +16,35 @@ SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".h", ".hpp", ".inc")
 
 
 def read_layers(path):
-    """Returns (rank by src folder, allowed include prefixes by outside folder)."""
-    ranks, outside = {}, {}
+    """Returns (rank by src folder, allowed include prefixes by outside folder, rank of each room
+    by folder: {folder: {room: rank}})."""
+    ranks, outside, rooms = {}, {}, {}
     with open(path, encoding="utf-8") as f:
         for n, raw in enumerate(f, 1):
             line = raw.split("#", 1)[0].strip()
             if not line:
                 continue
             words = line.split()
+            room = re.fullmatch(r"(\w+)/(\d+)", words[0])
             if words[0].endswith(":"):  # "tools: conf replay driver/driver.hpp"
                 outside[words[0][:-1]] = words[1:]
+            elif room and len(words) >= 2:  # "core/2 placement"
+                of = rooms.setdefault(room.group(1), {})
+                if words[1] in of:
+                    raise ValueError(f"{path}:{n}: room '{room.group(1)}/{words[1]}' is ranked "
+                                     f"twice")
+                of[words[1]] = int(room.group(2))
             elif len(words) >= 2 and words[0].isdigit():
                 if words[1] in ranks:
                     raise ValueError(f"{path}:{n}: folder '{words[1]}' is ranked twice")
                 ranks[words[1]] = int(words[0])
             else:
-                raise ValueError(f"{path}:{n}: expected 'RANK FOLDER' or 'FOLDER: ALLOWED...', "
-                                 f"got '{raw.strip()}'")
-    return ranks, outside
+                raise ValueError(f"{path}:{n}: expected 'RANK FOLDER', 'FOLDER/RANK ROOM' or "
+                                 f"'FOLDER: ALLOWED...', got '{raw.strip()}'")
+    for folder in rooms:
+        if folder not in ranks:
+            raise ValueError(f"{path}: rooms of '{folder}', which has no rank")
+    return ranks, outside, rooms
 
 
 def sources(top):
@@ -52,7 +64,7 @@ def includes(path):
 
 def check(root):
     src = os.path.join(root, "src")
-    ranks, outside = read_layers(os.path.join(src, "layers.txt"))
+    ranks, outside, rooms = read_layers(os.path.join(src, "layers.txt"))
     problems = []
     folders = sorted(d for d in os.listdir(src) if os.path.isdir(os.path.join(src, d)))
     for d in folders:
@@ -65,6 +77,7 @@ def check(root):
     def below(d):
         return sorted(x for x in ranks if ranks[x] < ranks[d])
 
+    problems += check_rooms(src, root, rooms)
     for d in folders:
         if d not in ranks:
             continue
@@ -94,6 +107,49 @@ def check(root):
                     continue
                 problems.append(f"{rel}:{n}: includes \"{inc}\": {d}/ may include only "
                                 f"{', '.join(allowed)} (and the public headers)")
+    return problems
+
+
+def check_rooms(src, root, rooms):
+    """Inside each folder with rooms: every subfolder is a ranked room; a room includes only its
+    own files and rooms of a lower rank; the folder's own files (its root) include any room, and
+    no room includes them."""
+    problems = []
+    for folder, rank in sorted(rooms.items()):
+        base = os.path.join(src, folder)
+        subdirs = sorted(x for x in os.listdir(base) if os.path.isdir(os.path.join(base, x)))
+        for x in subdirs:
+            if x not in rank:
+                problems.append(f"src/{folder}/{x}/: a room src/layers.txt does not rank "
+                                f"(give it a line '{folder}/RANK {x}')")
+        for x in rank:
+            if x not in subdirs:
+                problems.append(f"src/layers.txt ranks the room '{folder}/{x}', which is not a "
+                                f"folder of src/{folder}/")
+        for x in subdirs:
+            if x not in rank:
+                continue
+            lower = sorted(r for r in rank if rank[r] < rank[x])
+            for path in sources(os.path.join(base, x)):
+                rel = os.path.relpath(path, root)
+                for n, inc in includes(path):
+                    parts = inc.split("/")
+                    if parts[0] != folder or len(parts) < 2:
+                        continue  # another layer's (checked above) or a file beside it
+                    if len(parts) == 2:
+                        problems.append(
+                            f"{rel}:{n}: includes \"{inc}\": a room of {folder}/ never includes "
+                            f"the files at {folder}/'s root (they include the rooms)")
+                        continue
+                    to = parts[1]
+                    if to == x:
+                        continue
+                    if to not in rank or rank[to] >= rank[x]:
+                        problems.append(
+                            f"{rel}:{n}: includes \"{inc}\": {folder}/{x}/ (rank {rank[x]}) may "
+                            f"include only rooms of a lower rank ({', '.join(lower) or 'none'}), "
+                            f"and {folder}/{to}/ has rank "
+                            f"{rank[to] if to in rank else 'none'}")
     return problems
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The layer checker refuses what the rule forbids: on a copy of the repository's src/, tools/
 and bench/, it passes as the tree is, then fails, naming the file, line and include, once an
-include points up, sideways, or into a folder with no rank.
+include points up, sideways, or into a folder with no rank; and inside core/, once an include
+between two rooms points up or sideways, a room includes core/'s root, or a room has no rank.
 
 Usage: check_layers_test.py REPO_ROOT
 """
@@ -27,6 +28,16 @@ def ranks(root):
             words = raw.split("#", 1)[0].split()
             if len(words) >= 2 and words[0].isdigit():
                 out[words[1]] = int(words[0])
+    return out
+
+
+def room_ranks(root, folder):
+    out = {}
+    with open(os.path.join(root, "src", "layers.txt"), encoding="utf-8") as f:
+        for raw in f:
+            words = raw.split("#", 1)[0].split()
+            if len(words) >= 2 and words[0].startswith(folder + "/"):
+                out[words[1]] = int(words[0].split("/", 1)[1])
     return out
 
 
@@ -87,6 +98,44 @@ def main(argv):
             except AssertionError as e:
                 print(e)
                 failures += 1
+        # core/'s rooms: the lowest including the highest, one rank up, sideways, the root.
+        rr = room_ranks(tmp, "core")
+        rooms = sorted(rr, key=lambda x: rr[x])
+        room_cases = [(rooms[0], rooms[-1], "core/: the lowest room including the highest")]
+        for lo, hi in zip(rooms, rooms[1:]):
+            if rr[lo] < rr[hi]:
+                room_cases.append((lo, hi, f"core/: an include one room up ({lo} -> {hi})"))
+        twins = [(a, b) for a in rooms for b in rooms if a != b and rr[a] == rr[b]]
+        if twins:
+            room_cases.append((twins[0][0], twins[0][1], "core/: a sideways include between rooms"))
+        room_cases.append((rooms[-1], None, "core/: a room including core/'s root"))
+        for frm, to, what in room_cases:
+            case = os.path.join(tmp, "case")
+            shutil.rmtree(case, ignore_errors=True)
+            shutil.copytree(tmp, case, ignore=shutil.ignore_patterns("case"))
+            path = first_source(os.path.join(case, "src", "core", frm))
+            if to is None:
+                inc = "core/device_allocator.hpp"
+            else:
+                target = first_source(os.path.join(case, "src", "core", to))
+                inc = f"core/{to}/{os.path.basename(target)}"
+            line = add_include(path, inc)
+            try:
+                expect_refused(case, path, line, inc, what)
+                print(f"refused as it should be: {what}")
+            except AssertionError as e:
+                print(e)
+                failures += 1
+        case = os.path.join(tmp, "case")
+        shutil.rmtree(case, ignore_errors=True)
+        shutil.copytree(tmp, case, ignore=shutil.ignore_patterns("case"))
+        os.makedirs(os.path.join(case, "src", "core", "unranked"))
+        rc, out = run(case)
+        if rc != 1 or "src/core/unranked/" not in out:
+            print(f"a room with no rank should be refused, got {rc}:\n{out}")
+            failures += 1
+        else:
+            print("refused as it should be: a room with no rank")
         case = os.path.join(tmp, "case")
         shutil.rmtree(case, ignore_errors=True)
         shutil.copytree(tmp, case, ignore=shutil.ignore_patterns("case"))

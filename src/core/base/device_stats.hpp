@@ -50,7 +50,7 @@ struct PoolStats {
   uint64_t live_bytes = 0;       // live blocks, as carved (multiples of 512 B)
   uint64_t cached_bytes = 0;     // free (and pending) blocks still the pool's
   uint64_t physical_bytes = 0;   // mapped pages under its blocks (an edge page counted once per pool)
-  bool asleep = false;           // its pages given back (pool_sleep.cpp)
+  bool asleep = false;           // its pages given back (core/sleep_wake.cpp)
   uint64_t host_backup_bytes = 0;  // pinned host staging it holds (content while asleep)
   // Sleep and wake (the latest of each): see SleepCycles in pool_table.hpp.
   uint64_t sleeps = 0;

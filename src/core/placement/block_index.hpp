@@ -39,7 +39,7 @@ enum class BlockState : uint8_t {
   free,     // in the free index
   live,     // handed to the user
   pending,  // freed, waiting for other streams that used it (record_stream) to pass the free
-  asleep,   // live, but its pool sleeps: its pages were given back (pool_sleep.cpp); untouched
+  asleep,   // live, but its pool sleeps: its pages were given back (core/sleep_wake.cpp); untouched
 };
 
 struct Block {

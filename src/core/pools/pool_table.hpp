@@ -53,7 +53,7 @@ struct PoolState {
   size_t registrable_blocks = 0;
   size_t requested_bytes = 0;  // live, as asked for
   size_t allocated_bytes = 0;  // live, as carved
-  // Sleep (pool_sleep.cpp): its pages given back, its addresses and blocks kept.
+  // Sleep (core/sleep_wake.cpp): its pages given back, its addresses and blocks kept.
   bool asleep = false;
   bool offloaded = false;     // asleep with its live blocks' bytes in `backup`
   bool zero_on_wake = false;  // asleep with its content dropped, to be zeroed at wake
