@@ -234,12 +234,12 @@ expanse_pool_stats pool_stats(core::PoolId id) {
   out.physical_bytes = s.physical_bytes;
   out.asleep = s.asleep ? 1 : 0;
   out.host_backup_bytes = s.host_backup_bytes;
-  out.sleeps = s.sleeps;
-  out.released_bytes = s.released_bytes;
-  out.sleep_ns = s.sleep_wall_ns;
-  out.wake_ns = s.wake_wall_ns;
-  out.sleep_modeled_ns = static_cast<uint64_t>(s.sleep_modeled_ns);
-  out.wake_modeled_ns = static_cast<uint64_t>(s.wake_modeled_ns);
+  out.sleeps = s.cycles.sleeps;
+  out.released_bytes = s.cycles.released_bytes;
+  out.sleep_ns = s.cycles.sleep_wall_ns;
+  out.wake_ns = s.cycles.wake_wall_ns;
+  out.sleep_modeled_ns = static_cast<uint64_t>(s.cycles.sleep_modeled_ns);
+  out.wake_modeled_ns = static_cast<uint64_t>(s.cycles.wake_modeled_ns);
   return out;
 }
 

@@ -15,6 +15,14 @@ PoolRoutes::~PoolRoutes() {
   }
 }
 
+std::shared_ptr<PoolRoutes::Route> PoolRoutes::route(core::PoolId pool, int device, Kind kind) {
+  auto r = std::make_shared<Route>();
+  r->pool = pool;
+  r->device = device;
+  r->kind = kind;
+  return r;
+}
+
 uint64_t PoolRoutes::add(std::shared_ptr<Route> r) {
   std::lock_guard<std::mutex> lock(mu_);
   r->token = next_token_++;
@@ -28,10 +36,7 @@ uint64_t PoolRoutes::add(std::shared_ptr<Route> r) {
 
 uint64_t PoolRoutes::begin_capture(core::PoolId pool, int device, CUstream stream,
                                    CUcontext announced_ctx) {
-  auto r = std::make_shared<Route>();
-  r->pool = pool;
-  r->device = device;
-  r->kind = Kind::capture;
+  auto r = route(pool, device, Kind::capture);
   r->stream = stream;
   r->announced = announced_ctx;
   r->special = reinterpret_cast<uintptr_t>(stream) <= 2;  // NULL, LEGACY, PER_THREAD
@@ -43,10 +48,7 @@ uint64_t PoolRoutes::begin_capture(core::PoolId pool, int device, CUstream strea
 }
 
 uint64_t PoolRoutes::begin_thread(core::PoolId pool, int device) {
-  auto r = std::make_shared<Route>();
-  r->pool = pool;
-  r->device = device;
-  r->kind = Kind::thread;
+  auto r = route(pool, device, Kind::thread);
   r->thread = std::this_thread::get_id();
   return add(std::move(r));
 }
@@ -56,10 +58,7 @@ uint64_t PoolRoutes::begin_filter(core::PoolId pool, int device, PoolFilter filt
     throw usage_error("expanse_pool_begin_filter: pool " + std::to_string(pool) +
                       ": the filter is NULL; nothing was changed");
   }
-  auto r = std::make_shared<Route>();
-  r->pool = pool;
-  r->device = device;
-  r->kind = Kind::filter;
+  auto r = route(pool, device, Kind::filter);
   r->filter = filter;
   r->filter_ctx = ctx;
   return add(std::move(r));

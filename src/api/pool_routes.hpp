@@ -103,6 +103,8 @@ class PoolRoutes {
   static void wait_for_calls(const Route& r);
   // Whether s captures now, and the capture's id where the driver can tell it.
   Capture capture_of(CUstream s) const;
+  // A route of `kind` sending allocations to `pool` on `device`; the caller sets the rest.
+  static std::shared_ptr<Route> route(core::PoolId pool, int device, Kind kind);
   uint64_t add(std::shared_ptr<Route> r);
   void finish(const Route& r);  // ends its announcement, if any
 

@@ -186,12 +186,7 @@ PoolStats DeviceAllocator::pool_stats_locked(PoolSlot s) const {
   out.live_bytes = p.allocated_bytes;
   out.asleep = p.asleep;
   out.host_backup_bytes = p.backup_bytes;
-  out.sleeps = p.cycles.sleeps;
-  out.released_bytes = p.cycles.released_bytes;
-  out.sleep_modeled_ns = p.cycles.sleep_modeled_ns;
-  out.wake_modeled_ns = p.cycles.wake_modeled_ns;
-  out.sleep_wall_ns = p.cycles.sleep_wall_ns;
-  out.wake_wall_ns = p.cycles.wake_wall_ns;
+  out.cycles = p.cycles;
   if (p.registrable) {
     const RegistrableBlocks::PoolFigures f = registrable_.of_pool(p.id);
     out.live_blocks += f.blocks;

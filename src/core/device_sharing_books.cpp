@@ -9,15 +9,6 @@
 #include <algorithm>
 
 namespace expanse::core {
-namespace {
-
-std::string code_name(CUresult r) {
-  const char* n = driver::error_name(static_cast<int>(r));
-  return n != nullptr ? n : "CUresult " + std::to_string(static_cast<int>(r));
-}
-
-}  // namespace
-
 void* DeviceAllocator::allocate_registrable(size_t bytes, uint64_t pool, CUstream stream) {
   const size_t extent = round_up(bytes, page_);
   const size_t pages = extent / page_;

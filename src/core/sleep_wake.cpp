@@ -23,11 +23,24 @@ namespace expanse::core {
 
 namespace {
 
-uint64_t wall_ns_since(std::chrono::steady_clock::time_point t0) {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now() - t0)
-                                   .count());
-}
+// What one sleep or wake costs: the driver time the cost model prices, and the wall time.
+class CycleClock {
+ public:
+  explicit CycleClock(const DeviceDriver& drv)
+      : drv_(drv), modeled0_(drv.modeled_ns()), wall0_(std::chrono::steady_clock::now()) {}
+  // The figures so far into *modeled_ns and *wall_ns.
+  void read(double* modeled_ns, uint64_t* wall_ns) const {
+    *modeled_ns = drv_.modeled_ns() - modeled0_;
+    *wall_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                         std::chrono::steady_clock::now() - wall0_)
+                                         .count());
+  }
+
+ private:
+  const DeviceDriver& drv_;
+  double modeled0_;
+  std::chrono::steady_clock::time_point wall0_;
+};
 
 }  // namespace
 
@@ -87,8 +100,7 @@ bool DeviceAllocator::sleep_pool(PoolId id, SleepMode mode) {
   }
   flush_caches_locked();  // parked default blocks give back their share of the pool's edge pages
   BlockIndex& index = placement_.index();
-  const double modeled0 = drv_.modeled_ns();
-  const auto wall0 = std::chrono::steady_clock::now();
+  const CycleClock clock(drv_);
   try {
     // Whatever may still use the pool's memory (its streams, its graphs' replays) is done only
     // when the context is: a synchronize, never under an announced capture.
@@ -168,8 +180,7 @@ bool DeviceAllocator::sleep_pool(PoolId id, SleepMode mode) {
     }
     p.cycles.sleeps += 1;
     p.cycles.released_bytes = released;
-    p.cycles.sleep_modeled_ns = drv_.modeled_ns() - modeled0;
-    p.cycles.sleep_wall_ns = wall_ns_since(wall0);
+    clock.read(&p.cycles.sleep_modeled_ns, &p.cycles.sleep_wall_ns);
   } catch (const driver::driver_error& e) {
     throw driver_failure("expanse: pool_sleep of " + pool_name(id, device()) + ": " + e.what() +
                              "; the pool is awake",
@@ -188,15 +199,13 @@ void DeviceAllocator::wake_pool(PoolId id) {
     throw usage_error("expanse: pool_wake: " + pool_name(id, device()) +
                       " is awake; nothing was changed");
   }
-  const double modeled0 = drv_.modeled_ns();
-  const auto wall0 = std::chrono::steady_clock::now();
+  const CycleClock clock(drv_);
   try {
     // Parked blocks hold touched pages that the wake's page search cannot reclaim.
     flush_caches_locked();
     wake_locked(s);
     PoolState& p = pools_.at(s);
-    p.cycles.wake_modeled_ns = drv_.modeled_ns() - modeled0;
-    p.cycles.wake_wall_ns = wall_ns_since(wall0);
+    clock.read(&p.cycles.wake_modeled_ns, &p.cycles.wake_wall_ns);
   } catch (const driver::driver_error& e) {
     throw driver_failure("expanse: pool_wake of " + pool_name(id, device()) + ": " + e.what() +
                              "; the pool is still asleep, with its backup",

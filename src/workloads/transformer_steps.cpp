@@ -101,35 +101,37 @@ TransformerRun transformer_steps(const TransformerSteps& s) {
     b.free(tok, kMain);
     b.free(pos, kMain);
     keep(T * d);  // dropout mask (bytes)
-    for (int l = 0; l < s.layers; ++l) {
-      keep(act);            // ln_1 output
-      keep(T * 2 * kFloat);  // its mean and rstd
-      keep(3 * act);        // qkv
-      keep(act);            // attention output (heads merged)
-      keep(batch * s.heads * len * kFloat);  // logsumexp
+    // A layer norm saves its output and its mean and rstd.
+    auto layer_norm = [&] {
+      keep(act);
+      keep(T * 2 * kFloat);
+    };
+    // A projection back to the residual stream: its output (a temporary), dropout's mask (saved)
+    // and output (a temporary), and the residual sum (saved).
+    auto dropout_residual = [&] {
       const uint32_t proj = temp(act);
       keep(T * d);  // dropout mask
       const uint32_t dropped = temp(act);
       b.free(proj, kMain);
       keep(act);  // residual
       b.free(dropped, kMain);
-      keep(act);            // ln_2 output
-      keep(T * 2 * kFloat);  // its mean and rstd
-      keep(4 * act);        // c_fc output
+    };
+    for (int l = 0; l < s.layers; ++l) {
+      layer_norm();                          // ln_1
+      keep(3 * act);                         // qkv
+      keep(act);                             // attention output (heads merged)
+      keep(batch * s.heads * len * kFloat);  // logsumexp
+      dropout_residual();                    // attention projection
+      layer_norm();                          // ln_2
+      keep(4 * act);                         // c_fc output
       const uint32_t g1 = temp(4 * act), g2 = temp(4 * act);  // tanh-GELU's temporaries
       b.free(g1, kMain);
       keep(4 * act);  // tanh
       b.free(g2, kMain);
       keep(4 * act);  // GELU output
-      const uint32_t mlp = temp(act);
-      keep(T * d);  // dropout mask
-      const uint32_t dropped2 = temp(act);
-      b.free(mlp, kMain);
-      keep(act);  // residual
-      b.free(dropped2, kMain);
+      dropout_residual();  // MLP projection
     }
-    keep(act);            // ln_f output
-    keep(T * 2 * kFloat);  // its mean and rstd
+    layer_norm();  // ln_f
     const uint32_t logits = temp(T * s.vocab * kFloat);   // returned to the caller
     const uint64_t shifted = batch * (len - 1) * s.vocab * kFloat;
     const uint32_t shift = temp(shifted);                 // logits[..., :-1, :].contiguous()

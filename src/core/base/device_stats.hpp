@@ -40,6 +40,16 @@ struct DeviceStats {
   }
 };
 
+// What a pool's sleeps and wakes did and cost: the number of sleeps, the latest of each.
+struct SleepCycles {
+  uint64_t sleeps = 0;
+  uint64_t released_bytes = 0;  // physical memory the latest sleep gave back to the driver
+  double sleep_modeled_ns = 0;  // the latest sleep's driver calls, priced by the cost model
+  double wake_modeled_ns = 0;
+  uint64_t sleep_wall_ns = 0;   // the latest sleep as this process timed it
+  uint64_t wake_wall_ns = 0;
+};
+
 // One pool's figures (DeviceAllocator::pool_stats). Exact: recounted from the blocks.
 struct PoolStats {
   uint64_t id = 0;
@@ -52,13 +62,7 @@ struct PoolStats {
   uint64_t physical_bytes = 0;   // mapped pages under its blocks (an edge page counted once per pool)
   bool asleep = false;           // its pages given back (core/sleep_wake.cpp)
   uint64_t host_backup_bytes = 0;  // pinned host staging it holds (content while asleep)
-  // Sleep and wake (the latest of each): see SleepCycles in pool_table.hpp.
-  uint64_t sleeps = 0;
-  uint64_t released_bytes = 0;
-  double sleep_modeled_ns = 0;
-  double wake_modeled_ns = 0;
-  uint64_t sleep_wall_ns = 0;
-  uint64_t wake_wall_ns = 0;
+  SleepCycles cycles;  // its sleeps and wakes
 };
 
 }  // namespace expanse::core

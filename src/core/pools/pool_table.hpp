@@ -11,6 +11,7 @@
 // that the block index uses; a slot is reused once its pool is forgotten, an id never is.
 #pragma once
 
+#include "core/base/device_stats.hpp"
 #include "core/placement/block_index.hpp"
 
 #include <cuda.h>
@@ -28,18 +29,8 @@ namespace expanse::core {
 
 using PoolId = uint64_t;
 
-// What the sleeps and wakes of a pool cost and gave back (the latest of each).
 // "pool ID on device D", as messages name a pool.
 std::string pool_name(PoolId id, int device);
-
-struct SleepCycles {
-  uint64_t sleeps = 0;
-  uint64_t released_bytes = 0;  // physical memory the latest sleep gave back to the driver
-  double sleep_modeled_ns = 0;  // the latest sleep's driver calls, priced by the cost model
-  double wake_modeled_ns = 0;
-  uint64_t sleep_wall_ns = 0;   // the latest sleep as this process timed it
-  uint64_t wake_wall_ns = 0;
-};
 
 struct PoolState {
   PoolId id = 0;

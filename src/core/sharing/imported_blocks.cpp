@@ -1,20 +1,13 @@
 #include "core/sharing/imported_blocks.hpp"
 
+#include "core/base/close_quietly.hpp"
+#include "core/base/format.hpp"
 #include "driver_api/error_names.hpp"
 #include "expanse/errors.hpp"
 
 #include <string>
 
 namespace expanse::core {
-namespace {
-
-std::string code_name(CUresult r) {
-  const char* n = driver::error_name(static_cast<int>(r));
-  return n != nullptr ? n : "CUresult " + std::to_string(static_cast<int>(r));
-}
-
-}  // namespace
-
 CUdeviceptr ImportedBlocks::import(const std::vector<int>& fds,
                                    const std::vector<size_t>& handle_sizes, size_t offset) {
   size_t extent = 0;
@@ -96,17 +89,9 @@ void ImportedBlocks::grant_all() {
 }
 
 void ImportedBlocks::close_all_quietly() noexcept {
-  while (!blocks_.empty()) {
-    const CUdeviceptr ptr = blocks_.begin()->first;
-    try {
-      close(ptr);
-    } catch (...) {
-      if (has(ptr)) {  // the unmap failed: forget it (shutdown cannot wait)
-        bytes_ -= blocks_.begin()->second.extent;
-        blocks_.erase(blocks_.begin());
-      }
-    }
-  }
+  core::close_all_quietly(
+      blocks_, [&](CUdeviceptr ptr) { close(ptr); },
+      [&](const ImportedBlock& b) { bytes_ -= b.extent; });
 }
 
 }  // namespace expanse::core

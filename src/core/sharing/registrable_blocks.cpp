@@ -1,5 +1,7 @@
 #include "core/sharing/registrable_blocks.hpp"
 
+#include "core/base/close_quietly.hpp"
+
 #include "core/base/options.hpp"
 
 namespace expanse::core {
@@ -80,18 +82,12 @@ void RegistrableBlocks::grant_all() {
 }
 
 void RegistrableBlocks::free_all_quietly() noexcept {
-  while (!blocks_.empty()) {
-    const CUdeviceptr va = blocks_.begin()->first;
-    try {
-      free(va);
-    } catch (...) {
-      if (find(va) != nullptr) {  // the unmap failed: forget it (shutdown cannot wait)
-        bytes_ -= blocks_.begin()->second.extent;
-        requested_ -= blocks_.begin()->second.requested;
-        blocks_.erase(blocks_.begin());
-      }
-    }
-  }
+  close_all_quietly(
+      blocks_, [&](CUdeviceptr va) { free(va); },
+      [&](const RegistrableBlock& b) {
+        bytes_ -= b.extent;
+        requested_ -= b.requested;
+      });
 }
 
 RegistrableBlocks::PoolFigures RegistrableBlocks::of_pool(uint64_t pool) const {
