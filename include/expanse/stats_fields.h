@@ -56,6 +56,8 @@
   FILLED(uint64_t, num_unknown_frees,        "expanse_torch_free calls of a pointer not live")    \
   KEPT(  uint64_t, reserved_bytes,           "physical memory held for the reservation")          \
   KEPT(  uint64_t, reserved_unused_bytes,    "reserved, touched by no live block")                \
-  KEPT(  uint64_t, reserve_asked_bytes,      "the reservation asked; > reserved_bytes: partial")
+  KEPT(  uint64_t, reserve_asked_bytes,      "the reservation asked; > reserved_bytes: partial")\
+  KEPT(  uint64_t, physical_low_water_bytes, "least physical held since the reservation changed")\
+  KEPT(  uint64_t, reserve_stranded_bytes,   "reserved pages blocks took whole beyond their size")
 
 #endif /* EXPANSE_STATS_FIELDS_H */

@@ -60,6 +60,13 @@ struct AllocatorOptions {
   // reshaped, which serve any block without a cuMemCreate at a mapping per page (docs/design.md,
   // "Reservations").
   size_t reserve_handle_size = 0;
+  // false (the default): a reservation never dips. Reshaping reserved handles creates the new
+  // shapes before it releases what they replace, in memory beyond the reservation; without that
+  // room it maps what it holds, or takes a larger handle whole (docs/design.md, "Reservations").
+  // true: what is reshaped is released first and created again after, a little faster and
+  // needing no room, at the risk its name says: between the two another process may take the
+  // memory, and the reservation is smaller than promised until it can be created again.
+  bool reserve_may_dip = false;
   // Per-thread caches of freed blocks (core/front/thread_cache.hpp): the most bytes and blocks one
   // thread's cache holds for one device; 0 in either turns them off. Off here (the replayer and
   // the tools time the allocator itself); EXPANSE_CONF turns them on (kDefaultThreadCache*).

@@ -79,6 +79,8 @@ Config parse_config(const std::string& text) {
         c.allocator.reserve_partial = parse_bool_for(key, value);
       } else if (key == "reserve_handle_size") {
         c.allocator.reserve_handle_size = parse_size_for(key, value);
+      } else if (key == "reserve_may_dip") {
+        c.allocator.reserve_may_dip = parse_bool_for(key, value);
       } else if (key == "release_threshold") {
         c.allocator.release_threshold = parse_size_for(key, value);
       } else if (key == "reclaim_first") {

@@ -52,6 +52,7 @@ const std::vector<std::string>& known_keys() {
       "reserve_margin",   // reserve:free leaves this much of the free memory to others
       "reserve_partial",  // keep what the driver gave when a reservation cannot be had whole
       "reserve_handle_size",  // the largest handles a reservation is made of (max_handle_size)
+      "reserve_may_dip",  // reshape reserved handles by releasing first (another process may take them)
       "thread_cache",      // bytes of freed blocks one thread's cache holds per device (0: off)
       "thread_cache_entries",  // blocks one thread's cache holds per device (0: off)
   };

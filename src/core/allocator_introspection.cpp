@@ -137,6 +137,10 @@ DeviceStats DeviceAllocator::stats() const {
   s.reserved_bytes = supply_.reserved_pages() * page_;
   s.reserved_unused_bytes = supply_.reserved_unused_pages(parked.pages) * page_;
   s.reserve_asked_bytes = supply_.reserve_asked_pages() * page_;
+  // Counted at the driver calls themselves (DeviceDriver::held_bytes): registrable blocks
+  // included, imports (another process's memory) not.
+  s.physical_low_water_bytes = drv_.low_water_bytes();
+  s.reserve_stranded_bytes = stranded_pages_ * page_;
   s.driver_calls = drv_.calls();
   s.modeled_driver_ns = drv_.modeled_ns();
   s.stream_queries = drv_.stream_queries();

@@ -212,7 +212,8 @@ void* DeviceAllocator::allocate(size_t bytes, CUstream stream, PoolId pool) {
     make_live(it, bytes, ss, stream);
     echo_.remember(point, it->first);
     echo_.remember_short(short_point, point, it->first);
-    if (a == Arena::large) note_large(sz, false);
+    // Its own size: a block that took reserved handles whole is larger than asked.
+    if (placement_.arena_of(it->second) == Arena::large) note_large(it->second.size, false);
     return reinterpret_cast<void*>(it->first);
   } catch (const out_of_memory&) {
     ++stats_.num_ooms;
@@ -273,9 +274,57 @@ BlockIt DeviceAllocator::place(size_t sz, Arena a, StreamKey stream, PageRequest
   } catch (const out_of_memory&) {
     // Memory parked in any thread's cache is free memory: none is reported missing while some is.
     const bool flushed = flush_caches_locked() != 0;
-    if (!return_released_pools() && !flushed) throw;
+    if (!return_released_pools() && !flushed && !supply_.guards_reserve()) throw;
   }
-  return place_once(sz, a, stream, req, pool);
+  try {
+    return place_once(sz, a, stream, req, pool);
+  } catch (const out_of_memory&) {
+    // A request the reservation covers fails only when its pages do not exist.
+    const size_t need = (sz + page_ - 1) / page_;
+    if (!supply_.guards_reserve() ||
+        supply_.touched_pages() + supply_.outside_pages() + need > supply_.reserved_pages()) {
+      throw;
+    }
+    BlockIt it = place_whole_handles(sz, stream, req, pool);
+    if (it == placement_.index().end()) throw;
+    return it;
+  }
+}
+
+BlockIt DeviceAllocator::place_whole_handles(size_t sz, StreamKey stream, PageRequest& req,
+                                             PoolSlot pool) {
+  const BlockIt none = placement_.index().end();
+  const size_t need = (sz + page_ - 1) / page_;
+  streams_.poll(true);  // every safe page may serve it
+  req.waited = true;
+  const std::vector<size_t> sizes = supply_.whole_handles_for(need);
+  if (sizes.empty()) return none;
+  size_t pages = 0;
+  for (size_t n : sizes) pages += n;
+  const size_t span = pages * page_;
+  size_t offset = 0;
+  BlockIt it = placement_.find_unmapped(span, stream, &offset);
+  if (it == none) {
+    Reservation* fresh = placement_.add_reservation(Arena::large, span);
+    if (fresh == nullptr) return none;
+    it = placement_.index().blocks().find(fresh->base);
+    offset = 0;
+  }
+  const PoolSlot from = it->second.pool;
+  it = placement_.index().carve(it, span, Arena::large, offset);
+  it->second.state = BlockState::live;
+  it->second.pool = pool;
+  Reservation& r = placement_.res(it->second.res);
+  try {
+    supply_.map_whole(r, r.first_page(it->first), sizes);
+    stranded_.emplace(it->first, pages - need);
+  } catch (...) {
+    it->second.pool = from;
+    placement_.index().insert_free(it, Arena::large);
+    throw;
+  }
+  stranded_pages_ += pages - need;
+  return it;
 }
 
 // The pool's own free memory (mapped, used in place), then the default pool's (found the
@@ -495,6 +544,13 @@ void DeviceAllocator::deallocate(void* ptr, CUstream stream, size_t expected_siz
   stats_.allocated_bytes -= b.size;
   --stats_.live_blocks;
   ++stats_.num_frees;
+  if (!stranded_.empty()) {
+    auto st = stranded_.find(it->first);
+    if (st != stranded_.end()) {
+      stranded_pages_ -= st->second;  // free memory now, cut to shape like any other
+      stranded_.erase(st);
+    }
+  }
   if (events_ != nullptr) events_->on_free(device(), it->first, b.requested, stream);
   streams_.on_free(it, ss, std::move(deps));
   if (emptied != kDefaultPool) forget_pool(emptied);  // room made above: cannot throw

@@ -43,6 +43,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace expanse::core {
@@ -272,6 +273,15 @@ class DeviceAllocator {
   // cannot be done now (a capture is announced, or `stream` captures).
   void sync_for_unmap(const std::string& what, CUstream stream);
   BlockIt place_once(size_t sz, Arena a, StreamKey stream, PageRequest& req, PoolSlot pool);
+  // The one corner where a handle may lie beyond what a block asked for (docs/design.md,
+  // "Reservations"; the contract's invariant 1): a request the reservation covers, when no
+  // handle of the shapes it needs can be had (nothing can be created before a release: every
+  // free byte of the device is another process's). It takes pooled reserved handles whole, as
+  // few as cover its pages with the fewest spare, over unmapped VA of the large arena; the block
+  // is carved over all of them and its spare pages are stranded (reserve_stranded_bytes) until
+  // it is freed, when they are free memory cut to shape like any other. end() when the pool and
+  // safe free memory hold too few pages or no VA is left.
+  BlockIt place_whole_handles(size_t sz, StreamKey stream, PageRequest& req, PoolSlot pool);
   BlockIt place_echoed(uint64_t point, uint64_t short_point, size_t sz, Arena a,
                        const StreamOrder::StreamState& ss);
   // Released pools whose work a context synchronize now proves done give their free memory to
@@ -334,6 +344,9 @@ class DeviceAllocator {
     shape_.note(sz, freed);
   }
   size_t large_live_ = 0;  // live blocks of the large arena (parked blocks are all small)
+  // Blocks place_whole_handles made, by address: their stranded pages (reserve_stranded_bytes).
+  std::unordered_map<CUdeviceptr, size_t> stranded_;
+  size_t stranded_pages_ = 0;
   PoolTable pools_;
   RegistrableBlocks registrable_;
   ImportedBlocks imports_;

@@ -11,6 +11,9 @@ namespace expanse::core {
 
 using conf::format_size;
 
+// How many cuts of the largest reserved handle the room left after a reservation holds.
+constexpr size_t kReserveCutsInRoom = 1;
+
 size_t DeviceAllocator::reserve(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   CheckedScope checked(*this, "reserve");
@@ -75,6 +78,20 @@ size_t DeviceAllocator::reserve_locked(size_t bytes, bool partial) {
     size_t handle = max_handle_pages(page_, opts_.max_handle_size);
     if (opts_.reserve_handle_size != 0) {
       handle = std::min(handle, max_handle_pages(page_, opts_.reserve_handle_size));
+    } else if (pages <= held) {
+      handle = supply_.reserve_handle_pages();  // nothing is created: the shape stays
+    } else if (!opts_.reserve_may_dip) {
+      // A reserved handle is reshaped by creating its new shapes before releasing it, in the
+      // room others have left (PageSupply::may_release): handles no larger than half of what
+      // stays free after the reservation, so that while that margin is free a cut finds room.
+      const size_t taken = (pages - held) * page_;
+      size_t after = free_bytes > taken ? free_bytes - taken : 0;
+      if (supply_.limit_pages() != SIZE_MAX) {
+        after = std::min(after, (supply_.limit_pages() - pages) * page_);
+      }
+      size_t fit = 1;
+      while (fit * 2 * page_ <= after / kReserveCutsInRoom) fit *= 2;
+      handle = std::min(handle, fit);
     }
     const PageSupply::ReserveOutcome r = supply_.reserve(pages, handle, partial);
     if (!r.whole && !partial) {
@@ -86,6 +103,7 @@ size_t DeviceAllocator::reserve_locked(size_t bytes, bool partial) {
               "created; nothing is held for it (reserve_partial:true keeps what can be had)",
           (pages - std::min(pages, r.held_before)) * page_, device());
     }
+    drv_.reset_low_water();  // the promise is kept from here (physical_low_water_bytes)
     return r.got * page_;
   } catch (const driver::driver_error& e) {
     throw driver_failure(where + " (" + format_size(pages * page_) + "): " + e.what() +

@@ -26,24 +26,44 @@ void* DeviceAllocator::allocate_registrable(size_t bytes, uint64_t pool, CUstrea
         conf::format_size(page_) + " left)");
   }
   try {
-    // Cached pages give way to it, as they do to any block (invariant 1), and so do the
-    // reservation's pooled pages: its handle is held memory too, so the reservation stays whole
-    // (held pages count registrable ones) while the block takes its share of it.
+    // Cached pages give way to it, as they do to any block (invariant 1). The reservation's
+    // pooled pages give way too, but only once its handle exists (what the held pages exceed the
+    // reservation by then goes): its handle is held memory, so the block takes its share of the
+    // reservation and the reservation never dips. With reserve_may_dip they go first.
     const size_t cap = std::min(supply_.limit_pages(), supply_.capacity_pages());
     const size_t reserved = supply_.reserved_pages();
-    const size_t floor = reserved > pages ? reserved - pages : 0;
-    if (supply_.held_pages() + pages > cap) {
+    const bool first = supply_.guards_reserve();
+    const size_t floor = first ? reserved : (reserved > pages ? reserved - pages : 0);
+    const std::string dip_hint =
+        first ? "; the reservation's pooled pages give way only once its handle exists "
+                "(reserve_may_dip:true lets them go first)"
+              : "";
+    // A pooled reserved handle of its extent serves it as it is: nothing created, nothing
+    // released, the reservation's pages in use.
+    CUdeviceptr va = 0;
+    bool from_pool = false;
+    if (reserved > 0 && supply_.pooled_has(pages)) {
+      const CUmemGenericAllocationHandle h = supply_.take_pooled(pages);
+      try {
+        va = registrable_.allocate(bytes, pool, h);
+      } catch (...) {
+        supply_.keep_pooled(pages, h);
+        throw;
+      }
+      from_pool = true;
+    }
+    if (va == 0 && supply_.held_pages() + pages > cap) {
       streams_.poll(true);
       supply_.trim_to(cap > pages ? cap - pages : 0, floor);
-      if (supply_.held_pages() + pages > cap) {
-        oom("its pages would take the memory held past the limit of " +
-            conf::format_size(cap * page_) + " (" + conf::format_size(supply_.held_pages() * page_) +
-            " held" +
-            (reserved > 0 ? ", a reservation of " + conf::format_size(reserved * page_) : "") +
-            ")");
-      }
     }
-    CUdeviceptr va = registrable_.allocate(bytes, pool);
+    if (va == 0 && supply_.held_pages() + pages > cap) {
+      oom("its pages would take the memory held past the limit of " +
+          conf::format_size(cap * page_) + " (" + conf::format_size(supply_.held_pages() * page_) +
+          " held" +
+          (reserved > 0 ? ", a reservation of " + conf::format_size(reserved * page_) : "") +
+          ")" + dip_hint);
+    }
+    if (va == 0) va = registrable_.allocate(bytes, pool);
     if (va == 0) {  // the device is out of memory: give every cached page back, once
       streams_.poll(true);
       supply_.trim_to(supply_.touched_pages(), floor);
@@ -51,15 +71,23 @@ void* DeviceAllocator::allocate_registrable(size_t bytes, uint64_t pool, CUstrea
     }
     if (va == 0) {
       oom("cuMemCreate answered CUDA_ERROR_OUT_OF_MEMORY with every cached page given back" +
-          std::string(reserved > 0 ? " (the reservation's unused pages included)" : ""));
+          std::string(reserved > 0 && !first ? " (the reservation's unused pages included)"
+                                             : "") +
+          dip_hint);
     }
     supply_.add_outside_pages(pages);
+    if (first && !from_pool) {
+      try {
+        supply_.shed_pooled(pages);  // its share of the reservation: best effort
+      } catch (...) {
+      }
+    }
     if (pool != 0) ++pools_.at(pools_.slot_of(pool)).registrable_blocks;
     stats_.requested_bytes += bytes;
     stats_.allocated_bytes += extent;
     ++stats_.live_blocks;
     ++stats_.num_allocs;
-    stats_.num_created_pages += pages;
+    if (!from_pool) stats_.num_created_pages += pages;
     peaks_after_allocation_locked();
     stats_.peak_va_reserved_bytes =
         std::max<uint64_t>(stats_.peak_va_reserved_bytes,
@@ -122,6 +150,17 @@ void DeviceAllocator::free_registrable(CUdeviceptr addr, CUstream stream, size_t
   const size_t requested = b.requested;
   const uint64_t pool = b.pool;
   if (pool != 0) make_room_to_forget_pool(pools_.slot_of(pool));  // books() then cannot throw
+  // Under a reservation its pages go only once the reservation is whole without them: what it
+  // lacks then is created first; where the device has no room for that, the handle (never
+  // exported: no other process maps it) is kept pooled, its pages serving blocks, instead of
+  // released. An exported one is released either way (its importers may map it still).
+  CUmemGenericAllocationHandle* keep = nullptr;
+  CUmemGenericAllocationHandle kept = 0;
+  if (supply_.guards_reserve()) {
+    const size_t whole = supply_.reserved_pages() + extent / page_;
+    if (supply_.held_pages() < whole) supply_.top_up(whole);
+    if (supply_.held_pages() < whole && !b.exported) keep = &kept;
+  }
   auto books = [&] {
     if (pool != 0) {
       const PoolSlot s = pools_.slot_of(pool);
@@ -134,16 +173,17 @@ void DeviceAllocator::free_registrable(CUdeviceptr addr, CUstream stream, size_t
       }
     }
     supply_.remove_outside_pages(extent / page_);
+    if (kept != 0) supply_.keep_pooled(extent / page_, kept);
     // Its pages were the reservation's share too: the reservation stays whole.
     if (supply_.held_pages() < supply_.reserved_pages()) supply_.top_up();
     stats_.requested_bytes -= requested;
     stats_.allocated_bytes -= extent;
     --stats_.live_blocks;
     ++stats_.num_frees;
-    stats_.num_released_pages += extent / page_;
+    if (kept == 0) stats_.num_released_pages += extent / page_;
   };
   try {
-    registrable_.free(addr);
+    registrable_.free(addr, keep);
   } catch (const driver::driver_error& e) {
     // A failed unmap keeps the block live (a later free may succeed); after it, the block is gone.
     if (registrable_.find(addr) == nullptr) books();

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "conf/sim_options.hpp"
@@ -53,6 +54,37 @@ void reset_counts();
 // Throws std::invalid_argument for nth == 0.
 void inject_failure(driver::EntryPoint e, uint64_t nth, CUresult code);
 void clear_injections();
+
+// --- a neighbour on the same device ---------------------------------------------------------
+// Another process sharing the device: the memory it holds counts as used in cuMemGetInfo and is
+// not there for cuMemCreate, as on a shared GPU. A test plays a greedy neighbour with a hook
+// that takes free memory between this process's calls.
+class Neighbour {
+ public:
+  // Takes up to `bytes` of device's free memory (SIZE_MAX: all of it); returns what it took.
+  size_t take(int device, size_t bytes);
+  // Gives back up to `bytes` of what it holds on device (SIZE_MAX: all); returns what it gave.
+  size_t give(int device, size_t bytes);
+  size_t holds(int device) const;
+  // What cuMemGetInfo would say is free on device now.
+  size_t free_bytes(int device) const;
+
+ private:
+  friend struct NeighbourAccess;
+  explicit Neighbour(void* state) : state_(state) {}
+  void* state_;
+};
+// Runs after every call the sim answers under its lock (every VMM entry point, cuMemGetInfo,
+// streams and events; not the lock-free cuStreamGetId and cuStreamIsCapturing answers), with
+// the call's entry point and result, while the lock is held: it must not call the sim's entry
+// points, only `n`. An empty hook removes it; reset() does too.
+using NeighbourHook = std::function<void(driver::EntryPoint e, CUresult r, Neighbour& n)>;
+void set_neighbour(NeighbourHook hook);
+// The same as the hook's Neighbour, between calls (takes the sim's lock). Throws
+// std::invalid_argument for a device that does not exist.
+size_t neighbour_take(int device, size_t bytes);
+size_t neighbour_give(int device, size_t bytes);
+size_t neighbour_holds(int device);
 
 // --- modeled GPU driver time -----------------------------------------------------------------
 // A per-call and a per-byte part per entry point (driver_api/cost_model.hpp); ranges of several

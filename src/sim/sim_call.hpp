@@ -34,6 +34,9 @@ inline bool initialized_here(const State& s) noexcept {
   return s.initialized && s.init_pid == this_process();
 }
 
+// The neighbour's hook after a call (sim_neighbour.cpp).
+void run_neighbour(State& s, EntryPoint e, CUresult r);
+
 template <class Body>
 CUresult run(EntryPoint e, bool needs_init, Body&& body) {
   std::lock_guard<std::mutex> lock(detail::state_mutex());
@@ -64,6 +67,7 @@ CUresult run(EntryPoint e, bool needs_init, Body&& body) {
   } scope(e);
   const CUresult r = body(s, size);
   if (r == CUDA_SUCCESS) s.modeled_ns += s.costs.cost_ns(e, size.bytes, size.mappings) * size.times;
+  if (s.neighbour_hook) detail::run_neighbour(s, e, r);
   return r;
 }
 

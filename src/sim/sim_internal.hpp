@@ -192,7 +192,8 @@ struct Device {
   int ordinal = 0;
   Context ctx;
   int primary_refs = 0;
-  size_t physical_used = 0;
+  size_t physical_used = 0;  // this process's memory and the neighbour's (sim.hpp)
+  size_t neighbour = 0;       // of it, held by the neighbour
   std::shared_ptr<Stream> default_stream;
   PhysicalStore store;
 };
@@ -253,6 +254,7 @@ struct State {
   std::deque<std::string> invalidated_captures;
 
   std::array<std::map<uint64_t, CUresult>, kEntryCount> injections;  // call number -> code
+  NeighbourHook neighbour_hook;  // sim::set_neighbour
   std::array<uint64_t, kEntryCount> calls_seen{};  // monotonic, not cleared by reset_counts
   double modeled_ns = 0;
   // fast_calls(stream_get_id) when modeled_ns last included them (priced on reading).

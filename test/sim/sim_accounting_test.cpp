@@ -167,5 +167,39 @@ TEST_F(SimAccounting, InjectedCallsCostNothing) {
   EXPECT_EQ(1u, call_count(EntryPoint::mem_address_reserve));
 }
 
+// A neighbour's memory is used memory: cuMemGetInfo says so and cuMemCreate cannot have it; what
+// it gives back is there again. Its hook runs after each call, under the sim's lock.
+TEST_F(SimAccounting, ANeighbourTakesFreeMemoryBetweenCalls) {
+  const size_t cap = config().capacity;
+  const CUmemAllocationProp prop = device_prop(0);
+  CUmemGenericAllocationHandle a = 0;
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_create(&a, 4 * MiB, &prop, 0));
+  EXPECT_EQ(cap - 4 * MiB - 2 * MiB, neighbour_take(0, cap - 4 * MiB - 2 * MiB));
+  EXPECT_EQ(2 * MiB, neighbour_take(0, 4 * MiB));  // only 2 MiB was left
+  EXPECT_EQ(cap, neighbour_holds(0) + 4 * MiB);
+  CUmemGenericAllocationHandle b = 0;
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, t().mem_create(&b, 2 * MiB, &prop, 0));
+  // A greedy neighbour: whatever this process releases, it takes at once.
+  size_t seen = 0;
+  set_neighbour([&](EntryPoint e, CUresult r, Neighbour& n) {
+    if (e == EntryPoint::mem_release && r == CUDA_SUCCESS) seen += n.take(0, SIZE_MAX);
+  });
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_release(a));
+  EXPECT_EQ(4 * MiB, seen);
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, t().mem_create(&b, 2 * MiB, &prop, 0));
+  set_neighbour(nullptr);
+  EXPECT_EQ(6 * MiB, neighbour_give(0, 6 * MiB));
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_create(&b, 6 * MiB, &prop, 0));
+  EXPECT_EQ(CUDA_SUCCESS, t().mem_release(b));
+  EXPECT_EQ(cap - 6 * MiB, neighbour_give(0, SIZE_MAX));
+  EXPECT_EQ(0u, neighbour_holds(0));
+  EXPECT_THROW(neighbour_take(7, 1), std::invalid_argument);
+  // reset() drops the neighbour and its memory.
+  neighbour_take(0, 2 * MiB);
+  reset(config());
+  EXPECT_EQ(CUDA_SUCCESS, t().init(0));
+  EXPECT_EQ(0u, neighbour_holds(0));
+}
+
 }  // namespace
 }  // namespace expanse::sim::testing

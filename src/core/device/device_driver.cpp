@@ -1,5 +1,6 @@
 #include "core/device/device_driver.hpp"
 
+#include <algorithm>
 #include <cassert>
 
 namespace expanse::core {
@@ -162,6 +163,7 @@ CUresult DeviceDriver::create(size_t size, CUmemGenericAllocationHandle* out) {
   count(EntryPoint::mem_create, size);
   CUresult r = t_.mem_create(out, size, &prop_, 0);
   if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY) check(r, EntryPoint::mem_create);
+  if (r == CUDA_SUCCESS) held_ += size;
   return r;
 }
 
@@ -175,6 +177,14 @@ size_t DeviceDriver::free_memory() {
 }
 
 void DeviceDriver::release(CUmemGenericAllocationHandle h, size_t size) {
+  RelaxedCapture relaxed(*this);
+  count(EntryPoint::mem_release, size);
+  check(t_.mem_release(h), EntryPoint::mem_release);
+  held_ -= std::min(held_, size);
+  low_water_ = std::min(low_water_, held_);
+}
+
+void DeviceDriver::release_imported(CUmemGenericAllocationHandle h, size_t size) {
   RelaxedCapture relaxed(*this);
   count(EntryPoint::mem_release, size);
   check(t_.mem_release(h), EntryPoint::mem_release);

@@ -91,8 +91,16 @@ class DeviceDriver {
   CUresult create(size_t size, CUmemGenericAllocationHandle* out);
   // What cuMemGetInfo says is free on this device now (every process's memory counted).
   size_t free_memory();
-  // size: the handle's bytes (for the cost model).
+  // size: the handle's bytes (for the cost model and the held bytes).
   void release(CUmemGenericAllocationHandle h, size_t size);
+  // Releases a handle import_fd made: another process's memory, in no held count.
+  void release_imported(CUmemGenericAllocationHandle h, size_t size);
+  // The physical memory this device's own handles hold (created, not yet released), counted at
+  // the driver calls themselves, and the least it held since reset_low_water(): what a
+  // reservation's promise is checked against (it never dips, inside a call or between calls).
+  size_t held_bytes() const noexcept { return held_; }
+  size_t low_water_bytes() const noexcept { return low_water_; }
+  void reset_low_water() noexcept { low_water_ = held_; }
   void map(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h);
   // mappings: how many handles [va, va+size) covers (for the cost model).
   void unmap(CUdeviceptr va, size_t size, size_t mappings);
@@ -180,6 +188,8 @@ class DeviceDriver {
   std::array<uint64_t, driver::kEntryPointCount> calls_{};
   double modeled_ns_ = 0;
   uint64_t stream_queries_ = 0;
+  size_t held_ = 0;
+  size_t low_water_ = 0;
 };
 
 }  // namespace expanse::core

@@ -37,11 +37,14 @@ class PageSupply::Gathering {
     for (const HandleSlot& slot : open_) n = std::max(n, slot.count);
     return n;
   }
-  // Releases the largest pooled handle to create its pages again (allowed even over the limit).
-  void exchange_largest() {
+  // Releases the largest pooled handle to create its pages again (allowed even over the limit);
+  // false, releasing nothing, when that would take the held pages below the reservation.
+  bool exchange_largest() {
     const size_t n = s_.pool_.largest();
+    if (!s_.may_release(n, in_hand_)) return false;
     s_.release_pooled(n);
     credit_ += n;
+    return true;
   }
   void from_pool(bool split);
   bool from_reserve(const HandleSlot& slot);
@@ -90,7 +93,7 @@ void PageSupply::Gathering::run() {
       reclaim_more(false);
     }
   }
-  if (opts.reclaim_before_create || over || covered_) {
+  if (opts.reclaim_before_create || over || covered_ || s_.guards_reserve()) {
     reclaim_more();
     create_more();
   } else {
@@ -137,16 +140,22 @@ void PageSupply::Gathering::from_pool(bool split) {
 }
 
 // With a reservation, a slot gets what a new handle would give it without one: a handle of its
-// own size. It is created within the reservation where the reservation lacks pages (a split
-// released them), and otherwise made of pooled pages released for it: the smallest larger pooled
-// handle (cut once) or smaller ones (merged), whichever the cost model prices lower. What is
-// released beyond the slot is created again as power-of-two pieces that stay pooled for the next
-// slots. So blocks keep the handle shapes they have without a reservation (one-page reserved
-// handles cost every large block a mapping per page), and a large reserved handle is cut once
-// into pieces, not released for every smaller slot and created again after it (churn). Once
-// reclaim has run, a pooled handle too large for releasing it to pay (exchange_pays) is mapped as
-// it is, as a reclaimed handle is without a reservation. A merge that falls short makes the slot's
-// first pages. True when the slot, or its first pages (the rest open again), was filled.
+// own size. It is created within the reservation where the reservation lacks pages, and otherwise
+// made of pooled pages: the smallest larger pooled handle (cut once) or smaller ones (merged),
+// whichever the cost model prices lower. The slot's handle and power-of-two pieces of what the
+// released handles hold beyond it are created first, in memory beyond the reservation (the
+// margin others have left, the scratch), and the released handles go only once their pages exist
+// again and the held pages stay at or above the reservation (PageSupply::may_release): a
+// reservation never dips, so another process can never take what it holds (with
+// reserve_may_dip, they go first and top_up creates what was taken). So blocks keep the handle
+// shapes they have without a reservation (one-page reserved handles cost every large block a
+// mapping per page), and a large reserved handle is cut once into pieces, not released for every
+// smaller slot and created again after it (churn). Once reclaim has run, a pooled handle too
+// large for releasing it to pay (exchange_pays) is mapped as it is, as a reclaimed handle is
+// without a reservation. A merge that falls short makes the slot's first pages. True when the
+// slot, or its first pages (the rest open again), was filled; false when the shape cannot be
+// had (no scratch: the caller maps smaller pooled handles piece by piece, or takes larger ones
+// whole, DeviceAllocator::place_whole_handles).
 bool PageSupply::Gathering::from_reserve(const HandleSlot& slot) {
   HandlePool& pool = s_.pool_;
   const size_t k = slot.count;
@@ -161,27 +170,38 @@ bool PageSupply::Gathering::from_reserve(const HandleSlot& slot) {
   }
   std::vector<size_t> release;
   size_t pages = 0;
+  const bool first = !s_.opts_.reserve_may_dip;  // created before what they replace is released
   if (s_.held_pages() + in_hand_ + k > s_.reserved_pages_) {
-    release = pool.make_up(k);
+    // Created first, a slot's handle is at most the room there is: a larger slot is made of
+    // several (each merge's releases make room for the next), and a cut needs room for all of
+    // the handle it cuts.
+    const size_t room = first ? s_.room(in_hand_) : SIZE_MAX;
+    const size_t want = std::min(k, room);
+    if (want == 0) return false;  // no room: the pooled pages serve as they are
+    release = pool.make_up(want);
     for (size_t n : release) pages += n;
-    const size_t m = pool.smallest_above(k);
-    if (m != 0 && (pages < k || s_.reshape_ns({m}, k) <= s_.reshape_ns(release, k))) {
+    const size_t m = pool.smallest_above(want);
+    if (m != 0 && m <= room &&
+        (pages < want || s_.reshape_ns({m}, want) <= s_.reshape_ns(release, want))) {
       release.assign(1, m);
       pages = m;
     }
     // One smaller handle costs less mapped as it is than released and created again.
-    if (release.empty() || (pages < k && release.size() == 1)) return false;
-    for (size_t n : release) {
-      s_.release_pooled(n);
-      credit_ += n;  // created again below; what another process takes meanwhile, top_up retries
+    if (release.empty() || (pages < want && release.size() == 1)) return false;
+    if (!first) {
+      for (size_t n : release) {
+        s_.release_pooled(n);
+        credit_ += n;  // created again below; what another process takes meanwhile, top_up retries
+      }
     }
   } else {
     pages = k;  // the reservation lacks them: created in the slot's shape
   }
-  const HandleSlot mine{slot.page, std::min(k, pages)};
+  const HandleSlot mine{slot.page, std::min({k, pages, first ? s_.room(in_hand_) : SIZE_MAX})};
+  if (mine.count == 0) return false;
   CUmemGenericAllocationHandle h = 0;
   if (s_.drv_.create(mine.pages() * s_.page_, &h) != CUDA_SUCCESS) return false;
-  if (!release.empty()) credit_ -= mine.pages();
+  if (!first && !release.empty()) credit_ -= mine.pages();
   try {
     take(mine, h);
   } catch (...) {  // out of host memory: not kept in the books, so not kept at all
@@ -191,9 +211,10 @@ bool PageSupply::Gathering::from_reserve(const HandleSlot& slot) {
   req_.created += mine.pages();
   s_.stats_.num_created_pages += mine.pages();
   if (mine.count < k) open_.push_back({slot.page + mine.count, k - mine.count});
-  for (size_t rest = pages - mine.count; rest != 0;) {
+  for (size_t rest = release.empty() ? 0 : pages - mine.count; rest != 0;) {
     size_t n = 1;
     while (n * 2 <= rest) n *= 2;
+    if (first && s_.room(in_hand_) < n) break;
     if (s_.drv_.create(n * s_.page_, &h) != CUDA_SUCCESS) break;
     try {
       pool.put(n, h);
@@ -201,11 +222,18 @@ bool PageSupply::Gathering::from_reserve(const HandleSlot& slot) {
       s_.drv_.release(h, n * s_.page_);
       throw;
     }
-    credit_ -= n;
+    if (!first) credit_ -= n;
     rest -= n;
     s_.stats_.num_created_pages += n;
   }
   s_.note_peaks(in_hand_);
+  // What they replace goes once the held pages stay whole without it; a piece the driver would
+  // not create leaves its handle pooled (memory beyond the reservation, trimmed like any cached).
+  if (first) {
+    for (size_t n : release) {
+      if (pool.has(n) && s_.may_release(n, in_hand_)) s_.release_pooled(n);
+    }
+  }
   return true;
 }
 
@@ -269,7 +297,8 @@ void PageSupply::Gathering::reclaim_more(bool create) {
   // created in its place: kept in the pool, it would hold memory beside the new pages.
   from_pool(true);
   if (!create) return;
-  while (!open_.empty() && !pool.empty() && pool.largest() > largest) exchange_largest();
+  while (!open_.empty() && !pool.empty() && pool.largest() > largest && exchange_largest()) {
+  }
   req_.create_oom = false;
   create_more();
   from_pool(true);
@@ -278,8 +307,7 @@ void PageSupply::Gathering::reclaim_more(bool create) {
 // Pooled handles no open slot can take are released, and new ones created in their place.
 void PageSupply::Gathering::release_and_create() {
   while (!open_.empty()) {
-    if (s_.pool_.empty() || s_.pool_.largest() <= largest_open()) return;
-    exchange_largest();
+    if (s_.pool_.empty() || s_.pool_.largest() <= largest_open() || !exchange_largest()) return;
     req_.create_oom = false;
     create_more();
     from_pool(true);

@@ -67,6 +67,18 @@ size_t PageSupply::release_largest_pooled() {
   return n;
 }
 
+void PageSupply::keep_pooled(size_t pages, CUmemGenericAllocationHandle h) noexcept {
+  try {
+    pool_.put(pages, h);
+  } catch (...) {
+    try {
+      drv_.release(h, pages * page_);
+      stats_.num_released_pages += pages;
+    } catch (...) {
+    }
+  }
+}
+
 void PageSupply::release_pool_quietly() {
   pool_.for_each([&](size_t n, CUmemGenericAllocationHandle h) {
     try {
@@ -201,14 +213,47 @@ void PageSupply::refine_freed(StreamKey stream) {
 void PageSupply::cut_to_pages(const ReclaimableHandle& h) {
   Reservation& r = placement_.res(h.res);
   Filled filled;
+  // Under a reservation its one-page handles are created before it goes (room beyond the held
+  // pages, or nothing is cut): the held pages never dip below the reservation.
+  const bool first = !may_release(h.pages);
+  auto release_made = [&] {  // each once, even when a put throws midway
+    while (!filled.empty()) {
+      const CUmemGenericAllocationHandle one = filled.back().second;
+      filled.pop_back();
+      try {
+        drv_.release(one, page_);
+        ++stats_.num_released_pages;
+      } catch (...) {
+        pool_.put(1, one);  // kept: the books match the driver
+      }
+    }
+  };
   try {
     filled.reserve(h.pages);
+    if (first) {
+      if (room() < h.pages) return;
+      for (size_t p = h.head; p < h.head + h.pages; ++p) {
+        CUmemGenericAllocationHandle one = 0;
+        if (drv_.create(page_, &one) != CUDA_SUCCESS) break;
+        ++stats_.num_created_pages;
+        filled.emplace_back(HandleSlot{p, 1}, one);  // reserved: does not throw
+      }
+      if (filled.size() < h.pages) {
+        release_made();
+        return;
+      }
+      note_peaks(filled.size());
+    }
     unmap_handles(r, h.head, h.head + h.pages);
-    release_pooled(h.pages);
+    if (!first) release_pooled(h.pages);
   } catch (...) {
+    try {
+      release_made();
+    } catch (...) {
+    }
     return;
   }
-  for (size_t p = h.head; p < h.head + h.pages; ++p) {
+  for (size_t p = h.head; !first && p < h.head + h.pages; ++p) {
     if (held_pages() + filled.size() + 1 > std::min(limit_pages_, capacity_pages_)) break;
     CUmemGenericAllocationHandle one = 0;
     try {
@@ -222,6 +267,12 @@ void PageSupply::cut_to_pages(const ReclaimableHandle& h) {
   try {
     map_and_grant(r, filled, {});  // on a failure its handles go to the pool
   } catch (...) {
+  }
+  if (first) {
+    try {
+      release_pooled(h.pages);  // its pages exist again, one page a handle
+    } catch (...) {
+    }
   }
 }
 
@@ -261,7 +312,9 @@ void PageSupply::split_handle(Reservation& r, size_t head, CUdeviceptr addr, siz
   const PageRange inner = r.inner_pages(addr, bytes);
   const size_t n = r.handle_pages(head);
   unmap_handles(r, head, head + n);
-  release_pooled(n);
+  // Under a reservation it stays pooled until its pages exist in their new shapes (from_reserve
+  // creates them first, then releases it): the reservation never dips.
+  if (may_release(n)) release_pooled(n);
   const size_t a = std::max(head, first), z = std::min(head + n, last + 1);
   if (refine_) {  // one-page handles: the pieces inside the block too, since it will go
     if (head < a) plan_handles(head, a, head, a, 1, out.extra);
@@ -412,13 +465,17 @@ void PageSupply::trim_to(size_t max_held, size_t floor) {
   max_held = std::max(max_held, floor);
   // Over a floor, a pooled handle larger than what is over would take the memory held below it
   // (reserved handles are large): what is over is released in handles no larger than it where
-  // the pool has them, and what a larger one takes below the floor is created again.
+  // the pool has them; a larger one goes only once its pages beyond what is over exist again as
+  // power-of-two pieces (created first: the held pages never dip below the floor).
   auto release_over = [&]() -> size_t {
     if (floor == 0) return release_largest_pooled();
     const size_t over = held_pages() - max_held;
     size_t n = pool_.has(over) ? over : pool_.largest_below(over);
-    if (n == 0) n = pool_.smallest_above(over);
-    if (n != 0) release_pooled(n);
+    if (n == 0) {
+      n = pool_.smallest_above(over);
+      if (n == 0 || !make_pieces(n - over)) return 0;
+    }
+    release_pooled(n);
     return n;
   };
   while (held_pages() > max_held && release_over() != 0) {
@@ -430,6 +487,114 @@ void PageSupply::trim_to(size_t max_held, size_t floor) {
     }
   }
   if (held_pages() < floor) top_up(floor);
+}
+
+bool PageSupply::make_pieces(size_t pages) {
+  if (room() < pages) return false;
+  std::vector<size_t> made;  // pooled here, in order
+  size_t rest = pages;
+  try {
+    made.reserve(64);  // one per bit of `pages`
+    while (rest != 0) {
+      size_t n = 1;
+      while (n * 2 <= rest) n *= 2;
+      CUmemGenericAllocationHandle h = 0;
+      if (drv_.create(n * page_, &h) != CUDA_SUCCESS) break;
+      stats_.num_created_pages += n;
+      try {
+        pool_.put(n, h);
+      } catch (...) {
+        drv_.release(h, n * page_);
+        stats_.num_released_pages += n;
+        throw;
+      }
+      made.push_back(n);
+      rest -= n;
+    }
+  } catch (...) {
+  }
+  if (rest == 0) {
+    note_peaks(0);
+    return true;
+  }
+  // Not all of them: what was made goes back (it was beyond what is held).
+  for (size_t n : made) {
+    try {
+      release_pooled(n);
+    } catch (...) {
+    }
+  }
+  return false;
+}
+
+size_t PageSupply::shed_pooled(size_t pages) {
+  size_t shed = 0;
+  while (shed < pages && held_pages() > reserved_pages_) {
+    const size_t over = std::min(held_pages() - reserved_pages_, pages - shed);
+    const size_t n = pool_.has(over) ? over : pool_.largest_below(over);
+    if (n == 0) break;
+    release_pooled(n);
+    shed += n;
+  }
+  return shed;
+}
+
+std::vector<size_t> PageSupply::whole_handles_for(size_t pages) {
+  // Candidates: every pooled handle and every handle under safe free memory (the shapes freed
+  // blocks had), so that the spare is the least the held shapes allow.
+  struct Candidate {
+    size_t pages;
+    bool pooled;
+    ReclaimableHandle where;
+  };
+  std::vector<Candidate> all;
+  pool_.for_each([&](size_t n, CUmemGenericAllocationHandle) { all.push_back({n, true, {}}); });
+  for (const ReclaimableHandle& h : placement_.reclaimable_handles()) all.push_back({h.pages, false, h});
+  std::stable_sort(all.begin(), all.end(), [](const Candidate& x, const Candidate& y) {
+    return x.pages != y.pages ? x.pages > y.pages : x.pooled && !y.pooled;  // pooled first
+  });
+  std::vector<size_t> chosen;  // indices into all
+  std::vector<uint8_t> used(all.size(), 0);
+  size_t rest = pages;
+  for (size_t i = 0; i < all.size() && rest != 0; ++i) {
+    if (all[i].pages <= rest) {
+      chosen.push_back(i);
+      used[i] = 1;
+      rest -= all[i].pages;
+    }
+  }
+  for (size_t i = all.size(); rest != 0 && i-- > 0;) {  // the smallest that covers the rest
+    if (used[i] == 0 && all[i].pages >= rest) {
+      chosen.push_back(i);
+      rest = 0;
+    }
+  }
+  if (rest != 0) return {};  // fewer pages than asked
+  std::vector<ReclaimableHandle> unmap;
+  std::vector<size_t> out;
+  for (size_t i : chosen) {
+    out.push_back(all[i].pages);
+    if (!all[i].pooled) unmap.push_back(all[i].where);
+  }
+  if (!unmap.empty()) {
+    size_t got = 0;
+    for (const ReclaimableHandle& h : unmap) got += h.pages;
+    unmap_into_pool(std::move(unmap));
+    stats_.num_reclaimed_pages += got;
+  }
+  std::sort(out.begin(), out.end(), std::greater<size_t>());
+  return out;
+}
+
+void PageSupply::map_whole(Reservation& r, size_t first, const std::vector<size_t>& sizes) {
+  Filled filled;
+  filled.reserve(sizes.size());
+  size_t p = first;
+  for (size_t n : sizes) {
+    filled.emplace_back(HandleSlot{p, n}, pool_.take(n));  // reserved: does not throw
+    p += n;
+  }
+  map_and_grant(r, filled, {});  // on a failure its handles go back to the pool
 }
 
 }  // namespace expanse::core

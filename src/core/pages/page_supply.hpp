@@ -124,6 +124,8 @@ class PageSupply {
   bool reshapes_reserve() const noexcept {
     return reserved_pages_ > 0 && reserve_handle_pages_ > 1;
   }
+  // The largest handles the reservation is made of (its pieces are smaller).
+  size_t reserve_handle_pages() const noexcept { return reserve_handle_pages_; }
   // What the reservation asked for: above reserved_pages() when it was kept partial.
   size_t reserve_asked_pages() const noexcept { return reserve_asked_pages_; }
   // Reserved pages no live block touches: what the reservation holds beyond the live set (less
@@ -147,9 +149,43 @@ class PageSupply {
   // memory). A driver failure other than out-of-memory releases what was created and throws.
   ReserveOutcome reserve(size_t pages, size_t handle_pages, bool partial);
   // Creates what the reservation lacks (up to `to` pages held; SIZE_MAX: the reservation) into
-  // the pool, after something released reserved pages to reshape them (a split, a cut, a trim
-  // that took a larger handle than it had to). Best effort: stops at the first refusal.
+  // the pool: after reserve_may_dip let something release reserved pages before creating their
+  // new shapes, and before a registrable block's handle goes. Best effort: stops at the first
+  // refusal.
   void top_up(size_t to = SIZE_MAX) noexcept;
+  // The promise: while a reservation is held (and reserve_may_dip is off) the held pages never
+  // fall below it, inside a call or between calls. Every path that gives pages back asks first
+  // whether releasing n of them (in_hand more are held outside the books: a request's) keeps it
+  // whole; a replacement is created before what it replaces goes.
+  bool guards_reserve() const noexcept { return reserved_pages_ > 0 && !opts_.reserve_may_dip; }
+  bool may_release(size_t n, size_t in_hand = 0) const noexcept {
+    return !guards_reserve() || held_pages() + in_hand >= reserved_pages_ + n;
+  }
+  // Pages that may be created beside what is held (in_hand more included), within the limit and
+  // the device's capacity: the room a replacement is made in before what it replaces goes.
+  size_t room(size_t in_hand = 0) const noexcept {
+    const size_t cap = std::min(capacity_pages_, limit_pages_);
+    const size_t used = held_pages() + in_hand;
+    return cap > used ? cap - used : 0;
+  }
+  // Whether a handle of exactly `pages` pages is pooled, and takes it out of the books (the
+  // caller holds it outside them: add_outside_pages).
+  bool pooled_has(size_t pages) const { return pool_.has(pages); }
+  CUmemGenericAllocationHandle take_pooled(size_t pages) { return pool_.take(pages); }
+  // A handle held outside the page books (a registrable block's, unmapped) becomes a pooled one;
+  // out of host memory it is released instead (errors swallowed).
+  void keep_pooled(size_t pages, CUmemGenericAllocationHandle h) noexcept;
+  // Releases pooled handles, none larger than what the held pages exceed the reservation by
+  // (nor than what is left to shed), until `pages` are released or none fits; the pages released.
+  size_t shed_pooled(size_t pages);
+  // The corner of a reservation with no room to reshape (DeviceAllocator::place_whole_handles):
+  // pooled handles, reclaimed from under safe free memory into the pool as needed, as few as
+  // cover `pages` pages with the fewest spare: their sizes, largest first. Empty when the pool
+  // and safe free memory hold fewer pages.
+  std::vector<size_t> whole_handles_for(size_t pages);
+  // Maps pooled handles of these sizes one after another from page `first` of r (unmapped), and
+  // grants access to them. On a throw nothing is mapped for them and they are pooled.
+  void map_whole(Reservation& r, size_t first, const std::vector<size_t>& sizes);
 
   // ---- supply ----
   // Maps and grants whatever [addr, addr+bytes) of r lacks (the block is carved, not yet live).
@@ -209,6 +245,9 @@ class PageSupply {
   // k pages and power-of-two pieces of the rest costs by the cost model, less the k-page create
   // (the same whichever handles are released).
   double reshape_ns(const std::vector<size_t>& released, size_t k) const;
+  // Creates `pages` pages as power-of-two handles into the pool, within room(); all or none
+  // (what was made goes back when the driver refuses one).
+  bool make_pieces(size_t pages);
   // Releases one pooled handle of `pages` pages (one must be pooled).
   void release_pooled(size_t pages);
   // Releases one pooled handle of the largest size (its pages; 0 when the pool is empty).

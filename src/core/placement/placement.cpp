@@ -168,6 +168,23 @@ bool Placement::handles_fit(BlockIt c, size_t off, size_t sz, HandleFit fit) con
   return true;
 }
 
+BlockIt Placement::find_unmapped(size_t span, StreamKey stream, size_t* offset) {
+  const size_t n = span / page_;
+  return index_.first_fit_where(Arena::large, span, stream, kMappedSearchBudget, [&](BlockIt it) {
+    const Reservation& r = res(it->second.res);
+    const PageRange inner = r.inner_pages(it->first, it->second.size);
+    size_t run = 0;
+    for (size_t p = inner.lo; p < inner.hi; ++p) {
+      run = r.mapped(p) ? 0 : run + 1;
+      if (run == n) {
+        *offset = r.page_addr(p + 1 - n) - it->first;
+        return true;
+      }
+    }
+    return false;
+  });
+}
+
 Reservation* Placement::add_reservation(Arena a, size_t min_bytes) {
   size_t size = a == Arena::small ? opts_.small_va_size : opts_.va_size;
   size = std::max(size, round_up(min_bytes, page_));

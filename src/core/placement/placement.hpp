@@ -90,6 +90,10 @@ class Placement {
   // pages_left new pages; among the first kMappedSearchBudget in size order.
   BlockIt find_in_pool(size_t sz, Arena a, StreamKey stream, PoolSlot p, size_t pages_left,
                        size_t* offset);
+  // A free block of the large arena's default pool that `stream` may use, holding `span` bytes
+  // (whole pages) of which no page is mapped, and the offset of the first such place in it; among
+  // the first kMappedSearchBudget in size order. end() when none.
+  BlockIt find_unmapped(size_t span, StreamKey stream, size_t* offset);
   // A new reservation of arena a holding at least min_bytes (one free block), within the VA
   // budget; nullptr when the budget is spent.
   Reservation* add_reservation(Arena a, size_t min_bytes);

@@ -19,7 +19,7 @@ CUdeviceptr ImportedBlocks::import(const std::vector<int>& fds,
   auto undo = [&]() noexcept {
     try {
       if (mapped != 0) drv_.unmap(va, mapped, b.handles.size());
-      for (const auto& [h, size] : b.handles) drv_.release(h, size);
+      for (const auto& [h, size] : b.handles) drv_.release_imported(h, size);
       if (va != 0) drv_.address_free(va, extent);
     } catch (...) {
     }
@@ -80,7 +80,7 @@ void ImportedBlocks::close(CUdeviceptr ptr) {
   const ImportedBlock b = std::move(it->second);
   blocks_.erase(it);
   bytes_ -= b.extent;
-  for (const auto& [h, size] : b.handles) drv_.release(h, size);
+  for (const auto& [h, size] : b.handles) drv_.release_imported(h, size);
   drv_.address_free(b.base, b.extent);
 }
 

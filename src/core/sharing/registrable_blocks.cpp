@@ -6,12 +6,13 @@
 
 namespace expanse::core {
 
-CUdeviceptr RegistrableBlocks::allocate(size_t bytes, uint64_t pool) {
+CUdeviceptr RegistrableBlocks::allocate(size_t bytes, uint64_t pool,
+                                        CUmemGenericAllocationHandle given) {
   const size_t extent = round_up(bytes, page_);
   const CUdeviceptr va = drv_.reserve(extent, page_);
-  CUmemGenericAllocationHandle h = 0;
+  CUmemGenericAllocationHandle h = given;
   try {
-    if (drv_.create(extent, &h) != CUDA_SUCCESS) {
+    if (h == 0 && drv_.create(extent, &h) != CUDA_SUCCESS) {
       drv_.address_free(va, extent);
       return 0;
     }
@@ -30,7 +31,7 @@ CUdeviceptr RegistrableBlocks::allocate(size_t bytes, uint64_t pool) {
   } catch (...) {
     try {
       if (mapped) drv_.unmap(va, extent, 1);
-      drv_.release(h, extent);
+      if (given == 0) drv_.release(h, extent);  // a given handle stays the caller's
       drv_.address_free(va, extent);
     } catch (...) {
     }
@@ -65,7 +66,7 @@ const RegistrableBlock* RegistrableBlocks::containing(CUdeviceptr va, CUdevicept
   return &it->second;
 }
 
-void RegistrableBlocks::free(CUdeviceptr va) {
+void RegistrableBlocks::free(CUdeviceptr va, CUmemGenericAllocationHandle* keep) {
   auto it = blocks_.find(va);
   const RegistrableBlock b = it->second;
   // A failed unmap leaves the block as it was (mapped, its handle held): it stays in the books.
@@ -73,7 +74,11 @@ void RegistrableBlocks::free(CUdeviceptr va) {
   blocks_.erase(it);
   bytes_ -= b.extent;
   requested_ -= b.requested;
-  drv_.release(b.handle, b.extent);
+  if (keep != nullptr) {
+    *keep = b.handle;
+  } else {
+    drv_.release(b.handle, b.extent);
+  }
   drv_.address_free(va, b.extent);
 }
 

@@ -37,8 +37,10 @@ class RegistrableBlocks {
 
   // Reserves, creates, maps and grants access (this device and its peers). Returns 0 when the
   // device is out of memory (CUDA_ERROR_OUT_OF_MEMORY from cuMemCreate); throws
-  // driver::driver_error for other failures. Nothing is left behind on either.
-  CUdeviceptr allocate(size_t bytes, uint64_t pool);
+  // driver::driver_error for other failures. Nothing is left behind on either. given: a handle
+  // of the block's extent to map instead of creating one (a reservation's pooled handle; on a
+  // throw it is still the caller's).
+  CUdeviceptr allocate(size_t bytes, uint64_t pool, CUmemGenericAllocationHandle given = 0);
   // The block starting at va, or nullptr.
   RegistrableBlock* find(CUdeviceptr va);
   const RegistrableBlock* find(CUdeviceptr va) const;
@@ -47,8 +49,9 @@ class RegistrableBlocks {
   // Unmaps, releases and frees the VA of the block at va (which must exist). The caller has
   // made sure no work on it is pending. Throws driver::driver_error: when the unmap failed the
   // block stays as it was (mapped, in the books: a later free may succeed); after the unmap the
-  // books forget it either way (a failed release or VA free cannot be retried).
-  void free(CUdeviceptr va);
+  // books forget it either way (a failed release or VA free cannot be retried). keep: the
+  // handle is not released but handed out there (a reservation keeps its pages).
+  void free(CUdeviceptr va, CUmemGenericAllocationHandle* keep = nullptr);
   // Grants every block's extent to the devices DeviceDriver grants (a peer was added).
   void grant_all();
   // Everything unmapped and released, errors swallowed (shutdown).
