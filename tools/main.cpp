@@ -66,6 +66,7 @@ struct StressArgs {
   bool json = false;
   std::string cost_table;
   std::string reserve;
+  bool neighbour = false;
 };
 
 int cmd_stress(const StressArgs& a) {
@@ -79,6 +80,7 @@ int cmd_stress(const StressArgs& a) {
   o.streams = a.streams;
   o.conf = conf::from_environment();
   o.reserve = a.reserve;
+  o.neighbour = a.neighbour;
   ProgressBar bar(stderr_is_terminal());
   o.progress = [&bar](double f, const std::string& phase) { bar.update(f, "stress: " + phase); };
   StressResult r = run_stress(o);
@@ -236,6 +238,9 @@ int run(int argc, char** argv) {
                      "Hold memory from the first allocation (EXPANSE_CONF reserve): a size, a "
                      "fraction of the capacity, or free")
       ->type_name("SPEC");
+  stress->add_flag("--neighbour", sa.neighbour,
+                   "Sim: another process takes every free byte after each cuMemRelease; with "
+                   "--reserve, the run is made again with one-page reserved handles");
   stress->add_option("--cost-table", sa.cost_table,
                      "Price driver calls with a measured cost table (expanse selftest --report)")
       ->type_name("FILE");

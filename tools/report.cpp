@@ -259,6 +259,31 @@ std::string replay_text(const ReplayReport& r) {
   return o.str();
 }
 
+namespace {
+
+// The request's modeled driver time against the unreserved run's; null when that made no call.
+Json cost_ratio(const core::DeviceStats& calls, const StressResult::OtherRun& unreserved) {
+  if (!unreserved.ran || unreserved.calls.modeled_driver_ns <= 0) return Json(nullptr);
+  return Json(calls.modeled_driver_ns / unreserved.calls.modeled_driver_ns);
+}
+
+Json other_run_json(const StressResult::OtherRun& u) {
+  return {{"allocated", u.allocated},
+          {"alloc_seconds", u.alloc_seconds},
+          {"pages_reclaimed", u.pages_reclaimed},
+          {"pages_created", u.pages_created},
+          {"physical_low_water_bytes", u.physical_low_water_bytes},
+          {"stranded_bytes", u.stranded_bytes},
+          {"request_mem_creates",
+           u.calls.driver_calls[static_cast<size_t>(driver::EntryPoint::mem_create)]},
+          {"driver_calls_total", u.calls.total_driver_calls()},
+          {"modeled_driver_seconds", u.calls.modeled_driver_ns * 1e-9},
+          {"total_driver_calls", u.stats.total_driver_calls()},
+          {"total_modeled_driver_seconds", u.stats.modeled_driver_ns * 1e-9}};
+}
+
+}  // namespace
+
 Json stress_json(const StressResult& r) {
   Json j;
   j["ok"] = r.allocated && r.verified;
@@ -285,6 +310,10 @@ Json stress_json(const StressResult& r) {
   j["pages_created"] = r.pages_created;
   j["reserved_bytes"] = r.reserved_bytes;
   j["reserve_asked_bytes"] = r.reserve_asked_bytes;
+  j["physical_low_water_bytes"] = r.physical_low_water_bytes;
+  j["stranded_bytes"] = r.stranded_bytes;
+  j["neighbour"] = r.neighbour;
+  if (r.neighbour) j["neighbour_bytes"] = r.neighbour_bytes;
   j["request_mem_creates"] = r.calls.driver_calls[static_cast<size_t>(driver::EntryPoint::mem_create)];
   j["driver_calls"] = driver_calls_json(r.calls);
   j["driver_calls_total"] = r.calls.total_driver_calls();
@@ -299,21 +328,13 @@ Json stress_json(const StressResult& r) {
   j["total_modeled_driver_seconds"] = r.stats.modeled_driver_ns * 1e-9;
   j["wall_seconds"] = r.wall_seconds;
   if (r.unreserved.ran) {
-    const auto& u = r.unreserved;
-    j["unreserved"] = {
-        {"allocated", u.allocated},
-        {"alloc_seconds", u.alloc_seconds},
-        {"pages_reclaimed", u.pages_reclaimed},
-        {"pages_created", u.pages_created},
-        {"request_mem_creates",
-         u.calls.driver_calls[static_cast<size_t>(driver::EntryPoint::mem_create)]},
-        {"driver_calls_total", u.calls.total_driver_calls()},
-        {"modeled_driver_seconds", u.calls.modeled_driver_ns * 1e-9},
-        {"total_driver_calls", u.stats.total_driver_calls()},
-        {"total_modeled_driver_seconds", u.stats.modeled_driver_ns * 1e-9}};
-    j["modeled_vs_unreserved"] = u.calls.modeled_driver_ns > 0
-                                     ? Json(r.calls.modeled_driver_ns / u.calls.modeled_driver_ns)
-                                     : Json(nullptr);
+    j["unreserved"] = other_run_json(r.unreserved);
+    j["modeled_vs_unreserved"] = cost_ratio(r.calls, r.unreserved);
+  }
+  if (r.one_page_handles.ran) {
+    j["one_page_handles"] = other_run_json(r.one_page_handles);
+    j["one_page_handles"]["modeled_vs_unreserved"] =
+        cost_ratio(r.one_page_handles.calls, r.unreserved);
   }
   return j;
 }
@@ -344,6 +365,18 @@ std::string stress_text(const StressResult& r) {
     o << "; the request made "
       << r.calls.driver_calls[static_cast<size_t>(driver::EntryPoint::mem_create)]
       << " cuMemCreate\n";
+    o << "low water    " << conf::format_size(r.physical_low_water_bytes)
+      << " held at the least since the reservation was made"
+      << (r.physical_low_water_bytes >= r.reserved_bytes ? " (never below it)" : " (BELOW it)");
+    if (r.stranded_bytes != 0) {
+      o << "; " << conf::format_size(r.stranded_bytes) << " reserved pages taken whole beyond"
+        << " the request";
+    }
+    o << "\n";
+  }
+  if (r.neighbour) {
+    o << "neighbour    another process took every free byte after each cuMemRelease: it held "
+      << conf::format_size(r.neighbour_bytes) << " at the request\n";
   }
   o << "driver       " << calls_text(r.calls) << ", modeled "
     << fixed(r.calls.modeled_driver_ns * 1e-9, 3) << " s for the request ("
@@ -361,6 +394,20 @@ std::string stress_text(const StressResult& r) {
     }
     o << "; " << u.stats.total_driver_calls() << " calls, "
       << fixed(u.stats.modeled_driver_ns * 1e-9, 3) << " s in all\n";
+  }
+  if (r.one_page_handles.ran) {
+    const auto& p = r.one_page_handles;
+    o << "one-page     the same run with one-page reserved handles: ";
+    if (!p.allocated) o << "the request FAILED; ";
+    o << calls_text(p.calls) << ", modeled " << fixed(p.calls.modeled_driver_ns * 1e-9, 3)
+      << " s for the request";
+    if (r.unreserved.ran && r.unreserved.calls.modeled_driver_ns > 0) {
+      o << " (" << fixed(p.calls.modeled_driver_ns / r.unreserved.calls.modeled_driver_ns, 2)
+        << " x unreserved)";
+    }
+    o << ", low water " << conf::format_size(p.physical_low_water_bytes) << "; "
+      << p.stats.total_driver_calls() << " calls, " << fixed(p.stats.modeled_driver_ns * 1e-9, 3)
+      << " s in all\n";
   }
   if (r.verified) {
     o << "verified     a word in each of " << r.pages_verified << " pages of the block, and "

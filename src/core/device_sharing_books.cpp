@@ -154,12 +154,14 @@ void DeviceAllocator::free_registrable(CUdeviceptr addr, CUstream stream, size_t
   // lacks then is created first; where the device has no room for that, the handle (never
   // exported: no other process maps it) is kept pooled, its pages serving blocks, instead of
   // released. An exported one is released either way (its importers may map it still).
-  CUmemGenericAllocationHandle* keep = nullptr;
+  // kept: the handle, unreleased, when the reservation keeps it or the driver refused to
+  // release it (pooled either way, unless exported).
   CUmemGenericAllocationHandle kept = 0;
+  bool keep = false;
   if (supply_.guards_reserve()) {
     const size_t whole = supply_.reserved_pages() + extent / page_;
     if (supply_.held_pages() < whole) supply_.top_up(whole);
-    if (supply_.held_pages() < whole && !b.exported) keep = &kept;
+    keep = supply_.held_pages() < whole && !b.exported;
   }
   auto books = [&] {
     if (pool != 0) {
@@ -183,12 +185,12 @@ void DeviceAllocator::free_registrable(CUdeviceptr addr, CUstream stream, size_t
     if (kept == 0) stats_.num_released_pages += extent / page_;
   };
   try {
-    registrable_.free(addr, keep);
+    registrable_.free(addr, keep ? &kept : nullptr, &kept);
   } catch (const driver::driver_error& e) {
-    // A failed unmap keeps the block live (a later free may succeed); after it, the block is gone.
-    if (registrable_.find(addr) == nullptr) books();
+    // A failed unmap keeps the block live, nothing changed: a later free may succeed.
     throw driver_failure("expanse: free of the registrable block " + hex(addr) + " on device " +
-                             std::to_string(device()) + ": " + e.what(),
+                             std::to_string(device()) + ": " + e.what() +
+                             "; nothing was changed (the block is live)",
                          static_cast<int>(e.code()));
   }
   books();

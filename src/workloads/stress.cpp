@@ -325,11 +325,11 @@ core::DeviceStats minus(const core::DeviceStats& after, const core::DeviceStats&
   return d;
 }
 
-// EXPANSE_CONF without its reservation.
-std::string without_reserve(const std::string& conf) {
+// EXPANSE_CONF without one of its keys.
+std::string without_key(const std::string& conf, const std::string& key) {
   std::string out;
   for (const auto& [k, v] : conf::parse_pairs(conf)) {
-    if (k != "reserve") out += (out.empty() ? "" : ",") + k + ":" + v;
+    if (k != key) out += (out.empty() ? "" : ",") + k + ":" + v;
   }
   return out;
 }
@@ -361,6 +361,17 @@ StressResult run_stress_once(const StressOptions& o) {
   }
   r.driver = drv->description();
   r.sim = drv->kind() == driver::DriverKind::sim;
+  r.neighbour = o.neighbour;
+  if (o.neighbour && !r.sim) {
+    throw usage_error("stress: --neighbour plays another process on the sim; on a GPU, run one");
+  }
+  // The neighbour lives in the sim's state until this run ends, however it ends.
+  struct NeighbourGuard {
+    bool on;
+    ~NeighbourGuard() {
+      if (on) sim::set_neighbour(nullptr);
+    }
+  } neighbour_guard{o.neighbour};
 
   std::vector<uint64_t> ids;
   for (int i = 0; i < o.streams; ++i) ids.push_back(static_cast<uint64_t>(i) + 1);
@@ -374,6 +385,11 @@ StressResult run_stress_once(const StressOptions& o) {
     }
     if (!r.sim && o.capacity != 0) opts.limit = std::min(opts.limit, o.capacity);
     core::DeviceAllocator a(*drv, 0, opts);
+    if (o.neighbour) {  // after the allocators' start-up probes, which release a page each
+      sim::set_neighbour([](driver::EntryPoint e, CUresult res, sim::Neighbour& n) {
+        if (e == driver::EntryPoint::mem_release && res == CUDA_SUCCESS) n.take(0, SIZE_MAX);
+      });
+    }
     const size_t page = a.page_size();
     size_t capacity = a.capacity() / page * page;
     if (opts.limit != core::kNoLimit) capacity = std::min(capacity, opts.limit / page * page);
@@ -405,6 +421,7 @@ StressResult run_stress_once(const StressOptions& o) {
     r.free_physical_before = capacity - before.touched_bytes;
     r.reserved_bytes = before.reserved_bytes;
     r.reserve_asked_bytes = before.reserve_asked_bytes;
+    if (o.neighbour) r.neighbour_bytes = sim::neighbour_holds(0);
 
     // 2. The contiguous block.
     if (o.progress) o.progress(1.0, "allocating");
@@ -421,6 +438,7 @@ StressResult run_stress_once(const StressOptions& o) {
     r.calls = minus(after, before);
     r.pages_reclaimed = after.num_reclaimed_pages - before.num_reclaimed_pages;
     r.pages_created = after.num_created_pages - before.num_created_pages;
+    r.stranded_bytes = after.reserve_stranded_bytes;
 
     // 3. Verify: a word in every page of the block, then every live block's own pattern, read
     // and written with the driver's copies (cuMemcpyHtoD / cuMemcpyDtoH in device 0's primary
@@ -458,6 +476,7 @@ StressResult run_stress_once(const StressOptions& o) {
     r.stats = a.stats();
     if (big != nullptr) a.deallocate(big, streams[0]);
     w.free_all();
+    r.physical_low_water_bytes = a.stats().physical_low_water_bytes;
   }
   r.wall_seconds = seconds_since(t0);
   return r;
@@ -465,25 +484,42 @@ StressResult run_stress_once(const StressOptions& o) {
 
 }  // namespace
 
+StressResult::OtherRun other_run(const StressOptions& o, const std::string& phase) {
+  StressOptions u = o;
+  u.unreserved_baseline = false;
+  if (o.progress) {
+    u.progress = [&o, phase](double f, const std::string& p) { o.progress(f, p + " " + phase); };
+  }
+  const StressResult b = run_stress_once(u);
+  StressResult::OtherRun out;
+  out.ran = true;
+  out.allocated = b.allocated;
+  out.alloc_seconds = b.alloc_seconds;
+  out.pages_reclaimed = b.pages_reclaimed;
+  out.pages_created = b.pages_created;
+  out.physical_low_water_bytes = b.physical_low_water_bytes;
+  out.stranded_bytes = b.stranded_bytes;
+  out.calls = b.calls;
+  out.stats = b.stats;
+  return out;
+}
+
 StressResult run_stress(const StressOptions& o) {
   StressResult r = run_stress_once(o);
   if (!o.unreserved_baseline || r.reserve_asked_bytes == 0) return r;
   StressOptions u = o;
   u.reserve.clear();
-  u.conf = without_reserve(o.conf);
-  if (o.progress) {
-    u.progress = [&o](double f, const std::string& phase) {
-      o.progress(f, phase + " (without the reservation)");
-    };
+  u.conf = without_key(o.conf, "reserve");
+  u.neighbour = false;
+  r.unreserved = other_run(u, "(without the reservation)");
+  if (o.neighbour) {
+    // One-page reserved handles: the reservation's other way never to dip, paid in handles.
+    StressOptions one = o;
+    one.conf = without_key(o.conf, "reserve_handle_size");
+    one.conf += (one.conf.empty() ? "" : ",") + std::string("reserve_handle_size:") +
+                std::to_string(r.page_size);
+    r.one_page_handles = other_run(one, "(one-page reserved handles)");
   }
-  const StressResult b = run_stress_once(u);
-  r.unreserved.ran = true;
-  r.unreserved.allocated = b.allocated;
-  r.unreserved.alloc_seconds = b.alloc_seconds;
-  r.unreserved.pages_reclaimed = b.pages_reclaimed;
-  r.unreserved.pages_created = b.pages_created;
-  r.unreserved.calls = b.calls;
-  r.unreserved.stats = b.stats;
   return r;
 }
 

@@ -22,6 +22,11 @@ struct StressOptions {
   // With a reservation, run the same workload again without it, for the request's driver calls
   // and modeled time side by side (StressResult::unreserved).
   bool unreserved_baseline = true;
+  // Sim only: a greedy neighbour, another process on the device that takes every free byte after
+  // each cuMemRelease. With a reservation, the run is made once more with one-page reserved
+  // handles (reserve_handle_size: the page), which are never reshaped, for the figures side by
+  // side (StressResult::one_page_handles). The unreserved baseline runs alone.
+  bool neighbour = false;
   std::function<void(double fraction, const std::string& phase)> progress;
 };
 
@@ -55,6 +60,12 @@ struct StressResult {
   core::DeviceStats calls;       // driver_calls / modeled_driver_ns of the big request alone
   uint64_t reserved_bytes = 0;   // the reservation held at the big request (EXPANSE_CONF reserve)
   uint64_t reserve_asked_bytes = 0;
+  // The least physical memory held since the reservation was made (stats'
+  // physical_low_water_bytes, read after the last free): never below reserved_bytes, unless
+  // reserve_may_dip lets it.
+  uint64_t physical_low_water_bytes = 0;
+  uint64_t stranded_bytes = 0;   // reserved pages the request took whole beyond its size
+  uint64_t neighbour_bytes = 0;  // what the neighbour held when the request was made
   bool verified = false;
   uint64_t pages_verified = 0;
   uint64_t live_blocks_verified = 0;
@@ -64,16 +75,21 @@ struct StressResult {
   core::DeviceStats stats;  // whole run
   double wall_seconds = 0;
 
-  // With a reservation: the same run (workload, seed, device) without it.
-  struct Unreserved {
+  // The same run (workload, seed, device) made another way, for its figures beside this one's.
+  struct OtherRun {
     bool ran = false;
     bool allocated = false;
     double alloc_seconds = 0;
     uint64_t pages_reclaimed = 0;
     uint64_t pages_created = 0;
+    uint64_t physical_low_water_bytes = 0;
+    uint64_t stranded_bytes = 0;
     core::DeviceStats calls;  // the big request's
     core::DeviceStats stats;  // whole run
-  } unreserved;
+  };
+  bool neighbour = false;
+  OtherRun unreserved;        // with a reservation: without it (and without the neighbour)
+  OtherRun one_page_handles;  // with a reservation and the neighbour: reserved handles of a page
 };
 
 // Throws expanse::usage_error for a bad option (size larger than the device), driver errors.

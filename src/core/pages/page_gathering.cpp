@@ -61,9 +61,12 @@ class PageSupply::Gathering {
   size_t credit_ = 0;  // pages released here to be created again: allowed even over the limit
   bool covered_ = false;  // the reservation's untouched pages cover the request
   bool reclaimed_ = false;  // reclaim has run: pooled handles include ones freed blocks had
+  size_t free_pages_ = SIZE_MAX;  // what the driver said it had free (SIZE_MAX: not asked)
+  bool asked_free_ = false;
 };
 
 void PageSupply::gather(std::vector<HandleSlot>& open, Filled& filled, PageRequest& req) {
+  ++asks_;
   Gathering(*this, open, filled, req).run();
 }
 
@@ -171,6 +174,7 @@ bool PageSupply::Gathering::from_reserve(const HandleSlot& slot) {
   std::vector<size_t> release;
   size_t pages = 0;
   const bool first = !s_.opts_.reserve_may_dip;  // created before what they replace is released
+  if (first && req_.create_oom) return false;  // the driver refused this request's creates
   if (s_.held_pages() + in_hand_ + k > s_.reserved_pages_) {
     // Created first, a slot's handle is at most the room there is: a larger slot is made of
     // several (each merge's releases make room for the next), and a cut needs room for all of
@@ -200,7 +204,14 @@ bool PageSupply::Gathering::from_reserve(const HandleSlot& slot) {
   const HandleSlot mine{slot.page, std::min({k, pages, first ? s_.room(in_hand_) : SIZE_MAX})};
   if (mine.count == 0) return false;
   CUmemGenericAllocationHandle h = 0;
-  if (s_.drv_.create(mine.pages() * s_.page_, &h) != CUDA_SUCCESS) return false;
+  if (s_.drv_.create(mine.pages() * s_.page_, &h) != CUDA_SUCCESS) {
+    // The room is the device's capacity less what this process holds: another process holds
+    // it. The request's other slots would be refused too; they take the pooled pages as they are.
+    if (first) s_.note_refused();
+    req_.create_oom = true;
+    return false;
+  }
+  if (first) s_.note_created();
   if (!first && !release.empty()) credit_ -= mine.pages();
   try {
     take(mine, h);
@@ -239,6 +250,28 @@ bool PageSupply::Gathering::from_reserve(const HandleSlot& slot) {
 
 // New handles while the device and the limit allow; a slot refused whole is halved.
 void PageSupply::Gathering::create_more() {
+  // Covered by the reservation while another process holds the rest of the device: the held
+  // pages serve the request, and a cuMemCreate would be refused.
+  if (covered_ && s_.guards_reserve() && s_.create_refused()) return;
+  // Once the driver refuses a slot (or refused recently), what it has free is asked once a
+  // request (cuMemGetInfo), and slots are cut to that rather than halved through a refusal each.
+  size_t& free_pages = free_pages_;
+  auto ask_free = [&] {
+    asked_free_ = true;
+    try {
+      free_pages = s_.drv_.free_memory() / s_.page_;
+    } catch (const driver::driver_error&) {  // unknown: halving finds out
+    }
+  };
+  if (s_.create_refused() && !open_.empty() && !asked_free_) ask_free();
+  auto refused = [&](const HandleSlot& slot) {  // the last page refused: the request's creates end
+    if (s_.guards_reserve() && s_.held_pages() + in_hand_ < s_.limit_pages_ &&
+        s_.held_pages() + in_hand_ < s_.capacity_pages_) {
+      s_.note_refused();  // not this process's limit nor the device's size: another's
+    }
+    req_.create_oom = true;
+    return slot;
+  };
   std::vector<HandleSlot> rest;
   while (!open_.empty() && !req_.create_oom) {
     HandleSlot slot = open_.back();
@@ -253,17 +286,30 @@ void PageSupply::Gathering::create_more() {
       halve(slot);
       continue;
     }
-    CUmemGenericAllocationHandle h = 0;
-    if (s_.drv_.create(slot.pages() * s_.page_, &h) == CUDA_ERROR_OUT_OF_MEMORY) {
+    if (!exchange && slot.pages() > free_pages) {  // what this request released is free again
       if (slot.count == 1) {
-        req_.create_oom = true;
-        rest.push_back(slot);
+        rest.push_back(refused(slot));
         break;
       }
       halve(slot);
       continue;
     }
-    if (exchange) credit_ -= slot.pages();
+    CUmemGenericAllocationHandle h = 0;
+    if (s_.drv_.create(slot.pages() * s_.page_, &h) == CUDA_ERROR_OUT_OF_MEMORY) {
+      if (slot.count == 1) {
+        rest.push_back(refused(slot));
+        break;
+      }
+      if (!asked_free_) ask_free();
+      halve(slot);
+      continue;
+    }
+    if (exchange) {
+      credit_ -= slot.pages();
+    } else if (free_pages != SIZE_MAX) {
+      free_pages -= std::min(free_pages, slot.pages());
+    }
+    s_.note_created();
     take(slot, h);
     req_.created += slot.pages();
     s_.stats_.num_created_pages += slot.pages();

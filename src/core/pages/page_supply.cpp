@@ -170,6 +170,7 @@ bool PageSupply::ensure_pages(Reservation& r, CUdeviceptr addr, size_t bytes, Pa
 void PageSupply::refine_freed(StreamKey stream) {
   const uint64_t now = ++sweeps_;
   if (!refine_) return;
+  ++asks_;
   if (!sweep_ && pending_coarse_ && streams_.pending_released() != pending_seen_) {
     // A block that waited for other streams, large handles and all, may be free now.
     sweep_ = true;
@@ -198,7 +199,13 @@ void PageSupply::refine_freed(StreamKey stream) {
   size_t i = 0;
   for (; i < handles.size() && (done == 0 || done + handles[i].pages <= kRefinePagesPerCall);
        ++i) {
-    cut_to_pages(handles[i]);
+    if (!cut_to_pages(handles[i])) {
+      // No room to create the pages first: look again later (create_refused says when the
+      // driver may be asked again).
+      next_sweep_ = now + kRefineAskEvery;
+      sweep_ = true;
+      return;
+    }
     done += handles[i].pages;
   }
   sweep_ = !owners.empty() || i < handles.size();
@@ -210,7 +217,7 @@ void PageSupply::refine_freed(StreamKey stream) {
   if (held_pages() < reserved_pages_) top_up();
 }
 
-void PageSupply::cut_to_pages(const ReclaimableHandle& h) {
+bool PageSupply::cut_to_pages(const ReclaimableHandle& h) {
   Reservation& r = placement_.res(h.res);
   Filled filled;
   // Under a reservation its one-page handles are created before it goes (room beyond the held
@@ -231,16 +238,20 @@ void PageSupply::cut_to_pages(const ReclaimableHandle& h) {
   try {
     filled.reserve(h.pages);
     if (first) {
-      if (room() < h.pages) return;
+      if (room() < h.pages) return false;
       for (size_t p = h.head; p < h.head + h.pages; ++p) {
         CUmemGenericAllocationHandle one = 0;
-        if (drv_.create(page_, &one) != CUDA_SUCCESS) break;
+        if (drv_.create(page_, &one) != CUDA_SUCCESS) {
+          note_refused();
+          break;
+        }
+        note_created();
         ++stats_.num_created_pages;
         filled.emplace_back(HandleSlot{p, 1}, one);  // reserved: does not throw
       }
       if (filled.size() < h.pages) {
         release_made();
-        return;
+        return false;
       }
       note_peaks(filled.size());
     }
@@ -251,7 +262,7 @@ void PageSupply::cut_to_pages(const ReclaimableHandle& h) {
       release_made();
     } catch (...) {
     }
-    return;
+    return true;  // not for lack of room: the next handle may be cut
   }
   for (size_t p = h.head; !first && p < h.head + h.pages; ++p) {
     if (held_pages() + filled.size() + 1 > std::min(limit_pages_, capacity_pages_)) break;
@@ -274,6 +285,7 @@ void PageSupply::cut_to_pages(const ReclaimableHandle& h) {
     } catch (...) {
     }
   }
+  return true;
 }
 
 // What the block lacks: unmapped runs get handles planned for it; mapped handles without access

@@ -163,11 +163,24 @@ class PageSupply {
   }
   // Pages that may be created beside what is held (in_hand more included), within the limit and
   // the device's capacity: the room a replacement is made in before what it replaces goes.
+  // While the driver's refusals say another process holds that room (create_refused), none.
   size_t room(size_t in_hand = 0) const noexcept {
+    if (create_refused()) return 0;
     const size_t cap = std::min(capacity_pages_, limit_pages_);
     const size_t used = held_pages() + in_hand;
     return cap > used ? cap - used : 0;
   }
+  // The driver refused a cuMemCreate that the capacity, the limit and the held pages allowed:
+  // another process holds that memory. For a while (asks_ counts requests for pages and refine
+  // sweeps; the while doubles at each refusal, up to kRefusedWaitMax, and starts again short
+  // after a create succeeds) reserved handles are not reshaped and a request the reservation
+  // covers creates nothing: a neighbour holding the memory costs a failed call ever more rarely.
+  bool create_refused() const noexcept { return asks_ < refused_until_; }
+  void note_refused() noexcept {
+    refused_until_ = asks_ + refused_wait_;
+    refused_wait_ = std::min(refused_wait_ * 2, kRefusedWaitMax);
+  }
+  void note_created() noexcept { refused_wait_ = kRefusedWaitMin; }
   // Whether a handle of exactly `pages` pages is pooled, and takes it out of the books (the
   // caller holds it outside them: add_outside_pages).
   bool pooled_has(size_t pages) const { return pool_.has(pages); }
@@ -229,8 +242,10 @@ class PageSupply {
   Plan plan(Reservation& r, CUdeviceptr addr, size_t bytes, size_t max_pages);
   void split_handle(Reservation& r, size_t head, CUdeviceptr addr, size_t bytes, Plan& plan);
   void add_extra(const std::vector<HandleSlot>& extra, Filled& filled);
-  // Cuts the multi-page handle h (under safe free memory) into one-page handles.
-  void cut_to_pages(const ReclaimableHandle& h);
+  // Cuts the multi-page handle h (under safe free memory) into one-page handles. False when a
+  // reservation left no room to create them first (the driver refused one: another process holds
+  // the memory), so nothing was cut.
+  bool cut_to_pages(const ReclaimableHandle& h);
   void map_and_grant(Reservation& r, const Filled& filled, Grants grant);
   void put_back(const Filled& filled, size_t from = 0);
   // Unmaps the handles into the pool, one cuMemUnmap per run of adjacent ones.
@@ -271,6 +286,11 @@ class PageSupply {
   bool sweep_ = false;      // refining: multi-page handles may lie under free memory
   uint64_t sweeps_ = 0;     // refine_freed calls
   uint64_t next_sweep_ = 0;  // sweeps_ from which to look again (nothing could be cut)
+  uint64_t asks_ = 0;  // gathers and refine sweeps: the clock of create_refused
+  static constexpr uint64_t kRefusedWaitMin = 64;
+  static constexpr uint64_t kRefusedWaitMax = uint64_t{1} << 16;
+  uint64_t refused_wait_ = kRefusedWaitMin;
+  uint64_t refused_until_ = 0;
   uint64_t asked_at_ = 0;   // sweeps_ when other streams' fences were asked
   // Refining: a pending block held multi-page handles; pending_seen_: StreamOrder's count of
   // blocks released from the pending list then (a change: look again).

@@ -31,9 +31,23 @@ CUdeviceptr ImportedBlocks::import(const std::vector<int>& fds,
       const CUresult r = drv_.import_fd(fds[i], &h);
       if (r != CUDA_SUCCESS) {
         undo();
-        throw usage_error("expanse: ipc import on device " + std::to_string(drv_.device()) +
-                          ": the driver refuses fd " + std::to_string(fds[i]) + " (" +
-                          code_name(r) +
+        const std::string where = "expanse: ipc import on device " +
+                                  std::to_string(drv_.device()) + ": fd " +
+                                  std::to_string(fds[i]) + " (handle " + std::to_string(i) +
+                                  " of " + std::to_string(fds.size()) + "): ";
+        // Out of memory and driver failures are not the fd's fault: said as what they are.
+        if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+          throw out_of_memory(where + "the driver is out of memory to import it (" +
+                                  code_name(r) + "); nothing was changed",
+                              handle_sizes[i], drv_.device());
+        }
+        if (r != CUDA_ERROR_INVALID_VALUE && r != CUDA_ERROR_INVALID_HANDLE &&
+            r != CUDA_ERROR_NOT_PERMITTED && r != CUDA_ERROR_NOT_SUPPORTED) {
+          throw driver_failure(where + "cuMemImportFromShareableHandle failed (" + code_name(r) +
+                                   "); nothing was changed",
+                               static_cast<int>(r));
+        }
+        throw usage_error(where + "the driver refuses it (" + code_name(r) +
                           "): not an fd expanse_ipc_export made, or closed, or its handle "
                           "already released; nothing was changed");
       }

@@ -66,7 +66,8 @@ const RegistrableBlock* RegistrableBlocks::containing(CUdeviceptr va, CUdevicept
   return &it->second;
 }
 
-void RegistrableBlocks::free(CUdeviceptr va, CUmemGenericAllocationHandle* keep) {
+void RegistrableBlocks::free(CUdeviceptr va, CUmemGenericAllocationHandle* keep,
+                             CUmemGenericAllocationHandle* unreleased) {
   auto it = blocks_.find(va);
   const RegistrableBlock b = it->second;
   // A failed unmap leaves the block as it was (mapped, its handle held): it stays in the books.
@@ -77,9 +78,16 @@ void RegistrableBlocks::free(CUdeviceptr va, CUmemGenericAllocationHandle* keep)
   if (keep != nullptr) {
     *keep = b.handle;
   } else {
-    drv_.release(b.handle, b.extent);
+    try {
+      drv_.release(b.handle, b.extent);
+    } catch (const driver::driver_error&) {
+      if (unreleased != nullptr && !b.exported) *unreleased = b.handle;
+    }
   }
-  drv_.address_free(va, b.extent);
+  try {
+    drv_.address_free(va, b.extent);
+  } catch (const driver::driver_error&) {
+  }
 }
 
 void RegistrableBlocks::grant_all() {
