@@ -153,9 +153,8 @@ void DeviceAllocator::free_registrable(CUdeviceptr addr, CUstream stream, size_t
   // Under a reservation its pages go only once the reservation is whole without them: what it
   // lacks then is created first; where the device has no room for that, the handle (never
   // exported: no other process maps it) is kept pooled, its pages serving blocks, instead of
-  // released. An exported one is released either way (its importers may map it still).
-  // kept: the handle, unreleased, when the reservation keeps it or the driver refused to
-  // release it (pooled either way, unless exported).
+  // released. An exported one is released either way (its importers may map it still). kept:
+  // the handle still held after the free (kept, or one the driver would not release), pooled.
   CUmemGenericAllocationHandle kept = 0;
   bool keep = false;
   if (supply_.guards_reserve()) {
@@ -185,7 +184,7 @@ void DeviceAllocator::free_registrable(CUdeviceptr addr, CUstream stream, size_t
     if (kept == 0) stats_.num_released_pages += extent / page_;
   };
   try {
-    registrable_.free(addr, keep ? &kept : nullptr, &kept);
+    kept = registrable_.free(addr, keep);
   } catch (const driver::driver_error& e) {
     // A failed unmap keeps the block live, nothing changed: a later free may succeed.
     throw driver_failure("expanse: free of the registrable block " + hex(addr) + " on device " +

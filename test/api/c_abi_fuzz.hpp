@@ -137,10 +137,6 @@ class CAbiFuzzer {
       for (int i = 0; i < p.uses; ++i) expanse_pool_release(p.id);
     }
     pools_.clear();
-    for (int d = 0; d < 2; ++d) {
-      expanse_unreserve(d);
-      expanse_set_limit(d, SIZE_MAX);
-    }
     if (alone_) {
       for (int d = 0; d < 2; ++d) {
         const expanse_stats s = stats(d);
@@ -194,14 +190,16 @@ class CAbiFuzzer {
       fail(call + ": the message does not name " + names + ": " + m);
     }
   }
-  // A call that may fail only for lack of memory or an injected driver failure.
-  bool ok_or_fault(int rc, const std::string& call) {
+  // A call that may fail only for lack of memory (when out_of_memory may be) or an injected
+  // driver failure.
+  bool ok_or_fault(int rc, const std::string& call, bool out_of_memory = true) {
     if (rc == EXPANSE_OK) return true;
     // An injected cuCtxSynchronize failure reads, to the caller, like a capture announced:
     // refused, "try again" (the code does not tell the two apart).
     const bool retry = rc == EXPANSE_EINVAL && injecting_ &&
                        std::strstr(expanse_last_error(), "try again") != nullptr;
-    if (rc == EXPANSE_ENOMEM || (rc == EXPANSE_EDRIVER && injecting_) || retry) {
+    if ((rc == EXPANSE_ENOMEM && out_of_memory) || (rc == EXPANSE_EDRIVER && injecting_) ||
+        retry) {
       if (std::strlen(expanse_last_error()) == 0) fail(call + " failed without a message");
       return false;
     }
@@ -367,7 +365,7 @@ class CAbiFuzzer {
     }
     const int rc = expanse_free_checked(b.ptr, c.pick(2) ? b.size : 0, b.device, stream_of(c));
     if (rc != EXPANSE_OK) {
-      ok_or_fault(rc == EXPANSE_ENOMEM ? -1 : rc, "freeing live " + hex(b.ptr));
+      ok_or_fault(rc, "freeing live " + hex(b.ptr), false);
       return;  // still live
     }
     blocks_[k] = blocks_.back();
@@ -718,8 +716,13 @@ class CAbiFuzzer {
     void* q = nullptr;
     const int rc = expanse_ipc_import(&h, device, &q);
     if (device != b.device) {
-      if (rc != EXPANSE_EINVAL) ok_or_fault(rc == EXPANSE_OK ? -1 : rc, "import on the wrong device");
-      if (rc == EXPANSE_OK) imports_.push_back({q, b.size, b.seed, b.ptr});
+      if (rc == EXPANSE_OK) {
+        fail("import of device " + std::to_string(b.device) + "'s memory on device " +
+             std::to_string(device) + " succeeded");
+        imports_.push_back({q, b.size, b.seed, b.ptr});
+      } else if (rc != EXPANSE_EINVAL) {
+        ok_or_fault(rc, "import on the wrong device", false);
+      }
     } else if (ok_or_fault(rc, "import")) {
       if (!holds(q, b.size, b.seed)) fail("import " + hex(q) + " of " + hex(b.ptr) + " differs");
       imports_.push_back({q, b.size, b.seed, b.ptr});

@@ -48,6 +48,55 @@ TEST_F(CAbiFuzzThreadsTest, OneThreadKeepsTheBooksUnderMisuseAndFaults) {
   }
 }
 
+// Found by the fuzzer: after its unmap, a registrable block is freed whatever the driver says
+// about its release (before, the free answered an error with the block already gone, so the
+// caller believed it live); the handle the driver kept is pooled and released at the next trim.
+TEST_F(CAbiFuzzThreadsTest, ARegistrableBlockWhoseReleaseFailsIsStillFreed) {
+  expanse_pool_id id = 0;
+  ASSERT_EQ(expanse_pool_create_registrable(0, &id), EXPANSE_OK) << expanse_last_error();
+  void* p = expanse_pool_malloc(id, 3 << 20, nullptr);
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  sim::inject_failure(driver::EntryPoint::mem_release, 1, CUDA_ERROR_UNKNOWN);
+  EXPECT_EQ(expanse_free_checked(p, 3 << 20, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  sim::clear_injections();
+  expanse_pool_id of = 7;
+  EXPECT_EQ(expanse_pool_of(p, &of), EXPANSE_EINVAL) << "no longer live";
+  EXPECT_EQ(expanse_free_checked(p, 3 << 20, 0, nullptr), EXPANSE_EINVAL) << "freed once";
+  expanse_stats s{};
+  s.struct_size = sizeof s;
+  ASSERT_EQ(expanse_get_stats(0, &s), EXPANSE_OK);
+  EXPECT_EQ(s.requested_bytes, 0u);
+  EXPECT_EQ(s.physical_bytes, size_t{4} << 20) << "its handle, pooled";
+  ASSERT_EQ(expanse_release_cached(0), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_get_stats(0, &s), EXPANSE_OK);
+  EXPECT_EQ(s.physical_bytes, 0u) << "released at the trim";
+  EXPECT_EQ(expanse_pool_release(id), EXPANSE_OK);
+}
+
+// Found by the fuzzer: an import the driver refuses for lack of memory says so (ENOMEM), not
+// that the fd is not one expanse exported.
+TEST_F(CAbiFuzzThreadsTest, AnImportRefusedForMemoryIsOutOfMemory) {
+  expanse_pool_id id = 0;
+  ASSERT_EQ(expanse_pool_create_registrable(0, &id), EXPANSE_OK) << expanse_last_error();
+  void* p = expanse_pool_malloc(id, 1 << 20, nullptr);
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  expanse_ipc_handle h{};
+  ASSERT_EQ(expanse_ipc_export(p, &h), EXPANSE_OK) << expanse_last_error();
+  sim::inject_failure(driver::EntryPoint::mem_import_from_shareable_handle, 1,
+                      CUDA_ERROR_OUT_OF_MEMORY);
+  void* q = nullptr;
+  EXPECT_EQ(expanse_ipc_import(&h, 0, &q), EXPANSE_ENOMEM) << expanse_last_error();
+  EXPECT_NE(std::string(expanse_last_error()).find("out of memory"), std::string::npos)
+      << expanse_last_error();
+  EXPECT_EQ(q, nullptr);
+  sim::clear_injections();
+  ASSERT_EQ(expanse_ipc_import(&h, 0, &q), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(expanse_ipc_close(q), EXPANSE_OK);
+  EXPECT_EQ(expanse_ipc_handle_release(&h), EXPANSE_OK);
+  EXPECT_EQ(expanse_free_checked(p, 1 << 20, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(expanse_pool_release(id), EXPANSE_OK);
+}
+
 void four_threads(bool faults) {
   const size_t ops = env_or("EXPANSE_FUZZ_OPS", 3000);
   for (uint64_t seed = 1; seed <= env_or("EXPANSE_FUZZ_SEEDS", 3); ++seed) {

@@ -255,22 +255,20 @@ void PageSupply::Gathering::create_more() {
   if (covered_ && s_.guards_reserve() && s_.create_refused()) return;
   // Once the driver refuses a slot (or refused recently), what it has free is asked once a
   // request (cuMemGetInfo), and slots are cut to that rather than halved through a refusal each.
-  size_t& free_pages = free_pages_;
   auto ask_free = [&] {
     asked_free_ = true;
     try {
-      free_pages = s_.drv_.free_memory() / s_.page_;
+      free_pages_ = s_.drv_.free_memory() / s_.page_;
     } catch (const driver::driver_error&) {  // unknown: halving finds out
     }
   };
   if (s_.create_refused() && !open_.empty() && !asked_free_) ask_free();
-  auto refused = [&](const HandleSlot& slot) {  // the last page refused: the request's creates end
+  auto stop_refused = [&] {  // the last page refused: the request's creates end
     if (s_.guards_reserve() && s_.held_pages() + in_hand_ < s_.limit_pages_ &&
         s_.held_pages() + in_hand_ < s_.capacity_pages_) {
       s_.note_refused();  // not this process's limit nor the device's size: another's
     }
     req_.create_oom = true;
-    return slot;
   };
   std::vector<HandleSlot> rest;
   while (!open_.empty() && !req_.create_oom) {
@@ -286,9 +284,10 @@ void PageSupply::Gathering::create_more() {
       halve(slot);
       continue;
     }
-    if (!exchange && slot.pages() > free_pages) {  // what this request released is free again
+    if (!exchange && slot.pages() > free_pages_) {  // what this request released is free again
       if (slot.count == 1) {
-        rest.push_back(refused(slot));
+        stop_refused();
+        rest.push_back(slot);
         break;
       }
       halve(slot);
@@ -297,7 +296,8 @@ void PageSupply::Gathering::create_more() {
     CUmemGenericAllocationHandle h = 0;
     if (s_.drv_.create(slot.pages() * s_.page_, &h) == CUDA_ERROR_OUT_OF_MEMORY) {
       if (slot.count == 1) {
-        rest.push_back(refused(slot));
+        stop_refused();
+        rest.push_back(slot);
         break;
       }
       if (!asked_free_) ask_free();
@@ -306,8 +306,8 @@ void PageSupply::Gathering::create_more() {
     }
     if (exchange) {
       credit_ -= slot.pages();
-    } else if (free_pages != SIZE_MAX) {
-      free_pages -= std::min(free_pages, slot.pages());
+    } else if (free_pages_ != SIZE_MAX) {
+      free_pages_ -= std::min(free_pages_, slot.pages());
     }
     s_.note_created();
     take(slot, h);

@@ -66,8 +66,7 @@ const RegistrableBlock* RegistrableBlocks::containing(CUdeviceptr va, CUdevicept
   return &it->second;
 }
 
-void RegistrableBlocks::free(CUdeviceptr va, CUmemGenericAllocationHandle* keep,
-                             CUmemGenericAllocationHandle* unreleased) {
+CUmemGenericAllocationHandle RegistrableBlocks::free(CUdeviceptr va, bool keep) {
   auto it = blocks_.find(va);
   const RegistrableBlock b = it->second;
   // A failed unmap leaves the block as it was (mapped, its handle held): it stays in the books.
@@ -75,19 +74,19 @@ void RegistrableBlocks::free(CUdeviceptr va, CUmemGenericAllocationHandle* keep,
   blocks_.erase(it);
   bytes_ -= b.extent;
   requested_ -= b.requested;
-  if (keep != nullptr) {
-    *keep = b.handle;
-  } else {
+  CUmemGenericAllocationHandle held = keep ? b.handle : 0;
+  if (!keep) {
     try {
       drv_.release(b.handle, b.extent);
     } catch (const driver::driver_error&) {
-      if (unreleased != nullptr && !b.exported) *unreleased = b.handle;
+      if (!b.exported) held = b.handle;
     }
   }
   try {
     drv_.address_free(va, b.extent);
   } catch (const driver::driver_error&) {
   }
+  return held;
 }
 
 void RegistrableBlocks::grant_all() {
