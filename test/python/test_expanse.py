@@ -286,7 +286,11 @@ def test_reserve_holds_memory_that_empty_cache_keeps(ex, lib):
     assert s["expanse.reserved_unused_bytes"] < GiB // 2
     lib.expanse_free(p, 300 * MiB, 0, None)
     expanse.empty_cache()
-    assert expanse.memory_stats()["expanse.physical_bytes"] == GiB // 2
+    s = expanse.memory_stats()
+    assert s["expanse.physical_bytes"] == GiB // 2
+    # The reservation never dipped, and no block took reserved handles whole.
+    assert s["expanse.physical_low_water_bytes"] == GiB // 2
+    assert s["expanse.reserve_stranded_bytes"] == 0
     assert "Reserved, unused" in expanse.memory_summary()
     expanse.unreserve()
     assert expanse.memory_stats()["expanse.physical_bytes"] == 0
