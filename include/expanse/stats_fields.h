@@ -58,6 +58,6 @@
   KEPT(  uint64_t, reserved_unused_bytes,    "reserved, touched by no live block")                \
   KEPT(  uint64_t, reserve_asked_bytes,      "the reservation asked; > reserved_bytes: partial")\
   KEPT(  uint64_t, physical_low_water_bytes, "least physical held since the reservation changed")\
-  KEPT(  uint64_t, reserve_stranded_bytes,   "reserved pages blocks took whole beyond their size")
+  KEPT(  uint64_t, reserve_stranded_bytes,   "reserved pages no block can use: taken whole, retired")
 
 #endif /* EXPANSE_STATS_FIELDS_H */

@@ -140,7 +140,7 @@ DeviceStats DeviceAllocator::stats() const {
   // Counted at the driver calls themselves (DeviceDriver::held_bytes): registrable blocks
   // included, imports (another process's memory) not.
   s.physical_low_water_bytes = drv_.low_water_bytes();
-  s.reserve_stranded_bytes = stranded_pages_ * page_;
+  s.reserve_stranded_bytes = (stranded_pages_ + supply_.retired_pages()) * page_;
   s.driver_calls = drv_.calls();
   s.modeled_driver_ns = drv_.modeled_ns();
   s.stream_queries = drv_.stream_queries();

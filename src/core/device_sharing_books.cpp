@@ -151,16 +151,17 @@ void DeviceAllocator::free_registrable(CUdeviceptr addr, CUstream stream, size_t
   const uint64_t pool = b.pool;
   if (pool != 0) make_room_to_forget_pool(pools_.slot_of(pool));  // books() then cannot throw
   // Under a reservation its pages go only once the reservation is whole without them: what it
-  // lacks then is created first; where the device has no room for that, the handle (never
-  // exported: no other process maps it) is kept pooled, its pages serving blocks, instead of
-  // released. An exported one is released either way (its importers may map it still). kept:
-  // the handle still held after the free (kept, or one the driver would not release), pooled.
+  // lacks then is created first; where the device has no room for that, the handle is kept
+  // instead of released: pooled, its pages serving blocks, or if exported (its importers may map
+  // it still, so no block may use it) retired until a replacement exists. kept: the handle still
+  // held after the free (kept, or one the driver would not release).
   CUmemGenericAllocationHandle kept = 0;
   bool keep = false;
+  const bool exported = b.exported;
   if (supply_.guards_reserve()) {
     const size_t whole = supply_.reserved_pages() + extent / page_;
     if (supply_.held_pages() < whole) supply_.top_up(whole);
-    keep = supply_.held_pages() < whole && !b.exported;
+    keep = supply_.held_pages() < whole;
   }
   auto books = [&] {
     if (pool != 0) {
@@ -174,7 +175,11 @@ void DeviceAllocator::free_registrable(CUdeviceptr addr, CUstream stream, size_t
       }
     }
     supply_.remove_outside_pages(extent / page_);
-    if (kept != 0) supply_.keep_pooled(extent / page_, kept);
+    if (kept != 0 && exported) {
+      supply_.retire(extent / page_, kept);
+    } else if (kept != 0) {
+      supply_.keep_pooled(extent / page_, kept);
+    }
     // Its pages were the reservation's share too: the reservation stays whole.
     if (supply_.held_pages() < supply_.reserved_pages()) supply_.top_up();
     stats_.requested_bytes -= requested;

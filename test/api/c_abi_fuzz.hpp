@@ -198,7 +198,9 @@ class CAbiFuzzer {
     // refused, "try again" (the code does not tell the two apart).
     const bool retry = rc == EXPANSE_EINVAL && injecting_ &&
                        std::strstr(expanse_last_error(), "try again") != nullptr;
-    if ((rc == EXPANSE_ENOMEM && out_of_memory) || (rc == EXPANSE_EDRIVER && injecting_) ||
+    // An injected CUDA_ERROR_OUT_OF_MEMORY reads as ENOMEM anywhere.
+    if ((rc == EXPANSE_ENOMEM && (out_of_memory || injecting_)) ||
+        (rc == EXPANSE_EDRIVER && injecting_) ||
         retry) {
       if (std::strlen(expanse_last_error()) == 0) fail(call + " failed without a message");
       return false;
@@ -470,8 +472,9 @@ class CAbiFuzzer {
     size_t got = 0;
     const int rc = expanse_reserve(device, bytes, &got);
     if (rc == EXPANSE_EINVAL) {
-      if (bytes != EXPANSE_RESERVE_FREE && bytes != 0 && bytes <= kFuzzCapacity / 2) {
-        // Only above the limit (at most half the device under limit()) or the capacity.
+      if (alone_ && bytes != EXPANSE_RESERVE_FREE && bytes != 0 && bytes <= kFuzzCapacity / 2) {
+        // Only above the limit (at most half the device under limit()) or the capacity; with
+        // other threads, the limit may have changed since.
         const expanse_stats s = stats(device);
         if (bytes <= s.limit_bytes) fail("reserve(" + std::to_string(bytes) + ") refused: " +
                                          expanse_last_error());
@@ -584,11 +587,27 @@ class CAbiFuzzer {
         for (const Block& b : blocks_) {
           if (b.pool == p->id) check(b);  // offloaded: back with its bytes
         }
+      } else if (expanse_pool_is_asleep(p->id) != 1) {
+        fail("wake of pool " + id + " answered " + std::to_string(rc) + " but woke it: " +
+             expanse_last_error());
       }
       return;
     }
     if (route_pool_ == p->id && routes_ > 0) return;  // this thread's allocations go there
     const int rc = expanse_pool_sleep(p->id, EXPANSE_SLEEP_OFFLOAD, nullptr);
+    const std::string why = rc != EXPANSE_OK ? expanse_last_error() : "";
+    // A sleep whose undo failed says so: the pool is asleep, its bytes in host memory.
+    if (rc == EXPANSE_EDRIVER && injecting_ && why.find("the pool is asleep") != std::string::npos &&
+        expanse_pool_is_asleep(p->id) == 1) {
+      p->asleep = true;
+      return;
+    }
+    if (rc != EXPANSE_OK && expanse_pool_is_asleep(p->id) != 0) {
+      fail("sleep of pool " + id + " answered " + std::to_string(rc) + " (" + why +
+           ") but the pool is asleep");
+      p->asleep = true;
+      return;
+    }
     if (rc == EXPANSE_EBUSY && injecting_) {
       return;  // its context synchronize failed
     } else if (p->registrable) {
@@ -744,6 +763,8 @@ class CAbiFuzzer {
     if (!ok_or_fault(expanse_ipc_close(i.ptr), "ipc_close")) return;
     imports_[k] = imports_.back();
     imports_.pop_back();
+    // With other threads importing, the address may already be another thread's import.
+    if (!alone_) return;
     expect_refused(expanse_ipc_close(i.ptr), "a second close of " + hex(i.ptr), hex(i.ptr));
   }
 

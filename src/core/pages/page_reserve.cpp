@@ -132,6 +132,54 @@ void PageSupply::top_up(size_t to) noexcept {
     stats_.num_created_pages += size;
     note_peaks(0);
   }
+  give_back_retired();
+}
+
+void PageSupply::retire(size_t pages, CUmemGenericAllocationHandle h) noexcept {
+  try {
+    retired_.emplace_back(pages, h);
+    retired_pages_ += pages;
+  } catch (...) {  // out of host memory: released now, the reservation's promise aside
+    try {
+      drv_.release(h, pages * page_);
+      stats_.num_released_pages += pages;
+    } catch (...) {
+    }
+  }
+}
+
+void PageSupply::give_back_retired() noexcept {
+  for (size_t i = 0; i < retired_.size();) {
+    const auto [n, h] = retired_[i];
+    try {
+      if (!may_release(n)) {
+        // Its replacement first, in the room beside what is held: never a dip.
+        if (room() < n) return;
+        CUmemGenericAllocationHandle fresh = 0;
+        if (drv_.create(n * page_, &fresh) != CUDA_SUCCESS) {
+          note_refused();
+          return;
+        }
+        try {
+          pool_.put(n, fresh);
+        } catch (...) {
+          drv_.release(fresh, n * page_);
+          return;
+        }
+        note_created();
+        stats_.num_created_pages += n;
+        note_peaks(0);
+      }
+      drv_.release(h, n * page_);
+    } catch (...) {
+      ++i;  // the driver keeps it for now: offered again later
+      continue;
+    }
+    stats_.num_released_pages += n;
+    retired_pages_ -= n;
+    retired_[i] = retired_.back();
+    retired_.pop_back();
+  }
 }
 
 }  // namespace expanse::core

@@ -86,6 +86,14 @@ void PageSupply::release_pool_quietly() {
     } catch (...) {
     }
   });
+  for (const auto& [n, h] : retired_) {
+    try {
+      drv_.release(h, n * page_);
+    } catch (...) {
+    }
+  }
+  retired_.clear();
+  retired_pages_ = 0;
 }
 
 void PageSupply::put_back(const Filled& filled, size_t from) {
@@ -473,6 +481,7 @@ size_t PageSupply::give_back(std::vector<ReclaimableHandle> handles) {
 }
 
 void PageSupply::trim_to(size_t max_held, size_t floor) {
+  give_back_retired();
   if (floor == SIZE_MAX) floor = reserved_pages_;
   max_held = std::max(max_held, floor);
   // Over a floor, a pooled handle larger than what is over would take the memory held below it

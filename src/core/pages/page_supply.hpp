@@ -45,8 +45,10 @@ class PageSupply {
   size_t touched_pages() const noexcept { return touched_pages_; }
   size_t mapped_pages() const noexcept { return mapped_pages_; }
   size_t pooled_pages() const noexcept { return pool_.pages(); }
-  // Held: mapped + pooled + outside (registrable blocks, outside the page books).
-  size_t held_pages() const noexcept { return mapped_pages_ + pool_.pages() + outside_pages_; }
+  // Held: mapped + pooled + outside (registrable blocks, outside the page books) + retired.
+  size_t held_pages() const noexcept {
+    return mapped_pages_ + pool_.pages() + outside_pages_ + retired_pages_;
+  }
   size_t outside_pages() const noexcept { return outside_pages_; }
   // Pages of registrable blocks (registrable_blocks.hpp) came (+) or went (-): they count
   // against the capacity and the limit like any block's.
@@ -188,6 +190,15 @@ class PageSupply {
   // A handle held outside the page books (a registrable block's, unmapped) becomes a pooled one;
   // out of host memory it is released instead (errors swallowed).
   void keep_pooled(size_t pages, CUmemGenericAllocationHandle h) noexcept;
+  // A handle no block may use again (exported: another process may map it still) that is not
+  // released yet: the reservation needs its pages held until a replacement exists, or the driver
+  // refused to release it. Its pages count as held; give_back_retired() lets it go.
+  void retire(size_t pages, CUmemGenericAllocationHandle h) noexcept;
+  size_t retired_pages() const noexcept { return retired_pages_; }
+  // Releases retired handles: at once where the reservation is whole without them, otherwise
+  // once a replacement of their size is created (room allowing). Best effort; called by top_up()
+  // and trim_to().
+  void give_back_retired() noexcept;
   // Releases pooled handles, none larger than what the held pages exceed the reservation by
   // (nor than what is left to shed), until `pages` are released or none fits; the pages released.
   size_t shed_pooled(size_t pages);
@@ -222,7 +233,7 @@ class PageSupply {
   // into the pool.
   void unmap_handles(Reservation& r, size_t p, size_t q);
   // Releases every pooled handle, errors swallowed (shutdown: the driver may be going away).
-  void release_pool_quietly();
+  void release_pool_quietly();  // the retired handles too
 
  private:
   using Filled = std::vector<std::pair<HandleSlot, CUmemGenericAllocationHandle>>;
@@ -281,6 +292,8 @@ class PageSupply {
   size_t mapped_pages_ = 0;
   size_t touched_pages_ = 0;
   size_t outside_pages_ = 0;
+  std::vector<std::pair<size_t, CUmemGenericAllocationHandle>> retired_;  // (pages, handle)
+  size_t retired_pages_ = 0;
   size_t high_water_ = 0;  // most pages touched by live blocks plus a request's, so far
   bool refine_ = false;       // see set_refine
   bool sweep_ = false;      // refining: multi-page handles may lie under free memory

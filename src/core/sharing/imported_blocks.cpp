@@ -16,11 +16,16 @@ CUdeviceptr ImportedBlocks::import(const std::vector<int>& fds,
   b.extent = extent;
   CUdeviceptr va = 0;
   size_t mapped = 0;  // bytes of va mapped so far
+  // Runs at most once in effect: a second run would unmap, release and free what may by then be
+  // another import's (the range and handles are the driver's to hand out again).
   auto undo = [&]() noexcept {
     try {
       if (mapped != 0) drv_.unmap(va, mapped, b.handles.size());
+      mapped = 0;
       for (const auto& [h, size] : b.handles) drv_.release_imported(h, size);
+      b.handles.clear();
       if (va != 0) drv_.address_free(va, extent);
+      va = 0;
     } catch (...) {
     }
   };
@@ -94,8 +99,33 @@ void ImportedBlocks::close(CUdeviceptr ptr) {
   const ImportedBlock b = std::move(it->second);
   blocks_.erase(it);
   bytes_ -= b.extent;
-  for (const auto& [h, size] : b.handles) drv_.release_imported(h, size);
-  drv_.address_free(b.base, b.extent);
+  // Unmapped, the import is closed whatever the driver says next: an error now would tell the
+  // caller the address is still readable. A handle or range the driver will not take back yet is
+  // kept and offered again at the next close and at shutdown.
+  for (const auto& [h, size] : b.handles) left_handles_.emplace_back(h, size);
+  left_ranges_.emplace_back(b.base, b.extent);
+  give_back_left();
+}
+
+void ImportedBlocks::give_back_left() noexcept {
+  auto handles = std::move(left_handles_);
+  left_handles_.clear();
+  for (const auto& [h, size] : handles) {
+    try {
+      drv_.release_imported(h, size);
+    } catch (...) {
+      left_handles_.emplace_back(h, size);
+    }
+  }
+  auto ranges = std::move(left_ranges_);
+  left_ranges_.clear();
+  for (const auto& [va, extent] : ranges) {
+    try {
+      drv_.address_free(va, extent);
+    } catch (...) {
+      left_ranges_.emplace_back(va, extent);
+    }
+  }
 }
 
 void ImportedBlocks::grant_all() {
@@ -106,6 +136,7 @@ void ImportedBlocks::close_all_quietly() noexcept {
   core::close_all_quietly(
       blocks_, [&](CUdeviceptr ptr) { close(ptr); },
       [&](const ImportedBlock& b) { bytes_ -= b.extent; });
+  give_back_left();
 }
 
 }  // namespace expanse::core

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <map>
+#include <utility>
 #include <vector>
 
 namespace expanse::core {
@@ -38,8 +39,9 @@ class ImportedBlocks {
                      size_t offset);
   // Whether ptr is an address import() returned here.
   bool has(CUdeviceptr ptr) const { return blocks_.count(ptr) != 0; }
-  // Unmaps, releases, frees the VA (ptr: what import() returned). A failed unmap leaves the
-  // import as it was (in the books); after the unmap the books forget it either way.
+  // Unmaps, releases, frees the VA (ptr: what import() returned). A failed unmap throws and
+  // leaves the import as it was (in the books); after the unmap the close succeeds, and handles
+  // or VA the driver refuses to take back are kept to be given back later (left_bytes()).
   void close(CUdeviceptr ptr);
   void grant_all();
   void close_all_quietly() noexcept;
@@ -47,9 +49,14 @@ class ImportedBlocks {
   size_t bytes() const noexcept { return bytes_; }
 
  private:
+  // Offers the driver again what closes could not give back (keeps what it still refuses).
+  void give_back_left() noexcept;
+
   DeviceDriver& drv_;
   std::map<CUdeviceptr, ImportedBlock> blocks_;  // by the address import() returned
   size_t bytes_ = 0;
+  std::vector<std::pair<CUmemGenericAllocationHandle, size_t>> left_handles_;
+  std::vector<std::pair<CUdeviceptr, size_t>> left_ranges_;
 };
 
 }  // namespace expanse::core

@@ -79,7 +79,7 @@ CUmemGenericAllocationHandle RegistrableBlocks::free(CUdeviceptr va, bool keep) 
     try {
       drv_.release(b.handle, b.extent);
     } catch (const driver::driver_error&) {
-      if (!b.exported) held = b.handle;
+      held = b.handle;
     }
   }
   try {

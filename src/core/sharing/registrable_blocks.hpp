@@ -49,11 +49,11 @@ class RegistrableBlocks {
   // Unmaps, releases and frees the VA of the block at va (which must exist). The caller has
   // made sure no work on it is pending. Throws driver::driver_error only when the unmap failed:
   // the block stays as it was (mapped, in the books: a later free may succeed). After the unmap
-  // the block is freed whatever the driver says next. Returns the handle still held, for the
-  // caller to pool (its pages serve blocks and go at a later trim), or 0: with keep, the handle
-  // unreleased (a reservation keeps its pages); without, a handle the driver would not release,
-  // unless it was exported (other processes may map it: never reused, left to the driver). A
-  // VA range the driver would not free stays reserved, unused.
+  // the block is freed whatever the driver says next. Returns the handle still held, or 0: with
+  // keep, the handle unreleased (a reservation keeps its pages); without, a handle the driver
+  // would not release. The caller pools it (its pages serve blocks and go at a later trim) or,
+  // exported (other processes may map it: never reused), retires it. A VA range the driver
+  // would not free stays reserved, unused.
   CUmemGenericAllocationHandle free(CUdeviceptr va, bool keep = false);
   // Grants every block's extent to the devices DeviceDriver grants (a peer was added).
   void grant_all();
