@@ -118,7 +118,11 @@ EXPANSE_C_API const char* expanse_last_error(void);
  * stays unconfigured (calls fail, naming the reason) until expanse_init succeeds or
  * expanse_shutdown returns it to EXPANSE_CONF. Not to be called while other threads use expanse. */
 EXPANSE_C_API int expanse_init(const char* conf);
-/* Releases everything expanse holds; fails if blocks are still live. */
+/* Releases everything expanse holds; fails if blocks are still live. Exiting without it is safe:
+ * live blocks, sleeping pools, imports and thread caches are left to the driver.
+ * A child forked after expanse initialised the driver cannot use CUDA: there, every call that
+ * would reach the driver or the allocator (expanse_init included) fails with EXPANSE_EDRIVER and
+ * a message saying so, expanse_malloc returns NULL and expanse_free does nothing. */
 EXPANSE_C_API int expanse_shutdown(void);
 /* "cuda: libcuda.so.1, driver 13.0" or "sim: ...". Initializes on first use. NULL on failure.
  * The string stays valid until expanse_init or expanse_shutdown. */

@@ -1,6 +1,7 @@
 // Turning exceptions into C error codes, and the pieces the C and C++ APIs share.
 #pragma once
 
+#include "api/fork_guard.hpp"
 #include "core/device_allocator.hpp"
 #include "expanse/errors.hpp"
 #include "expanse/expanse.h"
@@ -13,10 +14,15 @@ namespace expanse::api {
 std::string& last_error();
 
 // Runs f; returns EXPANSE_OK, or the code for the exception it threw (message kept in
-// last_error()). Never throws.
+// last_error()). Never throws. In a child forked after the driver was initialised, f is not run:
+// EXPANSE_EDRIVER, saying so (fork_guard.hpp).
 template <class F>
 int guarded(F&& f) noexcept {
   try {
+    if (in_forked_child()) {
+      last_error() = forked_child_message(nullptr);
+      return EXPANSE_EDRIVER;
+    }
     f();
     return EXPANSE_OK;
   } catch (const out_of_memory& e) {

@@ -1,5 +1,6 @@
 #include "api/runtime.hpp"
 
+#include "api/fork_guard.hpp"
 #include "api/history.hpp"
 
 #include "conf/env_config.hpp"
@@ -29,6 +30,7 @@ Runtime::Runtime(const std::string& conf) : config_(conf::parse_config(conf)) {
   } catch (const std::invalid_argument& e) {
     throw usage_error(e.what());
   }
+  note_driver_initialised();  // a child forked from here on is told it cannot use expanse
   int n = 0;
   driver_->check(driver_->table().device_get_count(&n), driver::EntryPoint::device_get_count);
   slots_ = std::vector<std::atomic<core::DeviceAllocator*>>(static_cast<size_t>(n));
@@ -43,6 +45,8 @@ Runtime::~Runtime() {
 }
 
 Runtime& Runtime::get() {
+  // The C++ facade's way in too: a forked child is told, whatever it calls.
+  if (in_forked_child()) throw driver_failure(forked_child_message(nullptr), 0);
   Runtime* r = g_runtime.load(std::memory_order_acquire);
   if (r != nullptr) return *r;
   std::lock_guard<std::mutex> lock(g_mu);

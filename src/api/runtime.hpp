@@ -19,7 +19,8 @@ namespace expanse::api {
 class Runtime {
  public:
   // The runtime, configured from EXPANSE_CONF on first use. Throws usage_error / driver_failure
-  // when configuration or driver loading fails (and tries again on the next call).
+  // when configuration or driver loading fails (and tries again on the next call), and
+  // driver_failure in a child forked after the driver was initialised (fork_guard.hpp).
   static Runtime& get();
   // Replaces the runtime with one configured from conf. Throws usage_error if blocks are live.
   static void init(const std::string& conf);

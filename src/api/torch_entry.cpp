@@ -89,6 +89,9 @@ extern "C" {
 EXPANSE_C_API void* expanse_torch_malloc(size_t size, int device, struct CUstream_st* stream) {
   if (size == 0) return nullptr;
   try {
+    if (expanse::api::in_forked_child()) {
+      throw expanse::driver_failure(expanse::api::forked_child_message("expanse_torch_malloc"), 0);
+    }
     void* p = expanse::api::routed_allocate(size, device, reinterpret_cast<CUstream>(stream));
     if (p == nullptr) throw expanse::driver_failure("expanse: allocation returned no pointer", 0);
     return p;
@@ -107,6 +110,12 @@ EXPANSE_C_API void* expanse_torch_malloc(size_t size, int device, struct CUstrea
 EXPANSE_C_API void expanse_torch_free(void* ptr, size_t size, int device,
                                       struct CUstream_st* stream) {
   if (ptr == nullptr) return;
+  // A forked child's tensors are its parent's blocks, freed at its exit: nothing to do here (the
+  // books are a copy; the driver cannot be used).
+  if (expanse::api::in_forked_child()) {
+    expanse::api::last_error() = expanse::api::forked_child_message("expanse_torch_free");
+    return;
+  }
   try {
     Runtime& rt = Runtime::get();
     expanse::core::DeviceAllocator* owner = nullptr;
