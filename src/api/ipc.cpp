@@ -29,18 +29,33 @@ void close_all(const int* fds, size_t n) {
 
 void ipc_check(const IpcWire& h, const char* what) {
   const std::string at = std::string("expanse: ") + what + ": ";
-  if (h.magic != IpcWire::kMagic || h.version != IpcWire::kVersion) {
+  if (h.magic != IpcWire::kMagic) {
     throw usage_error(at + "not an expanse_ipc_handle (never filled by expanse_ipc_export or "
-                           "expanse_ipc_recv, or of another expanse version); nothing was "
-                           "changed");
+                           "expanse_ipc_recv: its magic is wrong); nothing was changed");
+  }
+  if (h.version != IpcWire::kVersion) {
+    throw usage_error(at + "an expanse_ipc_handle of version " + std::to_string(h.version) +
+                      ", but this expanse reads version " + std::to_string(IpcWire::kVersion) +
+                      " (exporter and importer must run the same expanse); nothing was changed");
   }
   if (h.state == IpcWire::kReleased) {
     throw usage_error(at + "the handle was released (expanse_ipc_handle_release closed its fds); "
                            "nothing was changed");
   }
-  if (h.state != IpcWire::kFilled || h.num_handles == 0 || h.num_handles > IpcWire::kMaxHandles ||
-      h.handle_type != IpcWire::kPosixFd) {
-    throw usage_error(at + "a damaged expanse_ipc_handle; nothing was changed");
+  // A record from another process may say anything: each field is named where it fails.
+  if (h.state != IpcWire::kFilled) {
+    throw usage_error(at + "a damaged expanse_ipc_handle: state is " + std::to_string(h.state) +
+                      ", neither filled nor released; nothing was changed");
+  }
+  if (h.num_handles == 0 || h.num_handles > IpcWire::kMaxHandles) {
+    throw usage_error(at + "a damaged expanse_ipc_handle: num_handles is " +
+                      std::to_string(h.num_handles) + ", not 1 to " +
+                      std::to_string(IpcWire::kMaxHandles) + "; nothing was changed");
+  }
+  if (h.handle_type != IpcWire::kPosixFd) {
+    throw usage_error(at + "a damaged expanse_ipc_handle: handle_type is " +
+                      std::to_string(h.handle_type) + ", not " +
+                      std::to_string(IpcWire::kPosixFd) + " (POSIX fds); nothing was changed");
   }
   for (uint32_t i = 0; i < h.num_handles; ++i) {
     if (h.fds[i] < 0 || fcntl(h.fds[i], F_GETFD) < 0) {
@@ -139,10 +154,19 @@ void ipc_recv(int sock, IpcWire* out) {
   if (static_cast<size_t>(n) != sizeof got) {
     fail("a message of " + std::to_string(n) + " bytes, not an expanse_ipc_handle");
   }
+  if ((msg.msg_flags & MSG_TRUNC) != 0) {
+    fail("a message longer than the " + std::to_string(sizeof got) +
+         " bytes of an expanse_ipc_handle (its rest was cut off)");
+  }
   if ((msg.msg_flags & MSG_CTRUNC) != 0) fail("file descriptors were cut off (MSG_CTRUNC)");
-  if (got.magic != IpcWire::kMagic || got.version != IpcWire::kVersion ||
-      got.num_handles == 0 || got.num_handles > IpcWire::kMaxHandles) {
-    fail("the message is not an expanse_ipc_handle of this expanse version");
+  if (got.magic != IpcWire::kMagic) fail("the message is not an expanse_ipc_handle (its magic)");
+  if (got.version != IpcWire::kVersion) {
+    fail("an expanse_ipc_handle of version " + std::to_string(got.version) +
+         ", but this expanse reads version " + std::to_string(IpcWire::kVersion));
+  }
+  if (got.num_handles == 0 || got.num_handles > IpcWire::kMaxHandles) {
+    fail("the message's num_handles is " + std::to_string(got.num_handles) + ", not 1 to " +
+         std::to_string(IpcWire::kMaxHandles));
   }
   if (fds.size() != got.num_handles) {
     fail("the handle names " + std::to_string(got.num_handles) + " fds but " +

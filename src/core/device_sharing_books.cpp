@@ -244,7 +244,18 @@ void* DeviceAllocator::import_block(const std::vector<int>& fds, const std::vect
                                     size_t offset) {
   std::lock_guard<std::mutex> lock(mu_);
   const size_t g = drv_.granularity();
+  size_t extent = 0;
   for (size_t i = 0; i < sizes.size(); ++i) {
+    // The record came from another process: a handle no device could hold is refused here, by
+    // name, before any VA is reserved for it.
+    extent += std::min(sizes[i], drv_.total_memory());
+    if (sizes[i] > drv_.total_memory() || extent > drv_.total_memory()) {
+      throw usage_error("expanse: ipc import on device " + std::to_string(device()) +
+                        ": handle_bytes[" + std::to_string(i) + "] of the handle is " +
+                        std::to_string(sizes[i]) + ", more than the device's " +
+                        std::to_string(drv_.total_memory()) + " bytes (with the handles before "
+                        "it): a damaged expanse_ipc_handle; nothing was changed");
+    }
     if (sizes[i] == 0 || sizes[i] % g != 0) {
       throw usage_error("expanse: ipc import on device " + std::to_string(device()) +
                         ": handle_bytes[" + std::to_string(i) + "] of the handle is " +
