@@ -123,15 +123,22 @@ void DeviceAllocator::sync_for_unmap(const std::string& what, CUstream stream) {
     if (std::find(contexts.begin(), contexts.end(), c) == contexts.end()) contexts.push_back(c);
   }
   for (CUcontext c : contexts) {
-    if (!streams_.sync_context(c)) {
-      throw usage_error("expanse: " + what + " on device " + std::to_string(device()) +
-                        ": the work of " +
-                        (c == drv_.primary() ? std::string("the device")
-                                             : std::string("a peer device or a recorded stream")) +
-                        " cannot be waited for now (a capture is announced in its context, or "
-                        "the synchronize failed); try again after the capture ends; nothing was "
-                        "changed");
+    if (streams_.sync_context(c)) continue;
+    const std::string whose = c == drv_.primary() ? std::string("the device")
+                                                  : std::string("a peer device or a recorded stream");
+    const CUresult r = streams_.last_sync_failure();
+    if (r != CUDA_SUCCESS) {
+      // The work cannot be waited for (a sticky error of a faulted kernel, a lost device): the
+      // driver's failure, not a capture to wait out.
+      throw driver_failure("expanse: " + what + " on device " + std::to_string(device()) +
+                               ": cuCtxSynchronize failed (" + code_name(r) +
+                               ") waiting for the work of " + whose + "; nothing was changed",
+                           static_cast<int>(r));
     }
+    throw usage_error("expanse: " + what + " on device " + std::to_string(device()) +
+                      ": the work of " + whose +
+                      " cannot be waited for now (a capture is announced in its context); try "
+                      "again after the capture ends; nothing was changed");
   }
 }
 

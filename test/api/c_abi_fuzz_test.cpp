@@ -186,6 +186,25 @@ TEST_F(CAbiFuzzThreadsTest, AnExportedBlockFreedUnderAFullReservationDoesNotDipI
   EXPECT_EQ(expanse_unreserve(0), EXPANSE_OK);
 }
 
+// Found by the fuzzer: a free of a registrable block whose cuCtxSynchronize failed answered
+// EINVAL, "try again after the capture ends", as if a capture were announced: a driver failure
+// (a faulted kernel's sticky error) now says so, EDRIVER, and the block stays live.
+TEST_F(CAbiFuzzThreadsTest, AFailedSynchronizeBeforeAnUnmapIsADriverFailure) {
+  expanse_pool_id id = 0;
+  ASSERT_EQ(expanse_pool_create_registrable(0, &id), EXPANSE_OK) << expanse_last_error();
+  void* p = expanse_pool_malloc(id, 1 << 20, nullptr);
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  sim::inject_failure(driver::EntryPoint::ctx_synchronize, 1, CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(expanse_free_checked(p, 1 << 20, 0, nullptr), EXPANSE_EDRIVER);
+  EXPECT_NE(std::string(expanse_last_error()).find("cuCtxSynchronize failed"), std::string::npos)
+      << expanse_last_error();
+  sim::clear_injections();
+  expanse_pool_id of = 0;
+  EXPECT_EQ(expanse_pool_of(p, &of), EXPANSE_OK) << "still live";
+  EXPECT_EQ(expanse_free_checked(p, 1 << 20, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(expanse_pool_release(id), EXPANSE_OK);
+}
+
 void four_threads(bool faults) {
   const size_t ops = env_or("EXPANSE_FUZZ_THREAD_OPS", 1000);
   for (uint64_t seed = 1; seed <= env_or("EXPANSE_FUZZ_THREAD_SEEDS", 2); ++seed) {

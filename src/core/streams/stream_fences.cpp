@@ -109,7 +109,11 @@ StreamOrder::Recorded StreamOrder::record_fence_or_throw(StreamState& ss, bool a
 // the sync is invalidated by it: the driver gives no way to see it coming
 // (capture_announcements.hpp).
 bool StreamOrder::sync_context(CUcontext ctx) {
-  if (!run_context_wide(ctx, [&] { return drv_.ctx_synchronize(ctx) == CUDA_SUCCESS; })) {
+  sync_failure_ = CUDA_SUCCESS;
+  if (!run_context_wide(ctx, [&] {
+        sync_failure_ = drv_.ctx_synchronize(ctx);
+        return sync_failure_ == CUDA_SUCCESS;
+      })) {
     return false;
   }
   for (auto& [k, st] : streams_) {

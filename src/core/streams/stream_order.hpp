@@ -213,8 +213,10 @@ class StreamOrder {
     return keys;
   }
   // Synchronizes ctx (unless a known stream of it captures, or the application announced a
-  // capture in it) and marks every stream of it done up to now. Returns whether it did.
+  // capture in it) and marks every stream of it done up to now. Returns whether it did; when the
+  // synchronize itself failed, last_sync_failure() says with what (else CUDA_SUCCESS: a capture).
   bool sync_context(CUcontext ctx);
+  CUresult last_sync_failure() const noexcept { return sync_failure_; }
   // The distinct contexts of the streams known here (a peer device's streams included).
   std::vector<CUcontext> contexts() const {
     std::vector<CUcontext> out;
@@ -281,6 +283,7 @@ class StreamOrder {
   uint64_t seq_clock_ = 0;  // numbers every free on every stream (StreamState::free_seq)
   uint64_t use_clock_ = 0;  // counts state() calls (StreamState::last_used)
   std::vector<Pending> pending_;
+  CUresult sync_failure_ = CUDA_SUCCESS;  // of the last sync_context
   uint64_t pending_released_ = 0;  // see pending_released()
   WantedRanges wanted_;
 };
