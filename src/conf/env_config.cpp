@@ -40,7 +40,9 @@ const std::vector<std::string>& known_keys() {
       "sim_peer_access",     // cuDeviceCanAccessPeer between distinct sim devices
       "sim_posix_fd",        // sim devices support POSIX file-descriptor handles
       "sim_rdma",            // sim devices support GPUDirect RDMA with VMM
-      "sim_host_capacity",   // pinned host memory (cuMemHostAlloc) the sim hands out in all
+      "sim_host_capacity",   // pinned host memory (cuMemHostAlloc, HOST_NUMA handles) in all
+      "sim_host_numa",       // HOST_NUMA handles through cuMemCreate (attribute 141)
+      "sim_numa_nodes",      // host NUMA nodes of the sim
       "sim_gpu_lag",         // ticks of the host clock the sim GPU runs behind (replays tick per operation)
       "peer_access",      // auto | none: grant peers that can access a device its memory
       "null_stream",      // legacy | per_thread: what a NULL stream argument means

@@ -53,6 +53,10 @@ SimOptions parse_sim_options(const std::string& conf) {
       cfg.posix_fd = parse_bool_for(key, value);
     } else if (key == "sim_host_capacity") {
       cfg.host_capacity = parse_size_for(key, value);
+    } else if (key == "sim_host_numa") {
+      cfg.host_numa = parse_bool_for(key, value);
+    } else if (key == "sim_numa_nodes") {
+      cfg.numa_nodes = static_cast<int>(parse_int_for(key, value, 1, 64));
     } else if (key == "sim_gpu_lag") {
       cfg.gpu_lag = static_cast<uint64_t>(parse_int_for(key, value, 0, 1LL << 40));
     } else if (key == "sim_rdma") {

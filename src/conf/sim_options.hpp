@@ -29,6 +29,10 @@ struct SimOptions {
   // Pinned host memory (cuMemHostAlloc) the sim hands out in all, over every context; beyond it
   // cuMemHostAlloc answers CUDA_ERROR_OUT_OF_MEMORY (a host that cannot lock more pages).
   size_t host_capacity = size_t{1} << 40;
+  // Host memory through the VMM API (cuMemCreate with CU_MEM_LOCATION_TYPE_HOST_NUMA; attribute
+  // 141): its pages count against host_capacity with cuMemHostAlloc's, apart from any device's.
+  bool host_numa = true;
+  int numa_nodes = 1;  // host NUMA nodes 0..numa_nodes-1 (attribute 134 answers node 0)
   // How far the GPU runs behind the host, in ticks of the host clock (sim::advance_host_clock):
   // work put on a stream (an event record, a copy) completes only once the clock has advanced
   // this far past the moment it was issued, as on a GPU busy with the application's earlier

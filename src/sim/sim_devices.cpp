@@ -24,8 +24,9 @@ namespace {
 // ---- device attributes --------------------------------------------------------------------------
 
 // An A100-80GB-like device (compute capability 8.0) that supports VMM and nothing else that needs
-// hardware: no compression, no multicast, no host VMM. POSIX file-descriptor handles (103) and
-// RDMA with VMM (110) follow sim_posix_fd and sim_rdma (the caller fills them in).
+// hardware: no compression, no multicast. POSIX file-descriptor handles (103), RDMA with VMM
+// (110), host NUMA VMM (141) and the host NUMA node (134) follow sim_posix_fd, sim_rdma and
+// sim_host_numa (the caller fills them in).
 bool device_attribute(int attr, int* value) {
   switch (attr) {
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = 1024; return true;
@@ -223,6 +224,10 @@ CUresult sim_device_get_attribute(int* value, CUdevice_attribute attrib, CUdevic
     if (a == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)
       v = s.cfg.posix_fd ? 1 : 0;
     if (a == CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED) v = s.cfg.rdma ? 1 : 0;
+    if (a == CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) {
+      v = s.cfg.host_numa ? 1 : 0;
+    }
+    if (a == CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID) v = s.cfg.host_numa ? 0 : -1;
     *value = v;
     return CUDA_SUCCESS;
   });

@@ -42,7 +42,10 @@ constexpr int kEntryCount = driver::kEntryPointCount;
 struct AccessBits {
   uint64_t read = 0;
   uint64_t write = 0;
-  bool operator==(const AccessBits& o) const noexcept { return read == o.read && write == o.write; }
+  int host = 0;  // CU_MEM_ACCESS_FLAGS_PROT_* of the host (HOST_NUMA descriptors; host memory)
+  bool operator==(const AccessBits& o) const noexcept {
+    return read == o.read && write == o.write && host == o.host;
+  }
   bool operator!=(const AccessBits& o) const noexcept { return !(*this == o); }
   // CU_MEM_ACCESS_FLAGS_PROT_* of device d.
   int flags_of(int d) const noexcept {
@@ -58,8 +61,10 @@ struct AccessBits {
     if (flags == 1 || flags == 3) read |= bit;
     if (flags == 3) write |= bit;
   }
-  // What the host (standing in for every device) may do: the union over devices.
-  int host_flags() const noexcept { return write != 0 ? 3 : (read != 0 ? 1 : 0); }
+  // What the host (standing in for every device) may do: the union over devices and the host.
+  int host_flags() const noexcept {
+    return write != 0 || host == 3 ? 3 : (read != 0 || host == 1 ? 1 : 0);
+  }
 };
 
 // The device memory behind an exported allocation, counted once in its device's physical_used
@@ -78,7 +83,8 @@ struct Allocation {
   Allocation& operator=(const Allocation&) = delete;
 
   CUmemGenericAllocationHandle handle = 0;
-  int device = 0;
+  int device = 0;     // the device ordinal, or the NUMA node of host memory
+  bool host = false;  // created on a host NUMA node (CU_MEM_LOCATION_TYPE_HOST_NUMA)
   size_t size = 0;
   CUmemAllocationProp prop{};
   uint64_t user_refs = 0;  // cuMemCreate + cuMemRetainAllocationHandle + import - cuMemRelease
@@ -222,6 +228,8 @@ struct State {
   size_t mapped_bytes = 0;
   std::map<uintptr_t, HostAllocation> host_allocations;  // by base address
   size_t host_used = 0;       // bytes of host_allocations, against cfg.host_capacity
+  size_t host_numa_used = 0;  // bytes of HOST_NUMA handles, against it too
+  std::vector<std::unique_ptr<PhysicalStore>> host_stores;  // one per NUMA node, opened on use
   uint64_t async_faults = 0;  // sim::async_faults()
 
   // Live created streams and events by handle value. Values are recycled: a create hands out

@@ -485,12 +485,17 @@ Outstanding outstanding(int device) {
   o.reservations = s.reservations.size();  // VA belongs to no device: counted for every device
   for (const auto& [base, r] : s.reservations) o.reserved_bytes += r.size;
   for (const auto& [h, a] : s.allocations) {
+    if (a->host) {  // a host NUMA node's, no device's: reported for each
+      ++o.host_numa_allocations;
+      o.host_numa_bytes += a->size;
+      continue;
+    }
     if (device >= 0 && a->device != device) continue;
     ++o.allocations;
     o.physical_bytes += a->size;
   }
   for (const auto& [va, m] : s.mappings) {
-    if (device >= 0 && m.alloc->device != device) continue;
+    if (device >= 0 && (m.alloc->host || m.alloc->device != device)) continue;
     ++o.mappings;
     o.mapped_bytes += m.size;
   }

@@ -312,6 +312,9 @@ void maybe_free(State& s, Allocation* a) {
       device(s, a->memory->device).physical_used -= a->memory->size;
       s.exported.erase(a->memory->file);
     }
+  } else if (a->host) {
+    s.host_numa_used -= a->size;
+    if (s.cfg.backing) s.host_stores[static_cast<size_t>(a->device)]->free(a->offset, a->size);
   } else if (!a->imported) {
     Device& d = device(s, a->device);
     d.physical_used -= a->size;
@@ -342,7 +345,8 @@ std::map<uintptr_t, Mapping>::iterator mapping_at(State& s, uintptr_t va) {
 //   are INVALID_VALUE [INF for 0: cuda.h is silent for cuMemHostAlloc and documents
 //   INVALID_VALUE for cuMemAlloc(0); the runtime's cudaHostAlloc(0) succeeds without setting the
 //   pointer (ComputationalRadiationPhysics/picongpu#1179), which need not reach the driver];
-// - more than sim_host_capacity in all is OUT_OF_MEMORY (a host that cannot lock more pages);
+// - more than sim_host_capacity in all (HOST_NUMA handles included) is OUT_OF_MEMORY (a host
+//   that cannot lock more pages);
 // - the memory is an anonymous host mapping, page-aligned, zero-filled;
 // - cuMemFreeHost of anything but a pointer cuMemHostAlloc returned (NULL, an interior pointer,
 //   one already freed, malloc'd memory) is INVALID_VALUE; it first completes the pending async
@@ -355,7 +359,8 @@ CUresult sim_mem_host_alloc(void** pp, size_t bytes, unsigned int flags) {
     constexpr unsigned kKnown =
         CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
     if (pp == nullptr || bytes == 0 || (flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
-    if (bytes > s.cfg.host_capacity - std::min(s.cfg.host_capacity, s.host_used))
+    const size_t pinned = s.host_used + s.host_numa_used;  // HOST_NUMA handles lock pages too
+    if (bytes > s.cfg.host_capacity - std::min(s.cfg.host_capacity, pinned))
       return CUDA_ERROR_OUT_OF_MEMORY;
     const size_t hp = detail::host_page_size();
     if (bytes > SIZE_MAX - hp) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -486,6 +491,53 @@ CUresult sim_mem_address_free(CUdeviceptr ptr, size_t size) {
 
 // ---- VMM: physical memory -----------------------------------------------------------------------
 
+namespace {
+
+// cuMemCreate on a host NUMA node (the checks common to every location done): host pages from the
+// node's memfd, counted against sim_host_capacity with cuMemHostAlloc's, apart from any device's.
+// The sim exports no host handle: a requested handle type is NOT_SUPPORTED (a GPU's driver
+// can export them where attribute 143 says so).
+CUresult create_host_numa(State& s, CUmemGenericAllocationHandle* handle, size_t size,
+                          const CUmemAllocationProp* prop, unsigned handle_types, CallSize& units) {
+  if (!aligned(size, s.cfg.granularity)) return CUDA_ERROR_INVALID_VALUE;
+  if (handle_types != 0 || prop->allocFlags.gpuDirectRDMACapable != 0 || prop->allocFlags.usage != 0)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  const size_t used = s.host_used + s.host_numa_used;
+  if (size > s.cfg.host_capacity - std::min(s.cfg.host_capacity, used)) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  const int node = prop->location.id;
+  uint64_t offset = 0;
+  if (s.cfg.backing) {
+    if (s.host_stores.size() < static_cast<size_t>(s.cfg.numa_nodes)) {
+      s.host_stores.resize(static_cast<size_t>(s.cfg.numa_nodes));
+    }
+    auto& store = s.host_stores[static_cast<size_t>(node)];
+    if (store == nullptr) store = std::make_unique<detail::PhysicalStore>();
+    if (!store->ensure_open("expanse-sim-host-node-" + std::to_string(node), size, nullptr) ||
+        !store->allocate(size, &offset)) {
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
+  auto a = std::make_unique<Allocation>();
+  a->handle = next_handle();
+  a->device = node;
+  a->host = true;
+  a->size = size;
+  a->prop = *prop;
+  a->prop.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(0);
+  a->prop.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_NONE;
+  a->user_refs = 1;
+  a->offset = offset;
+  s.host_numa_used += size;
+  *handle = a->handle;
+  s.allocations.emplace(a->handle, std::move(a));
+  units = {size, 1, 1};
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
 CUresult sim_mem_create(CUmemGenericAllocationHandle* handle, size_t size,
                         const CUmemAllocationProp* prop, unsigned long long flags) {
   return run(EntryPoint::mem_create, true, [&](State& s, CallSize& units) {
@@ -518,7 +570,13 @@ CUresult sim_mem_create(CUmemGenericAllocationHandle* handle, size_t size,
         // Not IPC-capable: any handle type is invalid; host VMM itself is not supported (attr 145).
         return handle_types != 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_SUPPORTED;
       case CU_MEM_LOCATION_TYPE_HOST_NUMA:
-        return prop->location.id < 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_SUPPORTED;
+        // A real node (0 without NUMA); -1 is INVALID_VALUE (cuda-python#2694), as is a node the
+        // host does not have [INF]. Without attribute 141 the driver cannot [DOC].
+        if (prop->location.id < 0 || prop->location.id >= s.cfg.numa_nodes) {
+          return CUDA_ERROR_INVALID_VALUE;
+        }
+        if (!s.cfg.host_numa) return CUDA_ERROR_NOT_SUPPORTED;
+        return create_host_numa(s, handle, size, prop, handle_types, units);
       default:  // INVALID, HOST_NUMA_CURRENT, anything else
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -640,7 +698,10 @@ CUresult sim_mem_map(CUdeviceptr ptr, size_t size, size_t offset,
     if (overlaps_mapping(s, lo, hi)) return CUDA_ERROR_INVALID_VALUE;
     const bool own = a->own_fd >= 0;
     if (s.cfg.backing &&
-        !detail::va_map_file(lo, size, own ? a->own_fd : device(s, a->device).store.fd(),
+        !detail::va_map_file(lo, size,
+                             own      ? a->own_fd
+                             : a->host ? s.host_stores[static_cast<size_t>(a->device)]->fd()
+                                       : device(s, a->device).store.fd(),
                              own ? 0 : a->offset)) {
       return CUDA_ERROR_OUT_OF_MEMORY;  // the host ran out of mappings (vm.max_map_count)
     }
@@ -687,12 +748,12 @@ CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc*
           f != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
         return CUDA_ERROR_INVALID_VALUE;
       }
-      // All sim allocations are device memory: HOST/HOST_NUMA access to it is NOT_SUPPORTED, other
-      // location types and a bad device ordinal INVALID_VALUE (measured on H100, driver
-      // 580.159.04, 2026-11-23).
+      // HOST/HOST_NUMA access is for host memory only (checked below, per mapping: on device
+      // memory NOT_SUPPORTED, measured on H100, driver 580.159.04, 2026-11-23); other location
+      // types and a bad device ordinal INVALID_VALUE (measured there too). A HOST_NUMA
+      // descriptor's id is ignored [DOC].
       const int lt = detail::bits(d.location.type);
-      if (lt == CU_MEM_LOCATION_TYPE_HOST || lt == CU_MEM_LOCATION_TYPE_HOST_NUMA)
-        return CUDA_ERROR_NOT_SUPPORTED;
+      if (lt == CU_MEM_LOCATION_TYPE_HOST || lt == CU_MEM_LOCATION_TYPE_HOST_NUMA) continue;
       if (lt != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
       if (!valid_device(s, d.location.id)) return CUDA_ERROR_INVALID_VALUE;
     }
@@ -718,6 +779,15 @@ CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc*
       cur += it->second.size;
     }
     const uintptr_t run_hi = cur;  // end of the run that gets the access
+    auto is_host_desc = [](const CUmemAccessDesc& d) {
+      const int lt = detail::bits(d.location.type);
+      return lt == CU_MEM_LOCATION_TYPE_HOST || lt == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    };
+    for (auto it : ms) {
+      for (size_t i = 0; i < count; ++i) {
+        if (is_host_desc(desc[i]) && !it->second.alloc->host) return CUDA_ERROR_NOT_SUPPORTED;
+      }
+    }
     // sim_rdma:wsl: WSL2 accepts gpuDirectRDMACapable at cuMemCreate/cuMemMap and fails here,
     // with the generic code, for every mapping of such memory (pytorch/pytorch#192330).
     if (s.cfg.rdma_wsl) {
@@ -730,7 +800,9 @@ CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc*
     // "invalid argument" from this call on a multi-GPU box without P2P.
     if (!s.cfg.peer_access) {
       for (auto it : ms) {
+        if (it->second.alloc->host) continue;  // every device reaches pinned host memory
         for (size_t i = 0; i < count; ++i) {
+          if (is_host_desc(desc[i])) continue;
           if (desc[i].location.id != it->second.alloc->device &&
               detail::bits(desc[i].flags) != CU_MEM_ACCESS_FLAGS_PROT_NONE) {
             return CUDA_ERROR_INVALID_VALUE;
@@ -749,8 +821,13 @@ CUresult sim_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc*
       split_run(m, off_hi);
       for (auto run_it = m.access.find(off_lo); run_it != m.access.end() && run_it->first < off_hi;
            ++run_it) {
-        for (size_t i = 0; i < count; ++i)
-          run_it->second.set(desc[i].location.id, detail::bits(desc[i].flags));
+        for (size_t i = 0; i < count; ++i) {
+          if (is_host_desc(desc[i])) {
+            run_it->second.host = detail::bits(desc[i].flags);
+          } else {
+            run_it->second.set(desc[i].location.id, detail::bits(desc[i].flags));
+          }
+        }
       }
       merge_runs(m);
     }
@@ -769,15 +846,18 @@ CUresult sim_mem_get_access(unsigned long long* flags, const CUmemLocation* loca
   return run(EntryPoint::mem_get_access, true, [&](State& s, CallSize&) {
     if (!vmm_context_ok(s)) return CUDA_ERROR_INVALID_CONTEXT;
     if (flags == nullptr || location == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (detail::bits(location->type) != CU_MEM_LOCATION_TYPE_DEVICE)
-      return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_device(s, location->id)) return CUDA_ERROR_INVALID_DEVICE;
+    const int lt = detail::bits(location->type);
+    const bool host = lt == CU_MEM_LOCATION_TYPE_HOST || lt == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    if (!host && lt != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    if (!host && !valid_device(s, location->id)) return CUDA_ERROR_INVALID_DEVICE;
     const auto va = static_cast<uintptr_t>(ptr);
     auto it = mapping_at(s, va);
     if (it == s.mappings.end()) return CUDA_ERROR_INVALID_VALUE;
+    if (host && !it->second.alloc->host) return CUDA_ERROR_INVALID_VALUE;  // device memory [INF]
     auto run_it = it->second.access.upper_bound(va - it->first);
     --run_it;
-    *flags = static_cast<unsigned long long>(run_it->second.flags_of(location->id));
+    *flags = static_cast<unsigned long long>(host ? run_it->second.host
+                                                  : run_it->second.flags_of(location->id));
     return CUDA_SUCCESS;
   });
 }

@@ -121,6 +121,64 @@ TEST_F(SimVmm, AddressFreeWithMappings) {
   EXPECT_TRUE(outstanding().empty()) << describe_outstanding();
 }
 
+// ---- host NUMA handles
+// ----------------------------------------------------------------------------
+
+// HOST_NUMA handles: host pages counted apart from every device's (cuMemGetInfo does not move,
+// Outstanding says host_numa_bytes), against sim_host_capacity together with cuMemHostAlloc's;
+// nodes 0..sim_numa_nodes-1; sim_host_numa:false says attribute 141 is 0 and refuses them; no
+// handle type can be asked (the sim exports no host memory).
+TEST_F(SimVmm, HostNumaHandlesCountAsHostMemoryApartFromDevices) {
+  SimConfig c = config();
+  c.host_capacity = 8 * MiB;
+  c.numa_nodes = 2;
+  reset(c);
+  ASSERT_EQ(CUDA_SUCCESS, t().init(0));
+  make_current(0);
+  int attr = 0;
+  EXPECT_EQ(CUDA_SUCCESS, t().device_get_attribute(
+                              &attr, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                              dev(0)));
+  EXPECT_EQ(attr, 1);
+  size_t free0 = 0, total0 = 0;
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_get_info(&free0, &total0));
+  CUmemAllocationProp p{};
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  p.location.id = 1;
+  CUmemGenericAllocationHandle h = 0;
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_create(&h, 4 * MiB, &p, 0));
+  size_t free1 = 0, total1 = 0;
+  ASSERT_EQ(CUDA_SUCCESS, t().mem_get_info(&free1, &total1));
+  EXPECT_EQ(free1, free0) << "host pages are not the device's";
+  EXPECT_EQ(outstanding().host_numa_bytes, 4 * MiB);
+  EXPECT_EQ(outstanding(0).physical_bytes, 0u);
+  EXPECT_EQ(outstanding(0).allocations, 0u);
+  CUmemGenericAllocationHandle h2 = 0;
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, t().mem_create(&h2, 6 * MiB, &p, 0)) << "beyond host capacity";
+  void* pinned = nullptr;
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, t().mem_host_alloc(&pinned, 6 * MiB, 0))
+      << "cuMemHostAlloc shares the capacity";
+  p.location.id = 2;
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, t().mem_create(&h2, 2 * MiB, &p, 0)) << "no node 2";
+  p.location.id = 0;
+  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  EXPECT_EQ(CUDA_ERROR_NOT_SUPPORTED, t().mem_create(&h2, 2 * MiB, &p, 0));
+  EXPECT_EQ(CUDA_SUCCESS, t().mem_release(h));
+  EXPECT_TRUE(outstanding().empty()) << describe_outstanding();
+
+  c.host_numa = false;
+  reset(c);
+  ASSERT_EQ(CUDA_SUCCESS, t().init(0));
+  make_current(0);
+  EXPECT_EQ(CUDA_SUCCESS, t().device_get_attribute(
+                              &attr, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                              dev(0)));
+  EXPECT_EQ(attr, 0);
+  p.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(0);
+  EXPECT_EQ(CUDA_ERROR_NOT_SUPPORTED, t().mem_create(&h2, 2 * MiB, &p, 0));
+}
+
 // ---- create / release
 // -----------------------------------------------------------------------------
 
