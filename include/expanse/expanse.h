@@ -399,6 +399,48 @@ EXPANSE_C_API size_t expanse_ipc_handle_size(const expanse_ipc_handle* h);
  * EXPANSE_EINVAL when cuDeviceCanAccessPeer says peer cannot access device. */
 EXPANSE_C_API int expanse_enable_peer_access(int device, int peer);
 
+/* ---- Pinned host memory ---------------------------------------------------------------------
+ * Page-locked host memory for asynchronous copies, exact and fungible as device memory is: pages
+ * created on a host NUMA node (cuMemCreate, CU_MEM_LOCATION_TYPE_HOST_NUMA), one granule each,
+ * mapped into one address range per node with access for the host and every device that asked,
+ * and moved (unmapped under free memory, mapped again) to serve a contiguous request whenever the
+ * pages exist within host_limit. A block is the asked size rounded to the granularity (below it,
+ * to 512 bytes, packed beside others). Reuse is stream-ordered: a block freed with a stream (and
+ * the streams expanse_host_record_stream named) is reused only once that work is done. Needs
+ * CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED; EXPANSE_EDRIVER saying so
+ * where the driver lacks it. */
+typedef struct expanse_host_stats {
+  size_t struct_size; /* set to sizeof(expanse_host_stats) */
+  uint64_t requested_bytes;    /* live blocks, as asked */
+  uint64_t allocated_bytes;    /* live blocks, as placed */
+  uint64_t pinned_bytes;       /* pages held (mapped and pooled) */
+  uint64_t mapped_bytes;
+  uint64_t peak_pinned_bytes;
+  uint64_t limit_bytes;        /* UINT64_MAX: none */
+  uint64_t live_blocks;
+  uint64_t pending_blocks;     /* freed, their streams' work not yet known done */
+  uint64_t num_allocs;
+  uint64_t num_frees;
+  uint64_t num_created_pages;
+  uint64_t num_released_pages;
+  uint64_t num_remapped_pages; /* moved from under free memory to a request */
+  uint64_t num_waits;          /* requests that waited for freed blocks' streams */
+  uint64_t num_ooms;
+  uint64_t page_bytes;         /* the host granularity */
+} expanse_host_stats;
+/* numa_node -1: the host node nearest the stream's device. EXPANSE_ENOMEM when the pages do not
+ * exist within host_limit; EXPANSE_EINVAL for a size of 0 or a node the driver refuses. */
+EXPANSE_C_API int expanse_host_malloc(void** out, size_t size, int numa_node,
+                                      struct CUstream_st* stream);
+EXPANSE_C_API int expanse_host_free(void* ptr, struct CUstream_st* stream);
+EXPANSE_C_API int expanse_host_record_stream(void* ptr, struct CUstream_st* stream);
+/* Gives back every pinned page no live block (or block whose stream work is pending) uses. */
+EXPANSE_C_API int expanse_host_release_cached(void);
+/* Most bytes of pinned pages per NUMA node (SIZE_MAX: none); lowering it releases cached pages. */
+EXPANSE_C_API int expanse_host_set_limit(size_t bytes);
+/* numa_node -1: every node's figures summed. */
+EXPANSE_C_API int expanse_host_get_stats(int numa_node, expanse_host_stats* out);
+
 #ifdef __cplusplus
 }
 #endif

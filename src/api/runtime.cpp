@@ -37,9 +37,11 @@ Runtime::Runtime(const std::string& conf) : config_(conf::parse_config(conf)) {
   for (auto& s : slots_) s.store(nullptr);
   owned_.resize(static_cast<size_t>(n));
   routes_ = std::make_unique<PoolRoutes>(*driver_);
+  host_ = std::make_unique<HostPools>(*this, config_.host_limit);
 }
 
 Runtime::~Runtime() {
+  host_.reset();    // its pages and events live in the allocators' primary contexts
   routes_.reset();  // ends the capture announcements its routes made
   owned_.clear();  // allocators give everything back before the driver goes
 }
@@ -68,7 +70,7 @@ bool Runtime::any_live() const {
   for (const auto& a : owned_) {
     if (a && a->stats().live_blocks != 0) return true;
   }
-  return false;
+  return host_ != nullptr && host_->any_live();
 }
 
 void Runtime::init(const std::string& conf) {

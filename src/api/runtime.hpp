@@ -2,6 +2,7 @@
 // from EXPANSE_CONF, and one allocator per device, created on first use.
 #pragma once
 
+#include "api/host_pools.hpp"
 #include "api/pool_routes.hpp"
 #include "api/pool_registry.hpp"
 #include "conf/config.hpp"
@@ -48,6 +49,8 @@ class Runtime {
   // (pool_routes.hpp).
   PoolRegistry& pools() noexcept { return pools_; }
   PoolRoutes& routes() noexcept { return *routes_; }
+  // Pinned host memory (expanse_host_*): a pool per host NUMA node (host_pools.hpp).
+  HostPools& host() noexcept { return *host_; }
 
   ~Runtime();
 
@@ -64,6 +67,7 @@ class Runtime {
   std::vector<std::unique_ptr<core::DeviceAllocator>> owned_;
   PoolRegistry pools_;
   std::unique_ptr<PoolRoutes> routes_;
+  std::unique_ptr<HostPools> host_;  // before the allocators go: it runs in their contexts
 };
 
 }  // namespace expanse::api

@@ -68,6 +68,8 @@ Config parse_config(const std::string& text) {
         }
       } else if (key == "limit") {
         parse_limit(value, c);
+      } else if (key == "host_limit") {
+        c.host_limit = parse_size_for(key, value);
       } else if (key == "reserve") {
         const ReserveSpec r = parse_reserve("EXPANSE_CONF: key 'reserve'", value);
         c.allocator.reserve_free = r.free;

@@ -5,6 +5,7 @@
 #include "conf/allocator_options.hpp"
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace expanse::conf {
@@ -14,6 +15,7 @@ struct Config {
   AllocatorOptions allocator;
   double limit_fraction = 0;  // limit:0.8 → 80% of each device's capacity (0: not a fraction)
   double reserve_fraction = 0;  // reserve:0.9 → 90% of each device's capacity (0: not a fraction)
+  size_t host_limit = SIZE_MAX;  // host_limit: most bytes of pinned host pages per NUMA node
 };
 
 // Parses and validates every key; throws expanse::usage_error naming a bad key or value.

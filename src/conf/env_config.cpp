@@ -31,6 +31,7 @@ const std::vector<std::string>& known_keys() {
       "sim_backing",      // true: host memory behind sim pages; false: bookkeeping only
       "page_size",        // allocator page size (a multiple of the device granularity)
       "limit",            // cap on mapped memory: bytes or a fraction of capacity
+      "host_limit",       // cap on pinned host pages per NUMA node (expanse_host_*)
       "release_threshold",  // cached memory above this is returned to the driver
       "reclaim_first",    // reclaim pages under free memory before creating new ones
       "va_size",          // bytes of VA reserved per reservation

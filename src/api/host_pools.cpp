@@ -1,0 +1,168 @@
+#include "api/host_pools.hpp"
+
+#include "api/runtime.hpp"
+#include "core/base/format.hpp"
+#include "expanse/errors.hpp"
+
+#include <algorithm>
+#include <string>
+
+namespace expanse::api {
+namespace {
+
+// The address space a node's pool reserves: room to place any request the limit allows twice
+// over, and at least 256 GiB (VA costs nothing until mapped).
+size_t va_for(size_t limit) {
+  const size_t floor = size_t{256} << 30;
+  return limit == SIZE_MAX ? floor : std::max(floor, limit / 2 >= (SIZE_MAX >> 2) ? floor : 2 * limit);
+}
+
+}  // namespace
+
+int HostPools::device_of(CUstream stream) const {
+  const driver::DriverTable& t = rt_.driver().table();
+  CUcontext ctx = nullptr;
+  if (t.stream_get_ctx(stream, &ctx) != CUDA_SUCCESS || ctx == nullptr) return 0;
+  if (t.ctx_push_current(ctx) != CUDA_SUCCESS) return 0;
+  CUdevice dev = 0;
+  const CUresult r = t.ctx_get_device(&dev);
+  CUcontext popped = nullptr;
+  t.ctx_pop_current(&popped);
+  if (r != CUDA_SUCCESS) return 0;
+  for (int d = 0; d < rt_.device_count(); ++d) {
+    CUdevice h = 0;
+    if (t.device_get(&h, d) == CUDA_SUCCESS && h == dev) return d;
+  }
+  return 0;
+}
+
+core::HostPool& HostPools::pool_locked(int node, int device) {
+  auto it = pools_.find(node);
+  if (it != pools_.end()) return *it->second;
+  const driver::DriverTable& t = rt_.driver().table();
+  CUdevice dev = 0;
+  int vmm = 0;
+  if (t.device_get(&dev, device) != CUDA_SUCCESS ||
+      t.device_get_attribute(&vmm, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                             dev) != CUDA_SUCCESS ||
+      vmm == 0) {
+    throw driver_failure(
+        "expanse: pinned host memory on NUMA node " + std::to_string(node) + " (device " +
+            std::to_string(device) + "): the driver cannot create host memory through the VMM "
+            "API (CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0: an "
+            "older driver or GPU, or a container without the capability); expanse's host pool "
+            "needs it, and this build has no cuMemHostRegister fallback",
+        static_cast<int>(CUDA_ERROR_NOT_SUPPORTED));
+  }
+  // The device's primary context: the pool's VMM calls and events run there.
+  const CUcontext ctx = rt_.device(device).driver().primary();
+  auto pool = std::make_unique<core::HostPool>(t, node, ctx, limit_, va_for(limit_));
+  return *pools_.emplace(node, std::move(pool)).first->second;
+}
+
+core::HostPool* HostPools::owner_locked(const void* p, const char* what) {
+  for (auto& [node, pool] : pools_) {
+    if (pool->contains(p)) return pool.get();
+  }
+  // Not host memory of expanse's: say what it is when it is a device block.
+  for (int d = 0; d < rt_.device_count(); ++d) {
+    core::DeviceAllocator* a = rt_.existing(d);
+    size_t size = 0;
+    if (a != nullptr && a->owns(p, &size)) {
+      throw usage_error(std::string("expanse: ") + what + " of " +
+                        core::hex(reinterpret_cast<uintptr_t>(p)) + ": a device block of device " +
+                        std::to_string(d) + " (" + std::to_string(size) +
+                        " bytes), not pinned host memory: use expanse_free; nothing was changed");
+    }
+  }
+  throw usage_error(std::string("expanse: ") + what + " of " +
+                    core::hex(reinterpret_cast<uintptr_t>(p)) +
+                    ": not memory expanse_host_malloc returned; nothing was changed");
+}
+
+void* HostPools::allocate(size_t size, int node, CUstream stream) {
+  if (node < -1) {
+    throw usage_error("expanse_host_malloc: NUMA node " + std::to_string(node) +
+                      " (a node is 0 or more, or -1 for the device's nearest); nothing was "
+                      "changed");
+  }
+  const int device = device_of(stream);
+  if (node == -1) {
+    const driver::DriverTable& t = rt_.driver().table();
+    CUdevice dev = 0;
+    int near = -1;
+    if (t.device_get(&dev, device) == CUDA_SUCCESS) {
+      t.device_get_attribute(&near, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev);
+    }
+    node = near < 0 ? 0 : near;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  core::HostPool& pool = pool_locked(node, device);
+  try {
+    return pool.allocate(size, stream, device);
+  } catch (const usage_error&) {
+    // The node refused: a pool that never held a page is not kept.
+    if (pool.stats().pinned_bytes == 0 && pool.stats().live_blocks == 0) pools_.erase(node);
+    throw;
+  }
+}
+
+void HostPools::free(void* p, CUstream stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  owner_locked(p, "expanse_host_free")->free(p, stream);
+}
+
+void HostPools::record_stream(void* p, CUstream stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  owner_locked(p, "expanse_host_record_stream")->record_stream(p, stream);
+}
+
+void HostPools::release_cached() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [node, pool] : pools_) pool->release_cached();
+}
+
+void HostPools::set_limit(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  limit_ = bytes;
+  for (auto& [node, pool] : pools_) pool->set_limit(bytes);
+}
+
+core::HostPoolStats HostPools::stats(int node) {
+  std::lock_guard<std::mutex> lock(mu_);
+  core::HostPoolStats sum;
+  sum.limit_bytes = limit_ == SIZE_MAX ? UINT64_MAX : limit_;
+  if (node >= 0) {
+    auto it = pools_.find(node);
+    return it != pools_.end() ? it->second->stats() : sum;
+  }
+  for (auto& [n, pool] : pools_) {
+    const core::HostPoolStats s = pool->stats();
+    if (sum.page_bytes == 0) sum.page_bytes = s.page_bytes;
+    sum.requested_bytes += s.requested_bytes;
+    sum.allocated_bytes += s.allocated_bytes;
+    sum.pinned_bytes += s.pinned_bytes;
+    sum.mapped_bytes += s.mapped_bytes;
+    sum.peak_pinned_bytes += s.peak_pinned_bytes;
+    sum.live_blocks += s.live_blocks;
+    sum.pending_blocks += s.pending_blocks;
+    sum.num_allocs += s.num_allocs;
+    sum.num_frees += s.num_frees;
+    sum.num_created_pages += s.num_created_pages;
+    sum.num_released_pages += s.num_released_pages;
+    sum.num_remapped_pages += s.num_remapped_pages;
+    sum.num_waits += s.num_waits;
+    sum.num_ooms += s.num_ooms;
+  }
+  return sum;
+}
+
+bool HostPools::any_live() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [node, pool] : pools_) {
+    if (pool->stats().live_blocks != 0) return true;
+  }
+  return false;
+}
+
+}  // namespace expanse::api

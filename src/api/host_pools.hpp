@@ -1,0 +1,42 @@
+// The process's pinned host pools (expanse_host_*): one core::HostPool per host NUMA node,
+// created on first use in the context of the device that first asked, after a probe (attribute
+// 141 and one page created) says the driver can make host memory through the VMM API.
+#pragma once
+
+#include "core/host/host_pool.hpp"
+
+#include <cuda.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+namespace expanse::api {
+
+class Runtime;
+
+class HostPools {
+ public:
+  HostPools(Runtime& rt, size_t limit) : rt_(rt), limit_(limit) {}
+  // node -1: the nearest node of the device of stream (or of the current context, or device 0).
+  void* allocate(size_t size, int node, CUstream stream);
+  void free(void* p, CUstream stream);
+  void record_stream(void* p, CUstream stream);
+  void release_cached();
+  void set_limit(size_t bytes);
+  // node -1: every pool's figures summed (page_bytes: the first's).
+  core::HostPoolStats stats(int node);
+  bool any_live() const;
+
+ private:
+  core::HostPool& pool_locked(int node, int device);
+  core::HostPool* owner_locked(const void* p, const char* what);
+  int device_of(CUstream stream) const;
+
+  Runtime& rt_;
+  mutable std::mutex mu_;
+  std::map<int, std::unique_ptr<core::HostPool>> pools_;
+  size_t limit_;
+};
+
+}  // namespace expanse::api

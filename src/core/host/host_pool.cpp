@@ -1,0 +1,462 @@
+#include "core/host/host_pool.hpp"
+
+#include "core/base/check.hpp"
+#include "core/base/format.hpp"
+#include "expanse/errors.hpp"
+
+#include <algorithm>
+#include <utility>
+
+namespace expanse::core {
+namespace {
+
+constexpr size_t kSmallAlign = 512;
+
+// The pool's context current for the calls of one entry point (the caller's put back after).
+class Current {
+ public:
+  Current(const driver::DriverTable& t, CUcontext ctx) : t_(t), pushed_(ctx != nullptr) {
+    if (pushed_ && t_.ctx_push_current(ctx) != CUDA_SUCCESS) pushed_ = false;
+  }
+  ~Current() {
+    CUcontext popped = nullptr;
+    if (pushed_) t_.ctx_pop_current(&popped);
+  }
+  Current(const Current&) = delete;
+  Current& operator=(const Current&) = delete;
+
+ private:
+  const driver::DriverTable& t_;
+  bool pushed_;
+};
+
+CUmemAllocationProp host_prop(int node) {
+  CUmemAllocationProp p{};
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  p.location.id = node;
+  return p;
+}
+
+}  // namespace
+
+HostPool::HostPool(const driver::DriverTable& t, int node, CUcontext ctx, size_t limit,
+                   size_t va_bytes)
+    : t_(t), node_(node), ctx_(ctx), limit_(limit) {
+  Current current(t_, ctx_);
+  const CUmemAllocationProp prop = host_prop(node_);
+  check(t_.mem_get_allocation_granularity(&page_, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+        "cuMemGetAllocationGranularity");
+  va_bytes_ = (va_bytes + page_ - 1) / page_ * page_;
+  CUdeviceptr base = 0;
+  check(t_.mem_address_reserve(&base, va_bytes_, page_, 0, 0), "cuMemAddressReserve");
+  base_ = static_cast<uintptr_t>(base);
+  pages_.assign(va_bytes_ / page_, 0);
+  users_.assign(va_bytes_ / page_, 0);
+  free_ranges_.emplace(0, va_bytes_);
+  stats_.page_bytes = page_;
+}
+
+HostPool::~HostPool() {
+  Current current(t_, ctx_);
+  for (size_t i = 0; i < pages_.size(); ++i) {
+    if (pages_[i] == 0) continue;
+    t_.mem_unmap(static_cast<CUdeviceptr>(base_ + i * page_), page_);
+    t_.mem_release(pages_[i]);
+  }
+  for (CUmemGenericAllocationHandle h : unmapped_) t_.mem_release(h);
+  if (base_ != 0) t_.mem_address_free(static_cast<CUdeviceptr>(base_), va_bytes_);
+  for (const Pending& p : pending_) {
+    for (const auto& [ctx, e] : p.events) t_.event_destroy(e);
+  }
+  for (const auto& [ctx, events] : idle_events_) {
+    for (CUevent e : events) t_.event_destroy(e);
+  }
+}
+
+void HostPool::check(CUresult r, const char* call) const {
+  if (r == CUDA_SUCCESS) return;
+  throw driver_failure("expanse: host pool of NUMA node " + std::to_string(node_) + ": " + call +
+                           " failed (" + code_name(r) + ")",
+                       static_cast<int>(r));
+}
+
+// ---- VA ------------------------------------------------------------------------------------
+
+bool HostPool::take_range(size_t extent, bool page_aligned, size_t* offset) {
+  // Best fit: the smallest free range that holds the block (from a page boundary for a large
+  // one), so small blocks pack into the gaps large ones leave.
+  auto best = free_ranges_.end();
+  size_t best_at = 0;
+  for (auto it = free_ranges_.begin(); it != free_ranges_.end(); ++it) {
+    const size_t at = page_aligned ? (it->first + page_ - 1) / page_ * page_ : it->first;
+    if (at - it->first + extent > it->second) continue;
+    if (best == free_ranges_.end() || it->second < best->second) {
+      best = it;
+      best_at = at;
+    }
+  }
+  if (best == free_ranges_.end()) return false;
+  const size_t start = best->first;
+  const size_t size = best->second;
+  free_ranges_.erase(best);
+  if (best_at > start) free_ranges_.emplace(start, best_at - start);
+  if (best_at + extent < start + size) {
+    free_ranges_.emplace(best_at + extent, start + size - best_at - extent);
+  }
+  *offset = best_at;
+  return true;
+}
+
+void HostPool::give_range(size_t offset, size_t extent) {
+  auto next = free_ranges_.lower_bound(offset);
+  if (next != free_ranges_.end() && next->first == offset + extent) {
+    extent += next->second;
+    next = free_ranges_.erase(next);
+  }
+  if (next != free_ranges_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == offset) {
+      prev->second += extent;
+      return;
+    }
+  }
+  free_ranges_.emplace(offset, extent);
+}
+
+// ---- pages ---------------------------------------------------------------------------------
+
+void HostPool::touch(size_t first, size_t last) {
+  for (size_t i = first; i <= last; ++i) ++users_[i];
+}
+
+void HostPool::untouch(size_t first, size_t last) {
+  for (size_t i = first; i <= last; ++i) {
+    EXPANSE_ASSERT(users_[i] > 0);
+    --users_[i];
+  }
+}
+
+void HostPool::grant(uintptr_t va, size_t bytes) const {
+  std::vector<CUmemAccessDesc> desc(1 + devices_.size());
+  desc[0].location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  desc[0].location.id = node_;
+  desc[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  size_t k = 1;
+  for (int d : devices_) {
+    desc[k].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc[k].location.id = d;
+    desc[k].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    ++k;
+  }
+  check(t_.mem_set_access(static_cast<CUdeviceptr>(va), bytes, desc.data(), desc.size()),
+        "cuMemSetAccess");
+}
+
+void HostPool::add_device(int device) {
+  if (device < 0 || devices_.count(device) != 0) return;
+  devices_.insert(device);
+  try {
+    // Every mapped page, run by run of adjacent mappings.
+    for (size_t i = 0; i < pages_.size();) {
+      if (pages_[i] == 0) {
+        ++i;
+        continue;
+      }
+      size_t j = i;
+      while (j < pages_.size() && pages_[j] != 0) ++j;
+      grant(base_ + i * page_, (j - i) * page_);
+      i = j;
+    }
+  } catch (...) {
+    devices_.erase(device);
+    throw;
+  }
+}
+
+void HostPool::map_page(size_t i, CUmemGenericAllocationHandle h) {
+  const auto va = static_cast<CUdeviceptr>(base_ + i * page_);
+  const CUresult r = t_.mem_map(va, page_, 0, h, 0);
+  if (r != CUDA_SUCCESS) {
+    unmapped_.push_back(h);
+    check(r, "cuMemMap");
+  }
+  try {
+    grant(base_ + i * page_, page_);
+  } catch (...) {
+    if (t_.mem_unmap(va, page_) == CUDA_SUCCESS) {
+      unmapped_.push_back(h);
+    } else {  // mapped without access: kept as the page's, offered again by a later request
+      pages_[i] = h;
+      ++mapped_pages_;
+    }
+    throw;
+  }
+  pages_[i] = h;
+  ++mapped_pages_;
+}
+
+CUmemGenericAllocationHandle HostPool::page_handle(size_t first, size_t last) {
+  if (!unmapped_.empty()) {
+    const CUmemGenericAllocationHandle h = unmapped_.back();
+    unmapped_.pop_back();
+    return h;
+  }
+  const size_t held = mapped_pages_ + unmapped_.size();
+  if (limit_ == SIZE_MAX || (held + 1) * page_ <= limit_) {
+    const CUmemAllocationProp prop = host_prop(node_);
+    CUmemGenericAllocationHandle h = 0;
+    const CUresult r = t_.mem_create(&h, page_, &prop, 0);
+    if (r == CUDA_SUCCESS) {
+      ++stats_.num_created_pages;
+      return h;
+    }
+    if (r == CUDA_ERROR_INVALID_VALUE) {
+      throw usage_error("expanse: host allocation on NUMA node " + std::to_string(node_) +
+                        ": the driver refuses the node (cuMemCreate: " + code_name(r) +
+                        "); nothing was changed");
+    }
+    if (r != CUDA_ERROR_OUT_OF_MEMORY) check(r, "cuMemCreate");
+  }
+  // A page under free memory elsewhere: unmapped there, mapped again here. The search goes on
+  // from where the last one stopped, so a request moving many pages scans the range once.
+  for (size_t step = 0; step < pages_.size(); ++step) {
+    const size_t j = reclaim_from_;
+    reclaim_from_ = reclaim_from_ + 1 == pages_.size() ? 0 : reclaim_from_ + 1;
+    if (pages_[j] == 0 || users_[j] != 0 || (j >= first && j <= last)) continue;
+    const CUresult r = t_.mem_unmap(static_cast<CUdeviceptr>(base_ + j * page_), page_);
+    check(r, "cuMemUnmap");
+    const CUmemGenericAllocationHandle h = pages_[j];
+    pages_[j] = 0;
+    --mapped_pages_;
+    ++stats_.num_remapped_pages;
+    return h;
+  }
+  return 0;
+}
+
+bool HostPool::back_pages(size_t first, size_t last, int /*device*/) {
+  for (size_t i = first; i <= last; ++i) {
+    if (pages_[i] != 0) continue;
+    const CUmemGenericAllocationHandle h = page_handle(first, last);
+    if (h == 0) return false;
+    map_page(i, h);
+    note_peak();
+  }
+  return true;
+}
+
+void HostPool::note_peak() {
+  const uint64_t held = (mapped_pages_ + unmapped_.size()) * page_;
+  stats_.peak_pinned_bytes = std::max(stats_.peak_pinned_bytes, held);
+}
+
+// ---- stream order --------------------------------------------------------------------------
+
+CUevent HostPool::event_for(CUcontext ctx) {
+  auto& idle = idle_events_[ctx];
+  if (!idle.empty()) {
+    const CUevent e = idle.back();
+    idle.pop_back();
+    return e;
+  }
+  Current current(t_, ctx);
+  CUevent e = nullptr;
+  check(t_.event_create(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+  return e;
+}
+
+bool HostPool::poll_pending(bool wait) {
+  bool released = false;
+  for (size_t k = 0; k < pending_.size();) {
+    Pending& p = pending_[k];
+    bool done = true;
+    for (const auto& [ctx, e] : p.events) {
+      const CUresult r = wait ? t_.event_synchronize(e) : t_.event_query(e);
+      if (r != CUDA_SUCCESS) {
+        done = false;  // not yet, or an error: never reused while it cannot be proven done
+        break;
+      }
+    }
+    if (!done) {
+      ++k;
+      continue;
+    }
+    const size_t first = (p.at - base_) / page_;
+    const size_t last = (p.at - base_ + p.extent - 1) / page_;
+    untouch(first, last);
+    give_range(p.at - base_, p.extent);
+    for (const auto& [ctx, e] : p.events) idle_events_[ctx].push_back(e);
+    pending_[k] = std::move(pending_.back());
+    pending_.pop_back();
+    released = true;
+  }
+  return released;
+}
+
+// ---- the entry points ----------------------------------------------------------------------
+
+void* HostPool::allocate(size_t size, CUstream /*stream*/, int device) {
+  if (size == 0) {
+    throw usage_error("expanse: host allocation of 0 bytes on NUMA node " +
+                      std::to_string(node_) + "; nothing was changed");
+  }
+  if (size > va_bytes_) {
+    ++stats_.num_ooms;
+    throw out_of_memory("expanse: host allocation of " + std::to_string(size) +
+                            " bytes on NUMA node " + std::to_string(node_) +
+                            ": more than the pool's " + std::to_string(va_bytes_) +
+                            " bytes of address space",
+                        size, -1);
+  }
+  Current current(t_, ctx_);
+  add_device(device);
+  poll_pending(false);
+  const bool large = size >= page_;
+  const size_t extent =
+      large ? (size + page_ - 1) / page_ * page_ : (size + kSmallAlign - 1) / kSmallAlign * kSmallAlign;
+  for (bool waited = false;;) {
+    size_t offset = 0;
+    if (take_range(extent, large, &offset)) {
+      const size_t first = offset / page_;
+      const size_t last = (offset + extent - 1) / page_;
+      touch(first, last);
+      bool backed = false;
+      try {
+        backed = back_pages(first, last, device);
+      } catch (...) {
+        untouch(first, last);
+        give_range(offset, extent);
+        throw;
+      }
+      if (backed) {
+        blocks_.emplace(base_ + offset, Block{size, extent, {}});
+        stats_.requested_bytes += size;
+        stats_.allocated_bytes += extent;
+        ++stats_.live_blocks;
+        ++stats_.num_allocs;
+        return reinterpret_cast<void*>(base_ + offset);
+      }
+      untouch(first, last);  // its pages mapped so far stay, free: the next request's
+      give_range(offset, extent);
+    }
+    if (waited || pending_.empty()) break;
+    ++stats_.num_waits;
+    poll_pending(true);  // freed blocks whose copies are still running: wait for them
+    waited = true;
+  }
+  ++stats_.num_ooms;
+  const size_t held = (mapped_pages_ + unmapped_.size()) * page_;
+  throw out_of_memory("expanse: host allocation of " + std::to_string(size) +
+                          " bytes on NUMA node " + std::to_string(node_) + ": " +
+                          std::to_string(stats_.allocated_bytes) + " bytes are live, " +
+                          std::to_string(held) + " pinned" +
+                          (limit_ == SIZE_MAX ? std::string(" (no limit)")
+                                              : " of a limit of " + std::to_string(limit_)) +
+                          ", and the driver has no more pages to pin",
+                      size, -1);
+}
+
+void HostPool::free(void* p, CUstream stream) {
+  auto it = blocks_.find(addr(p));
+  if (it == blocks_.end()) {
+    throw usage_error("expanse: host free of " + hex(addr(p)) + ": " + describe(p) +
+                      "; nothing was changed");
+  }
+  Current current(t_, ctx_);
+  Pending pending;
+  pending.at = it->first;
+  pending.extent = it->second.extent;
+  std::vector<CUstream> streams{stream};
+  for (CUstream s : it->second.streams) {
+    if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
+  }
+  try {
+    for (CUstream s : streams) {
+      CUcontext ctx = nullptr;
+      check(t_.stream_get_ctx(s, &ctx), "cuStreamGetCtx");
+      const CUevent e = event_for(ctx);
+      pending.events.emplace_back(ctx, e);
+      check(t_.event_record(e, s), "cuEventRecord");
+    }
+  } catch (...) {
+    for (const auto& [ctx, e] : pending.events) idle_events_[ctx].push_back(e);
+    throw;
+  }
+  stats_.requested_bytes -= it->second.size;
+  stats_.allocated_bytes -= it->second.extent;
+  --stats_.live_blocks;
+  ++stats_.num_frees;
+  blocks_.erase(it);
+  pending_.push_back(std::move(pending));
+}
+
+void HostPool::record_stream(void* p, CUstream stream) {
+  auto it = blocks_.find(addr(p));
+  if (it == blocks_.end()) {
+    throw usage_error("expanse: host record_stream of " + hex(addr(p)) + ": " + describe(p) +
+                      "; nothing was changed");
+  }
+  auto& s = it->second.streams;
+  if (std::find(s.begin(), s.end(), stream) == s.end()) s.push_back(stream);
+}
+
+void HostPool::release_cached() {
+  Current current(t_, ctx_);
+  poll_pending(false);
+  for (size_t i = 0; i < pages_.size();) {
+    if (pages_[i] == 0 || users_[i] != 0) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < pages_.size() && pages_[j] != 0 && users_[j] == 0) ++j;
+    check(t_.mem_unmap(static_cast<CUdeviceptr>(base_ + i * page_), (j - i) * page_),
+          "cuMemUnmap");
+    for (size_t k = i; k < j; ++k) {
+      unmapped_.push_back(pages_[k]);
+      pages_[k] = 0;
+      --mapped_pages_;
+    }
+    i = j;
+  }
+  while (!unmapped_.empty()) {
+    check(t_.mem_release(unmapped_.back()), "cuMemRelease");
+    unmapped_.pop_back();
+    ++stats_.num_released_pages;
+  }
+}
+
+void HostPool::set_limit(size_t bytes) {
+  limit_ = bytes;
+  if ((mapped_pages_ + unmapped_.size()) * page_ > limit_) release_cached();
+}
+
+HostPoolStats HostPool::stats() const {
+  HostPoolStats s = stats_;
+  s.pinned_bytes = (mapped_pages_ + unmapped_.size()) * page_;
+  s.mapped_bytes = mapped_pages_ * page_;
+  s.limit_bytes = limit_ == SIZE_MAX ? UINT64_MAX : limit_;
+  s.pending_blocks = pending_.size();
+  return s;
+}
+
+std::string HostPool::describe(const void* p) const {
+  const uintptr_t a = addr(p);
+  auto it = blocks_.upper_bound(a);
+  if (it != blocks_.begin()) {
+    --it;
+    if (it->first == a) return "a live host block of " + std::to_string(it->second.size) + " bytes";
+    if (a < it->first + it->second.size) {
+      return "an interior pointer, " + std::to_string(a - it->first) +
+             " bytes into the host block at " + hex(it->first);
+    }
+  }
+  for (const Pending& pd : pending_) {
+    if (pd.at == a) return "freed already (its stream's work may still be running)";
+  }
+  if (contains(p)) return "not the start of a live host block (freed already, or never one)";
+  return "not memory expanse_host_malloc returned";
+}
+
+}  // namespace expanse::core

@@ -1,0 +1,228 @@
+// Pinned host memory through the C ABI (expanse_host_*) on the sim's HOST_NUMA pages: exact
+// blocks, a contiguous request after fragmentation served by moving pages, stream-ordered reuse,
+// every misuse a clear error with nothing lost, driver failures leaving the pool consistent.
+#include "driver_api/entry_points.hpp"
+#include "expanse/expanse.h"
+#include "sim/sim.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr size_t MiB = size_t{1} << 20;
+constexpr size_t kPage = 2 * MiB;
+
+expanse_host_stats host_stats(int node = 0) {
+  expanse_host_stats s{};
+  s.struct_size = sizeof s;
+  EXPECT_EQ(expanse_host_get_stats(node, &s), EXPANSE_OK) << expanse_last_error();
+  return s;
+}
+
+bool has(const std::string& what) {
+  return std::string(expanse_last_error()).find(what) != std::string::npos;
+}
+
+void fill(void* p, size_t n, unsigned char v) { std::memset(p, v, n); }
+bool holds(const void* p, size_t n, unsigned char v) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  return b[0] == v && b[n / 2] == v && b[n - 1] == v;
+}
+
+class HostPoolTest : public ::testing::Test {
+ protected:
+  void start(const std::string& extra = "") {
+    ASSERT_EQ(expanse_init(("driver:sim,sim_devices:2,sim_capacity:1GiB,sim_host_capacity:256MiB,"
+                            "host_limit:64MiB" + extra).c_str()),
+              EXPANSE_OK)
+        << expanse_last_error();
+  }
+  void TearDown() override {
+    expanse::sim::clear_injections();
+    EXPECT_EQ(expanse_host_release_cached(), EXPANSE_OK) << expanse_last_error();
+    EXPECT_EQ(expanse_shutdown(), EXPANSE_OK) << expanse_last_error();
+  }
+};
+
+// Pinned bytes are the request rounded to the granularity: 20 MiB + 1 byte pins 22 MiB, where a
+// power-of-two allocator pins 32.
+TEST_F(HostPoolTest, APinnedBlockIsTheRequestRoundedToTheGranularity) {
+  start();
+  for (size_t size : {size_t{20} * MiB + 1, size_t{3} * MiB, kPage, size_t{33} * MiB - 4096}) {
+    void* p = nullptr;
+    ASSERT_EQ(expanse_host_malloc(&p, size, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+    fill(p, size, 0x3c);
+    const expanse_host_stats s = host_stats();
+    const size_t want = (size + kPage - 1) / kPage * kPage;
+    EXPECT_EQ(s.pinned_bytes, want) << size;
+    EXPECT_EQ(s.allocated_bytes, want);
+    EXPECT_EQ(s.requested_bytes, size);
+    EXPECT_EQ(s.page_bytes, kPage);
+    EXPECT_TRUE(holds(p, size, 0x3c));
+    ASSERT_EQ(expanse_host_free(p, nullptr), EXPANSE_OK) << expanse_last_error();
+    ASSERT_EQ(expanse_host_release_cached(), EXPANSE_OK) << expanse_last_error();
+    EXPECT_EQ(host_stats().pinned_bytes, 0u);
+  }
+}
+
+// Small blocks share pages: a hundred 4 KiB blocks pin one page.
+TEST_F(HostPoolTest, SmallBlocksArePacked) {
+  start();
+  std::vector<void*> blocks;
+  for (int i = 0; i < 100; ++i) {
+    void* p = nullptr;
+    ASSERT_EQ(expanse_host_malloc(&p, 4096, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+    fill(p, 4096, static_cast<unsigned char>(i));
+    blocks.push_back(p);
+  }
+  EXPECT_EQ(host_stats().pinned_bytes, kPage);
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_TRUE(holds(blocks[static_cast<size_t>(i)], 4096, static_cast<unsigned char>(i))) << i;
+    EXPECT_EQ(expanse_host_free(blocks[static_cast<size_t>(i)], nullptr), EXPANSE_OK);
+  }
+}
+
+// Under a 64 MiB limit, 32 one-page blocks with every other freed leave 32 MiB free in 2 MiB
+// holes; a 32 MiB request fits only by moving those pages, and the live blocks keep their bytes.
+TEST_F(HostPoolTest, AContiguousRequestAfterFragmentationFitsWheneverThePagesExist) {
+  start();
+  std::vector<void*> blocks(32);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    ASSERT_EQ(expanse_host_malloc(&blocks[i], kPage, 0, nullptr), EXPANSE_OK)
+        << expanse_last_error();
+    fill(blocks[i], kPage, static_cast<unsigned char>(i));
+  }
+  for (size_t i = 0; i < blocks.size(); i += 2) {
+    ASSERT_EQ(expanse_host_free(blocks[i], nullptr), EXPANSE_OK);
+  }
+  void* big = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&big, 32 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  fill(big, 32 * MiB, 0xee);
+  const expanse_host_stats s = host_stats();
+  EXPECT_LE(s.pinned_bytes, 64 * MiB) << "within the limit";
+  EXPECT_GE(s.num_remapped_pages, 16u) << "the holes' pages moved";
+  for (size_t i = 1; i < blocks.size(); i += 2) {
+    EXPECT_TRUE(holds(blocks[i], kPage, static_cast<unsigned char>(i))) << i;
+    EXPECT_EQ(expanse_host_free(blocks[i], nullptr), EXPANSE_OK);
+  }
+  EXPECT_TRUE(holds(big, 32 * MiB, 0xee));
+  // One page more than exists within the limit: out of memory, saying so, nothing lost.
+  void* more = nullptr;
+  EXPECT_EQ(expanse_host_malloc(&more, 32 * MiB + 1, 0, nullptr), EXPANSE_ENOMEM);
+  EXPECT_TRUE(has("host allocation of")) << expanse_last_error();
+  EXPECT_EQ(more, nullptr);
+  EXPECT_TRUE(holds(big, 32 * MiB, 0xee));
+  EXPECT_EQ(expanse_host_free(big, nullptr), EXPANSE_OK);
+}
+
+// A block freed with a stream whose work is still running is not reused until that work is done:
+// the next request gets other memory, and one that needs its pages waits for the stream.
+TEST_F(HostPoolTest, AFreedBlockIsReusedOnlyAfterItsStreamsWorkIsDone) {
+  start(",sim_gpu_lag:1000000");
+  void* a = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&a, 32 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_host_free(a, nullptr), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(host_stats().pending_blocks, 1u);
+  void* b = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&b, 32 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  const auto ai = reinterpret_cast<uintptr_t>(a);
+  const auto bi = reinterpret_cast<uintptr_t>(b);
+  EXPECT_TRUE(bi >= ai + 32 * MiB || bi + 32 * MiB <= ai) << "reused while its stream ran";
+  EXPECT_EQ(host_stats().num_waits, 0u);
+  // The limit is reached: a third block needs a's pages and waits for its stream.
+  void* c = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&c, 32 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(host_stats().num_waits, 1u);
+  EXPECT_EQ(host_stats().pending_blocks, 0u);
+  EXPECT_EQ(expanse_host_free(b, nullptr), EXPANSE_OK);
+  EXPECT_EQ(expanse_host_free(c, nullptr), EXPANSE_OK);
+}
+
+// Each misuse is refused, named, and changes nothing.
+TEST_F(HostPoolTest, MisuseIsAClearErrorAndNothingIsLost) {
+  start();
+  void* p = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&p, 3 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  fill(p, 3 * MiB, 0x77);
+  int local = 0;
+  EXPECT_EQ(expanse_host_free(&local, nullptr), EXPANSE_EINVAL);
+  EXPECT_TRUE(has("not memory expanse_host_malloc returned")) << expanse_last_error();
+  EXPECT_EQ(expanse_host_free(static_cast<char*>(p) + 4096, nullptr), EXPANSE_EINVAL);
+  EXPECT_TRUE(has("interior pointer")) << expanse_last_error();
+  void* dev = expanse_malloc(MiB, 1, nullptr);
+  ASSERT_NE(dev, nullptr) << expanse_last_error();
+  EXPECT_EQ(expanse_host_free(dev, nullptr), EXPANSE_EINVAL);
+  EXPECT_TRUE(has("a device block of device 1")) << expanse_last_error();
+  EXPECT_EQ(expanse_free_checked(dev, MiB, 1, nullptr), EXPANSE_OK);
+  void* q = nullptr;
+  EXPECT_EQ(expanse_host_malloc(&q, 0, 0, nullptr), EXPANSE_EINVAL);
+  EXPECT_EQ(expanse_host_malloc(&q, MiB, -5, nullptr), EXPANSE_EINVAL);
+  EXPECT_TRUE(has("NUMA node -5")) << expanse_last_error();
+  EXPECT_EQ(expanse_host_malloc(&q, MiB, 7, nullptr), EXPANSE_EINVAL);
+  EXPECT_TRUE(has("NUMA node 7")) << expanse_last_error();
+  EXPECT_EQ(q, nullptr);
+  EXPECT_EQ(expanse_host_malloc(nullptr, MiB, 0, nullptr), EXPANSE_EINVAL);
+  EXPECT_EQ(expanse_host_record_stream(&local, nullptr), EXPANSE_EINVAL);
+  EXPECT_TRUE(holds(p, 3 * MiB, 0x77));
+  EXPECT_EQ(host_stats().live_blocks, 1u);
+  ASSERT_EQ(expanse_host_free(p, nullptr), EXPANSE_OK);
+  EXPECT_EQ(expanse_host_free(p, nullptr), EXPANSE_EINVAL) << "a double free";
+  EXPECT_TRUE(has("freed already")) << expanse_last_error();
+  EXPECT_EQ(host_stats().live_blocks, 0u);
+}
+
+// A driver failure on any call of a request (create, map, access) fails that request only: the
+// pool's books hold, live blocks keep their bytes, and the next request succeeds.
+TEST_F(HostPoolTest, ADriverFailureLeavesThePoolConsistent) {
+  start();
+  void* keep = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&keep, 4 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  fill(keep, 4 * MiB, 0x42);
+  using expanse::driver::EntryPoint;
+  for (EntryPoint e : {EntryPoint::mem_create, EntryPoint::mem_map, EntryPoint::mem_set_access}) {
+    for (int nth : {1, 2, 3}) {
+      expanse::sim::inject_failure(e, static_cast<uint64_t>(nth), CUDA_ERROR_UNKNOWN);
+      void* p = nullptr;
+      const int rc = expanse_host_malloc(&p, 8 * MiB, 0, nullptr);
+      expanse::sim::clear_injections();
+      if (rc == EXPANSE_OK) {
+        EXPECT_EQ(expanse_host_free(p, nullptr), EXPANSE_OK);
+      } else {
+        EXPECT_EQ(rc, EXPANSE_EDRIVER) << expanse_last_error();
+        EXPECT_EQ(p, nullptr);
+      }
+      const expanse_host_stats s = host_stats();
+      EXPECT_EQ(s.live_blocks, 1u);
+      EXPECT_EQ(s.requested_bytes, 4 * MiB);
+      EXPECT_TRUE(holds(keep, 4 * MiB, 0x42));
+      ASSERT_EQ(expanse_host_malloc(&p, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+      fill(p, 8 * MiB, 0x11);
+      EXPECT_EQ(expanse_host_free(p, nullptr), EXPANSE_OK);
+    }
+  }
+  EXPECT_EQ(expanse_host_free(keep, nullptr), EXPANSE_OK);
+}
+
+// A driver without host VMM says so, naming the attribute.
+TEST_F(HostPoolTest, WithoutHostVmmTheErrorSaysWhy) {
+  start(",sim_host_numa:false");
+  void* p = nullptr;
+  EXPECT_EQ(expanse_host_malloc(&p, MiB, 0, nullptr), EXPANSE_EDRIVER);
+  EXPECT_TRUE(has("HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED")) << expanse_last_error();
+}
+
+// Shutdown refuses while host blocks are live (as for device blocks), and succeeds after.
+TEST_F(HostPoolTest, ShutdownWaitsForLiveHostBlocks) {
+  start();
+  void* p = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&p, MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(expanse_shutdown(), EXPANSE_EINVAL);
+  EXPECT_EQ(expanse_host_free(p, nullptr), EXPANSE_OK);
+}
+
+}  // namespace
