@@ -1,4 +1,5 @@
-// The whole C ABI driven by a stream of choices: sequences of every public entry point with
+// The whole C ABI driven by a stream of choices: sequences of every public entry point (pinned
+// host memory's included) with
 // valid and invalid arguments (freed, interior, foreign pointers; wrong sizes, devices and
 // streams; destroyed pools; blocks of a sleeping pool; closed imports), with driver failures
 // injected at random calls, against a reference model of what each thread holds. After every
@@ -65,6 +66,13 @@ class CAbiFuzzer {
       }
     }
     imports_.clear();
+    for (const HostBlock& h : host_blocks_) {
+      if (!holds(h.ptr, h.size, h.seed)) fail("host block " + hex(h.ptr) + " lost its bytes");
+      if (expanse_host_free(h.ptr, nullptr) != EXPANSE_OK) {
+        fail("freeing host block " + hex(h.ptr) + ": " + expanse_last_error());
+      }
+    }
+    host_blocks_.clear();
     for (int d = 0; d < 2; ++d) {  // room for the wakes
       expanse_unreserve(d);
       expanse_set_limit(d, SIZE_MAX);
@@ -126,6 +134,11 @@ class CAbiFuzzer {
     bool registrable;
     int uses;  // this thread's retains (0: released)
     bool asleep;
+  };
+  struct HostBlock {
+    void* ptr;
+    size_t size;
+    uint64_t seed;
   };
   struct Import {
     void* ptr;
@@ -223,6 +236,9 @@ class CAbiFuzzer {
     for (const Import& i : imports_) {
       if (!holds(i.ptr, i.size, i.seed)) fail("import " + hex(i.ptr) + " lost its bytes");
     }
+    for (const HostBlock& h : host_blocks_) {
+      if (!holds(h.ptr, h.size, h.seed)) fail("host block " + hex(h.ptr) + " lost its bytes");
+    }
   }
   void check_books() {
     if (!alone_) return;
@@ -264,7 +280,7 @@ class CAbiFuzzer {
 
   void step(Choices& c) {
     ++ops_;
-    const uint64_t op = c.pick(24);
+    const uint64_t op = c.pick(27);
     switch (op) {
       case 0: case 1: case 2: case 3: malloc_one(c); break;
       case 4: case 5: case 6: free_one(c); break;
@@ -284,6 +300,8 @@ class CAbiFuzzer {
       case 20: close_import(c); break;
       case 21: inject(c); break;
       case 22: pool_of_call(c); break;
+      case 24: more(c); break;
+      case 25: case 26: host(c); break;
       default: misuse(c); break;
     }
     check_books();
@@ -749,6 +767,210 @@ class CAbiFuzzer {
     injecting_ = true;
   }
 
+  // The entry points the other operations do not reach: the out-of-memory message, PyTorch's pair,
+  // pool stats, filter routes, capture announcements, peers, wake hooks, host backups, names.
+  void more(Choices& c) {
+    switch (c.pick(9)) {
+      case 0: {
+        // The capacity goes in, the bytes needed come out; the message is written only whole.
+        const int device = static_cast<int>(c.pick(2));
+        const size_t cap = c.pick(2) == 0 ? 0 : 16 + c.pick(1024);
+        std::vector<char> buf(cap + 1, 0);
+        size_t size = cap;
+        const int rc = expanse_format_oom(1 + c.pick(1 << 30), device, nullptr, "why",
+                                          cap == 0 ? nullptr : buf.data(), &size);
+        if (rc != EXPANSE_OK) {
+          ok_or_fault(rc, "format_oom");
+        } else if (size <= cap && std::strncmp(buf.data(), "CUDA out of memory", 18) != 0) {
+          fail(std::string("format_oom wrote ") + buf.data());
+        } else if (size > cap && buf[0] != 0) {
+          fail("format_oom wrote a message its buffer could not hold whole");
+        }
+        expect_refused(expanse_format_oom(4096, 0, nullptr, nullptr, nullptr, nullptr),
+                       "format_oom with a NULL size", "size");
+        break;
+      }
+      case 1: {
+        // PyTorch's pair: a failure throws (std::exception), a free goes by pointer and ignores
+        // what is not live.
+        const size_t size = size_of(c);
+        const int device = static_cast<int>(c.pick(2));
+        void* p = nullptr;
+        try {
+          p = expanse_torch_malloc(size, device, nullptr);
+        } catch (const std::exception& e) {
+          if (!injecting_ && std::strstr(e.what(), "out of memory") == nullptr &&
+              std::strstr(e.what(), "asleep") == nullptr) {
+            fail(std::string("torch_malloc threw ") + e.what());
+          }
+          break;
+        }
+        if (p == nullptr) {
+          fail("torch_malloc returned NULL");
+          break;
+        }
+        fill(p, size, 0x7f);
+        expanse_torch_free(p, size, device, nullptr);
+        int local = 0;
+        expanse_torch_free(&local, 4, device, nullptr);  // reported, ignored
+        break;
+      }
+      case 2: {
+        expanse_pool_stats ps{};
+        ps.struct_size = sizeof ps;
+        Pool* p = pool_of(c);
+        if (p == nullptr || c.pick(4) == 0) {
+          expect_refused(expanse_pool_get_stats(555555555, &ps), "stats of no pool", "555555555");
+        } else if (p->uses > 0 || c.pick(2) == 0) {
+          const int rc = expanse_pool_get_stats(p->id, &ps);
+          if (rc != EXPANSE_OK && p->uses > 0) ok_or_fault(rc, "pool_get_stats");
+        }
+        break;
+      }
+      case 3: {
+        // A filter that takes nothing: the route is made and ended, no allocation moves (other
+        // threads' included).
+        Pool* p = pool_of(c);
+        if (p == nullptr || p->uses == 0) break;
+        auto none = [](struct CUstream_st*, void*) -> int { return 0; };
+        if (ok_or_fault(expanse_pool_begin_filter(p->id, none, nullptr), "begin_filter")) {
+          void* q = nullptr;
+          const size_t size = 1 + c.pick(4096);
+          if (expanse_malloc_checked(&q, size, p->device, nullptr) == EXPANSE_OK) {
+            expanse_pool_id of = 99;
+            if (expanse_pool_of(q, &of) == EXPANSE_OK && of == p->id && routes_ == 0) {
+              fail("a filter that takes nothing routed a block to pool " + std::to_string(p->id));
+            }
+            if (expanse_free_checked(q, size, p->device, nullptr) != EXPANSE_OK) {
+              add(q, size, p->device, of);  // freed at the end instead
+            }
+          }
+          ok_or_fault(expanse_pool_end(p->id), "pool_end of a filter");
+        }
+        break;
+      }
+      case 4:
+        if (alone_) {
+          // A NULL stream names the current context's: without one the call says so.
+          const int rc = expanse_capture_begin(nullptr);
+          if (rc == EXPANSE_EDRIVER &&
+              std::strstr(expanse_last_error(), "needs a current context") != nullptr) {
+            break;
+          }
+          if (ok_or_fault(rc, "capture_begin")) ok_or_fault(expanse_capture_end(nullptr), "capture_end");
+        }
+        break;
+      case 5:
+        ok_or_fault(expanse_enable_peer_access(0, 1), "enable_peer_access");
+        expect_refused(expanse_enable_peer_access(0, 5), "peer access to device 5", "5");
+        break;
+      case 6: {
+        static int calls = 0;
+        auto hook = [](expanse_pool_id, void* ctx) { ++*static_cast<int*>(ctx); };
+        if (alone_) {
+          ok_or_fault(expanse_set_wake_hook(hook, &calls), "set_wake_hook");
+          ok_or_fault(expanse_set_wake_hook(nullptr, nullptr), "set_wake_hook(NULL)");
+        }
+        break;
+      }
+      case 7:
+        ok_or_fault(expanse_release_host_backup(static_cast<int>(c.pick(2))), "release_host_backup");
+        break;
+      default:
+        if (expanse_driver_description() == nullptr) fail("no driver description");
+        if (expanse_device_count() != 2) fail("device_count is not 2");
+        if (expanse_entry_point_name(0) == nullptr || expanse_entry_point_name(-1) != nullptr) {
+          fail("entry_point_name");
+        }
+        if (expanse_stats_field_name(0) == nullptr || expanse_stats_field_type(0) == nullptr ||
+            expanse_stats_field_name(100000) != nullptr) {
+          fail("stats_field_name");
+        }
+        break;
+    }
+  }
+
+  // Pinned host memory (expanse_host_*): allocate, free, record a stream, release, limits, stats,
+  // and misuse (a device block, a foreign, interior or freed pointer, a bad node, size 0).
+  void host(Choices& c) {
+    switch (c.pick(6)) {
+      case 0:
+      case 1: {
+        if (host_blocks_.size() >= 24) break;
+        const size_t size = c.pick(4) == 0 ? (size_t{1} << 20) + c.pick(size_t{8} << 20)
+                                           : 1 + c.pick(size_t{1} << 20);
+        void* p = nullptr;
+        const int rc = expanse_host_malloc(&p, size, c.pick(4) == 0 ? -1 : 0, nullptr);
+        if (!ok_or_fault(rc, "host_malloc(" + std::to_string(size) + ")")) {
+          if (p != nullptr) fail("a failed host_malloc gave a pointer");
+          break;
+        }
+        const uint64_t seed = (static_cast<uint64_t>(thread_) << 48) ^ ++serial_ ^ (1ull << 47);
+        fill(p, size, seed);
+        host_blocks_.push_back({p, size, seed});
+        break;
+      }
+      case 2: {
+        if (host_blocks_.empty()) break;
+        const size_t k = c.pick(host_blocks_.size());
+        const HostBlock h = host_blocks_[k];
+        if (!holds(h.ptr, h.size, h.seed)) fail("host block " + hex(h.ptr) + " lost its bytes");
+        if (c.pick(3) == 0) ok_or_fault(expanse_host_record_stream(h.ptr, stream_of(c)), "host_record_stream");
+        if (!ok_or_fault(expanse_host_free(h.ptr, stream_of(c)), "host_free")) break;
+        host_blocks_[k] = host_blocks_.back();
+        host_blocks_.pop_back();
+        host_freed_.push_back(h.ptr);
+        if (host_freed_.size() > 32) host_freed_.erase(host_freed_.begin());
+        break;
+      }
+      case 3: {
+        int local = 0;
+        expect_refused(expanse_host_free(&local, nullptr), "host_free of a foreign pointer", hex(&local));
+        if (!blocks_.empty()) {
+          const Block& b = blocks_[c.pick(blocks_.size())];
+          expect_refused(expanse_host_free(b.ptr, nullptr), "host_free of a device block",
+                         "device block");
+        }
+        if (!host_blocks_.empty()) {
+          const HostBlock& h = host_blocks_[c.pick(host_blocks_.size())];
+          if (h.size >= 1024) {
+            expect_refused(expanse_host_free(static_cast<char*>(h.ptr) + 512, nullptr),
+                           "host_free of an interior pointer", "interior");
+          }
+        }
+        if (alone_ && !host_freed_.empty()) {
+          void* p = host_freed_[c.pick(host_freed_.size())];
+          bool live = false;
+          for (const HostBlock& h : host_blocks_) live = live || h.ptr == p;
+          if (!live) expect_refused(expanse_host_free(p, nullptr), "a double host_free", "");
+        }
+        void* q = nullptr;
+        expect_refused(expanse_host_malloc(&q, 0, 0, nullptr), "host_malloc of 0 bytes", "0 bytes");
+        expect_refused(expanse_host_malloc(&q, 4096, -3, nullptr), "host_malloc on node -3", "-3");
+        break;
+      }
+      case 4:
+        if (c.pick(3) == 0) {
+          ok_or_fault(expanse_host_release_cached(), "host_release_cached");
+        } else if (alone_) {
+          ok_or_fault(expanse_host_set_limit(c.pick(2) == 0 ? SIZE_MAX : (size_t{1} << 20) * (64 + c.pick(512))),
+                      "host_set_limit");
+        }
+        break;
+      default: {
+        expanse_host_stats s{};
+        s.struct_size = sizeof s;
+        if (!ok_or_fault(expanse_host_get_stats(-1, &s), "host_get_stats")) break;
+        if (alone_ && s.live_blocks != host_blocks_.size()) {
+          fail("host stats say " + std::to_string(s.live_blocks) + " live blocks, the model " +
+               std::to_string(host_blocks_.size()));
+        }
+        expect_refused(expanse_host_get_stats(0, nullptr), "host_get_stats(NULL)", "");
+        break;
+      }
+    }
+  }
+
   void misuse(Choices& c) {
     switch (c.pick(5)) {
       case 0: {
@@ -795,6 +1017,8 @@ class CAbiFuzzer {
   std::vector<void*> freed_;
   std::vector<Pool> pools_;
   std::vector<Import> imports_;
+  std::vector<HostBlock> host_blocks_;
+  std::vector<void*> host_freed_;
   uint64_t route_pool_ = 0;
   int routes_ = 0;
   std::vector<std::string> failures_;
