@@ -67,9 +67,27 @@ struct StressArgs {
   std::string cost_table;
   std::string reserve;
   bool neighbour = false;
+  bool pinned = false;
 };
 
 int cmd_stress(const StressArgs& a) {
+  if (a.pinned) {
+    if (a.neighbour || !a.reserve.empty()) {
+      throw usage_error("stress: --pinned takes neither --neighbour nor --reserve");
+    }
+    replay::PinnedStressOptions o;
+    if (!a.capacity.empty()) o.capacity = size_arg("stress", "--capacity", a.capacity);
+    if (!a.size.empty()) o.size = size_arg("stress", "--size", a.size);
+    o.seed = a.seed;
+    o.conf = conf::from_environment();
+    const replay::PinnedStressResult r = replay::run_pinned_stress(o);
+    if (a.json) {
+      print_json(pinned_stress_json(r));
+    } else {
+      std::cout << pinned_stress_text(r);
+    }
+    return r.allocated && r.verified ? kOk : kFailed;
+  }
   if (!a.cost_table.empty()) install_cost_table_file(a.cost_table);
   StressOptions o;
   if (!a.capacity.empty()) o.capacity = size_arg("stress", "--capacity", a.capacity);
@@ -241,6 +259,10 @@ int run(int argc, char** argv) {
   stress->add_flag("--neighbour", sa.neighbour,
                    "Sim: another process takes every free byte after each cuMemRelease; with "
                    "--reserve, the run is made again with one-page reserved handles");
+  stress->add_flag("--pinned", sa.pinned,
+                   "Fragment a pool of pinned host memory instead and ask for one contiguous "
+                   "pinned buffer (--capacity: the host memory, 2GiB by default; --size: the "
+                   "buffer, 2/5 of it)");
   stress->add_option("--cost-table", sa.cost_table,
                      "Price driver calls with a measured cost table (expanse selftest --report)")
       ->type_name("FILE");

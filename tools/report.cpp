@@ -420,4 +420,59 @@ std::string stress_text(const StressResult& r) {
   return o.str();
 }
 
+nlohmann::ordered_json pinned_stress_json(const replay::PinnedStressResult& r) {
+  nlohmann::ordered_json j;
+  j["driver"] = r.driver;
+  j["sim"] = r.sim;
+  j["host_capacity"] = r.capacity;
+  j["page_size"] = r.page_size;
+  j["size"] = r.size;
+  j["seed"] = r.seed;
+  j["blocks_made"] = r.blocks_made;
+  j["live_bytes_at_request"] = r.live_at_request;
+  j["pinned_bytes_at_request"] = r.pinned_at_request;
+  j["free_holes_at_request"] = r.free_holes;
+  j["allocated"] = r.allocated;
+  if (!r.allocated) j["error"] = r.error;
+  j["verified"] = r.verified;
+  j["pages_verified"] = r.pages_verified;
+  j["remapped_pages"] = r.remapped_pages;
+  j["peak_pinned_bytes"] = r.peak_pinned;
+  nlohmann::ordered_json t;
+  t["pinned_bytes_at_request"] = r.torch_pinned_at_request;
+  t["live_pinned_bytes"] = r.torch_live_pinned;
+  t["request_pinned_bytes"] = r.torch_request_pinned;
+  t["fits"] = r.torch_fits;
+  t["fits_after_empty_cache"] = r.torch_fits_after_empty_cache;
+  j["pytorch_host_allocator_model"] = t;
+  j["seconds"] = r.seconds;
+  return j;
+}
+
+std::string pinned_stress_text(const replay::PinnedStressResult& r) {
+  std::ostringstream o;
+  using conf::format_size;
+  o << "driver       " << r.driver << "\n";
+  o << "host pool    " << format_size(r.capacity) << " of pinned host memory"
+    << (r.sim ? " (the sim's host capacity for this run: --capacity)" : " (the limit)")
+    << ", pages of " << format_size(r.page_size) << "\n";
+  o << "workload     " << r.blocks_made << " offload-sized blocks, freed in random order until "
+    << format_size(r.live_at_request) << " stayed live in " << r.free_holes << " holes ("
+    << format_size(r.pinned_at_request) << " pinned)\n";
+  o << "request      " << format_size(r.size) << " contiguous: "
+    << (r.allocated ? "allocated" : "FAILED: " + r.error) << "\n";
+  if (r.allocated) {
+    o << "verified     " << (r.verified ? "yes" : "NO") << ", " << r.pages_verified
+      << " pages; " << r.remapped_pages << " pages moved from under free memory; peak pinned "
+      << format_size(r.peak_pinned) << "\n";
+  }
+  o << "PyTorch      its host allocator would pin " << format_size(r.torch_request_pinned)
+    << " for the request beside the " << format_size(r.torch_pinned_at_request)
+    << " it needs for the same blocks (live and cached powers of two): "
+    << (r.torch_fits ? "fits" : "does not fit") << "; after empty_cache "
+    << format_size(r.torch_live_pinned) << " held: "
+    << (r.torch_fits_after_empty_cache ? "fits" : "does not fit") << "\n";
+  return o.str();
+}
+
 }  // namespace expanse::tools

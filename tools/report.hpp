@@ -2,6 +2,7 @@
 #pragma once
 
 #include "report/replay_report.hpp"
+#include "workloads/pinned_stress.hpp"
 #include "workloads/stress.hpp"
 
 #include <nlohmann/json.hpp>
@@ -23,5 +24,8 @@ std::string replay_text(const replay::ReplayReport& r);
 
 nlohmann::ordered_json stress_json(const StressResult& r);
 std::string stress_text(const StressResult& r);
+
+nlohmann::ordered_json pinned_stress_json(const replay::PinnedStressResult& r);
+std::string pinned_stress_text(const replay::PinnedStressResult& r);
 
 }  // namespace expanse::tools

@@ -181,6 +181,37 @@ TEST(Cli, StressWithANeighbourReportsTheLowWaterBesideOnePageHandles) {
       << r.out;
 }
 
+// Pinned host memory, fragmented by offload-sized blocks freed in random order: one contiguous
+// buffer of 2/5 of the pool fits by moving pages from under the holes, every page verified; the
+// PyTorch model (powers of two) needs more than the pool for the same blocks and buffer.
+TEST(Cli, StressPinnedFitsAContiguousBufferAfterFragmentation) {
+  for (int seed : {1, 2, 3}) {
+    RunResult r = run_expanse("stress --pinned --capacity 1GiB --json --seed " +
+                              std::to_string(seed), "driver:sim");
+    Json j = parse_json(r);
+    EXPECT_EQ(r.status, 0) << r.out << r.err;
+    EXPECT_TRUE(j["allocated"].get<bool>()) << seed;
+    EXPECT_TRUE(j["verified"].get<bool>()) << seed;
+    EXPECT_EQ(j["host_capacity"].get<uint64_t>(), 1 * GiB);
+    EXPECT_GT(j["free_holes_at_request"].get<uint64_t>(), 4u) << "fragmented";
+    EXPECT_GT(j["remapped_pages"].get<uint64_t>(), 0u) << "pages moved to the buffer";
+    EXPECT_LE(j["peak_pinned_bytes"].get<uint64_t>(), 1 * GiB) << "within the pool";
+    EXPECT_EQ(j["pages_verified"].get<uint64_t>(),
+              (j["size"].get<uint64_t>() + 2 * MiB - 1) / (2 * MiB));
+    const Json& t = j["pytorch_host_allocator_model"];
+    EXPECT_GE(t["request_pinned_bytes"].get<uint64_t>(), j["size"].get<uint64_t>());
+  }
+  RunResult r = run_expanse("stress --pinned --capacity 1GiB --size 2GiB", "driver:sim");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("is more than the capacity of 1 GiB"), std::string::npos) << r.err;
+  r = run_expanse("stress --pinned --neighbour", "driver:sim");
+  EXPECT_EQ(r.status, 2);
+  r = run_expanse("stress --pinned --capacity 1GiB", "driver:sim,sim_host_numa:false");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED"), std::string::npos)
+      << r.err;
+}
+
 TEST(Cli, InfoTriesTheConfiguredReservation) {
   RunResult r = run_expanse("info --json", "driver:sim,sim_capacity:8GiB,reserve:0.75");
   ASSERT_EQ(r.status, 0) << r.err;
