@@ -406,9 +406,10 @@ EXPANSE_C_API int expanse_enable_peer_access(int device, int peer);
  * and moved (unmapped under free memory, mapped again) to serve a contiguous request whenever the
  * pages exist within host_limit. A block is the asked size rounded to the granularity (below it,
  * to 512 bytes, packed beside others). Reuse is stream-ordered: a block freed with a stream (and
- * the streams expanse_host_record_stream named) is reused only once that work is done. Needs
- * CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED; EXPANSE_EDRIVER saying so
- * where the driver lacks it. */
+ * the streams expanse_host_record_stream named) is reused only once that work is done. Where the
+ * driver lacks host VMM (CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, or a
+ * probe page it refuses) each block is its own mmap pinned with cuMemHostRegister instead, and
+ * expanse_host_stats' path says so. */
 typedef struct expanse_host_stats {
   size_t struct_size; /* set to sizeof(expanse_host_stats) */
   uint64_t requested_bytes;    /* live blocks, as asked */
@@ -426,7 +427,11 @@ typedef struct expanse_host_stats {
   uint64_t num_remapped_pages; /* moved from under free memory to a request */
   uint64_t num_waits;          /* requests that waited for freed blocks' streams */
   uint64_t num_ooms;
-  uint64_t page_bytes;         /* the host granularity */
+  uint64_t page_bytes;         /* the host granularity (the fallback: the host page) */
+  uint64_t path;               /* 1: HOST_NUMA pages through the VMM API; 2: the fallback, mmap +
+                                  cuMemHostRegister per block (exact, but every block pins anew:
+                                  no page moves between blocks), where the driver lacks host VMM;
+                                  0: no host memory asked for yet */
 } expanse_host_stats;
 /* numa_node -1: the host node nearest the stream's device. EXPANSE_ENOMEM when the pages do not
  * exist within host_limit; EXPANSE_EINVAL for a size of 0 or a node the driver refuses. */

@@ -74,6 +74,7 @@ EXPANSE_C_API int expanse_host_get_stats(int numa_node, expanse_host_stats* out)
     full.num_waits = s.num_waits;
     full.num_ooms = s.num_ooms;
     full.page_bytes = s.page_bytes;
+    full.path = s.page_bytes == 0 ? 0 : static_cast<uint64_t>(s.path);
     // A shorter, older struct is written up to its own size.
     const size_t n = out->struct_size < sizeof full ? out->struct_size : sizeof full;
     std::memcpy(reinterpret_cast<char*>(out) + sizeof(size_t),

@@ -2,6 +2,8 @@
 
 #include "api/runtime.hpp"
 #include "core/base/format.hpp"
+#include "core/host/host_pool.hpp"
+#include "core/host/host_registered.hpp"
 #include "expanse/errors.hpp"
 
 #include <algorithm>
@@ -36,9 +38,7 @@ int HostPools::device_of(CUstream stream) const {
   return 0;
 }
 
-core::HostPool& HostPools::pool_locked(int node, int device) {
-  auto it = pools_.find(node);
-  if (it != pools_.end()) return *it->second;
+bool HostPools::probe_vmm(int node, int device) const {
   const driver::DriverTable& t = rt_.driver().table();
   CUdevice dev = 0;
   int vmm = 0;
@@ -46,21 +46,58 @@ core::HostPool& HostPools::pool_locked(int node, int device) {
       t.device_get_attribute(&vmm, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
                              dev) != CUDA_SUCCESS ||
       vmm == 0) {
-    throw driver_failure(
-        "expanse: pinned host memory on NUMA node " + std::to_string(node) + " (device " +
-            std::to_string(device) + "): the driver cannot create host memory through the VMM "
-            "API (CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0: an "
-            "older driver or GPU, or a container without the capability); expanse's host pool "
-            "needs it, and this build has no cuMemHostRegister fallback",
-        static_cast<int>(CUDA_ERROR_NOT_SUPPORTED));
+    return false;  // an older driver or GPU
   }
-  // The device's primary context: the pool's VMM calls and events run there.
+  // The attribute can say yes where the process may not pin through VMM (a container without
+  // the capability NCCL documents): one page made and released says.
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  prop.location.id = node;
+  size_t page = 0;
+  if (t.mem_get_allocation_granularity(&page, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+      CUDA_SUCCESS) {
+    return false;
+  }
+  CUmemGenericAllocationHandle h = 0;
+  const CUresult r = t.mem_create(&h, page, &prop, 0);
+  if (r == CUDA_ERROR_INVALID_VALUE) {
+    throw usage_error("expanse_host_malloc: NUMA node " + std::to_string(node) +
+                      ": the driver refuses it (" + core::code_name(r) + "); nothing was changed");
+  }
+  if (r != CUDA_SUCCESS) return r == CUDA_ERROR_OUT_OF_MEMORY;  // out of memory: VMM it is
+  t.mem_release(h);
+  return true;
+}
+
+core::HostMemory& HostPools::pool_locked(int node, int device) {
+  auto it = pools_.find(node);
+  if (it != pools_.end()) return *it->second;
+  // The device's primary context: the pool's driver calls and events run there.
   const CUcontext ctx = rt_.device(device).driver().primary();
-  auto pool = std::make_unique<core::HostPool>(t, node, ctx, limit_, va_for(limit_));
+  const driver::DriverTable& t = rt_.driver().table();
+  bool vmm = false;
+  {
+    CUcontext popped = nullptr;
+    const bool pushed = t.ctx_push_current(ctx) == CUDA_SUCCESS;
+    try {
+      vmm = probe_vmm(node, device);
+    } catch (...) {
+      if (pushed) t.ctx_pop_current(&popped);
+      throw;
+    }
+    if (pushed) t.ctx_pop_current(&popped);
+  }
+  std::unique_ptr<core::HostMemory> pool;
+  if (vmm) {
+    pool = std::make_unique<core::HostPool>(t, node, ctx, limit_, va_for(limit_));
+  } else {
+    pool = std::make_unique<core::RegisteredHost>(t, node, ctx, limit_);
+  }
   return *pools_.emplace(node, std::move(pool)).first->second;
 }
 
-core::HostPool* HostPools::owner_locked(const void* p, const char* what) {
+core::HostMemory* HostPools::owner_locked(const void* p, const char* what) {
   for (auto& [node, pool] : pools_) {
     if (pool->contains(p)) return pool.get();
   }
@@ -97,7 +134,7 @@ void* HostPools::allocate(size_t size, int node, CUstream stream) {
     node = near < 0 ? 0 : near;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  core::HostPool& pool = pool_locked(node, device);
+  core::HostMemory& pool = pool_locked(node, device);
   try {
     return pool.allocate(size, stream, device);
   } catch (const usage_error&) {
@@ -138,7 +175,10 @@ core::HostPoolStats HostPools::stats(int node) {
   }
   for (auto& [n, pool] : pools_) {
     const core::HostPoolStats s = pool->stats();
-    if (sum.page_bytes == 0) sum.page_bytes = s.page_bytes;
+    if (sum.page_bytes == 0) {
+      sum.page_bytes = s.page_bytes;
+      sum.path = s.path;
+    }
     sum.requested_bytes += s.requested_bytes;
     sum.allocated_bytes += s.allocated_bytes;
     sum.pinned_bytes += s.pinned_bytes;

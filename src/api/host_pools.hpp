@@ -1,9 +1,10 @@
-// The process's pinned host pools (expanse_host_*): one core::HostPool per host NUMA node,
-// created on first use in the context of the device that first asked, after a probe (attribute
-// 141 and one page created) says the driver can make host memory through the VMM API.
+// The process's pinned host memory (expanse_host_*): per host NUMA node, created on first use in
+// the context of the device that first asked, a core::HostPool where a probe (attribute 141, and
+// one page created and released) says the driver can make host memory through the VMM API, else
+// the core::RegisteredHost fallback, which the stats' path names.
 #pragma once
 
-#include "core/host/host_pool.hpp"
+#include "core/host/host_memory.hpp"
 
 #include <cuda.h>
 
@@ -29,13 +30,14 @@ class HostPools {
   bool any_live() const;
 
  private:
-  core::HostPool& pool_locked(int node, int device);
-  core::HostPool* owner_locked(const void* p, const char* what);
+  core::HostMemory& pool_locked(int node, int device);
+  core::HostMemory* owner_locked(const void* p, const char* what);
+  bool probe_vmm(int node, int device) const;
   int device_of(CUstream stream) const;
 
   Runtime& rt_;
   mutable std::mutex mu_;
-  std::map<int, std::unique_ptr<core::HostPool>> pools_;
+  std::map<int, std::unique_ptr<core::HostMemory>> pools_;
   size_t limit_;
 };
 

@@ -63,6 +63,10 @@ CostModel make_h100() {
   // (estimate). cuMemFreeHost: unpinning and unmapping, ~10 us + 20 us/MiB (estimate).
   m.set_linear(EntryPoint::mem_host_alloc, 20000, 360000);
   m.set_linear(EntryPoint::mem_free_host, 10000, 20000);
+  // cuMemHostRegister / cuMemHostUnregister: pinning and unpinning pages the process already
+  // mapped, priced as cuMemHostAlloc and cuMemFreeHost (estimate).
+  m.set_linear(EntryPoint::mem_host_register, 10000, 360000);
+  m.set_linear(EntryPoint::mem_host_unregister, 10000, 20000);
   return m;
 }
 

@@ -145,6 +145,10 @@
   X(mem_host_alloc, "cuMemHostAlloc", cuMemHostAlloc, 2020, required,                              \
     (void** pp, size_t bytes, unsigned int flags), (pp, bytes, flags))                             \
   X(mem_free_host, "cuMemFreeHost", cuMemFreeHost, 2000, required, (void* p), (p))                 \
+  X(mem_host_register, "cuMemHostRegister", cuMemHostRegister_v2, 6050, required,                  \
+    (void* p, size_t bytes, unsigned int flags), (p, bytes, flags))                                \
+  X(mem_host_unregister, "cuMemHostUnregister", cuMemHostUnregister, 4000, required, (void* p),    \
+    (p))                                                                                           \
   X(memcpy_dtoh_async, "cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2, 3020, required,                  \
     (void* dst, CUdeviceptr src, size_t bytes, CUstream stream), (dst, src, bytes, stream))        \
   X(memcpy_htod_async, "cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2, 3020, required,                  \

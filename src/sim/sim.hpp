@@ -160,9 +160,11 @@ struct Outstanding {
   size_t host_bytes = 0;        // their bytes, as asked for (never per device)
   size_t host_numa_allocations = 0;  // HOST_NUMA handles (cuMemCreate) not yet freed
   size_t host_numa_bytes = 0;        // their bytes: host pages, apart from every device's
+  size_t host_registrations = 0;     // cuMemHostRegister ranges not yet unregistered
+  size_t host_registered_bytes = 0;
   bool empty() const noexcept {
     return reservations == 0 && allocations == 0 && mappings == 0 && physical_bytes == 0 &&
-           host_allocations == 0 && host_numa_allocations == 0;
+           host_allocations == 0 && host_numa_allocations == 0 && host_registrations == 0;
   }
 };
 // -1: all devices. Reservations belong to no device and are reported for every device.

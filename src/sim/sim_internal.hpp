@@ -229,6 +229,8 @@ struct State {
   std::map<uintptr_t, HostAllocation> host_allocations;  // by base address
   size_t host_used = 0;       // bytes of host_allocations, against cfg.host_capacity
   size_t host_numa_used = 0;  // bytes of HOST_NUMA handles, against it too
+  std::map<uintptr_t, size_t> host_registered;  // cuMemHostRegister: base -> bytes
+  size_t host_registered_used = 0;              // their bytes, against it too
   std::vector<std::unique_ptr<PhysicalStore>> host_stores;  // one per NUMA node, opened on use
   uint64_t async_faults = 0;  // sim::async_faults()
 

@@ -508,6 +508,8 @@ Outstanding outstanding(int device) {
   // Pinned host memory belongs to no device (CU_MEMHOSTALLOC_PORTABLE or not): reported for each.
   o.host_allocations = s.host_allocations.size();
   o.host_bytes = s.host_used;
+  o.host_registrations = s.host_registered.size();
+  o.host_registered_bytes = s.host_registered_used;
   return o;
 }
 

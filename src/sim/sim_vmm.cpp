@@ -359,7 +359,8 @@ CUresult sim_mem_host_alloc(void** pp, size_t bytes, unsigned int flags) {
     constexpr unsigned kKnown =
         CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
     if (pp == nullptr || bytes == 0 || (flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
-    const size_t pinned = s.host_used + s.host_numa_used;  // HOST_NUMA handles lock pages too
+    // HOST_NUMA handles and registered ranges lock pages too.
+    const size_t pinned = s.host_used + s.host_numa_used + s.host_registered_used;
     if (bytes > s.cfg.host_capacity - std::min(s.cfg.host_capacity, pinned))
       return CUDA_ERROR_OUT_OF_MEMORY;
     const size_t hp = detail::host_page_size();
@@ -392,6 +393,68 @@ CUresult sim_mem_free_host(void* p) {
     s.host_allocations.erase(base);
     s.host_used -= h.size;
     units = {h.size, 1, 1};
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- registered host memory -----------------------------------------------------------------------
+// cuMemHostRegister / cuMemHostUnregister (cuda.h documents SUCCESS, DEINITIALIZED,
+// NOT_INITIALIZED, INVALID_CONTEXT, INVALID_VALUE, OUT_OF_MEMORY, HOST_MEMORY_ALREADY_REGISTERED,
+// NOT_PERMITTED, NOT_SUPPORTED; and HOST_MEMORY_NOT_REGISTERED for the unregister). The sim's rules:
+// - a current context, and "potentially unsafe" during a capture, as cuMemHostAlloc [INF];
+// - p NULL, bytesize 0, flags outside PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY: INVALID_VALUE;
+// - a range overlapping one registered already, or cuMemHostAlloc memory: ALREADY_REGISTERED [DOC];
+// - more than sim_host_capacity pinned in all: OUT_OF_MEMORY;
+// - unregister takes the base a register was given (anything else: NOT_REGISTERED [DOC]) and,
+//   like cuMemFreeHost, first completes the pending async copies that touch the range [INF].
+
+CUresult sim_mem_host_register(void* p, size_t bytes, unsigned int flags) {
+  return run(EntryPoint::mem_host_register, true, [&](State& s, CallSize& units) {
+    if (detail::current_device(s) < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (const CUresult c = detail::check_unsafe_call(s); c != CUDA_SUCCESS) return c;
+    constexpr unsigned kKnown = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
+                                CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY;
+    if (p == nullptr || bytes == 0 || (flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+    const auto lo = reinterpret_cast<uintptr_t>(p);
+    if (bytes > UINTPTR_MAX - lo) return CUDA_ERROR_INVALID_VALUE;
+    const uintptr_t hi = lo + bytes;
+    auto overlaps = [&](const auto& ranges, auto size_of) {
+      auto it = ranges.upper_bound(lo);
+      if (it != ranges.end() && it->first < hi) return true;
+      if (it != ranges.begin()) {
+        --it;
+        if (it->first + size_of(it->second) > lo) return true;
+      }
+      return false;
+    };
+    if (overlaps(s.host_registered, [](size_t n) { return n; }) ||
+        overlaps(s.host_allocations, [](const detail::HostAllocation& h) { return h.mapped; }) ||
+        s.host_registered.count(lo) != 0 || s.host_allocations.count(lo) != 0) {
+      return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    }
+    const size_t pinned = s.host_used + s.host_numa_used + s.host_registered_used;
+    if (bytes > s.cfg.host_capacity - std::min(s.cfg.host_capacity, pinned)) {
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    s.host_registered.emplace(lo, bytes);
+    s.host_registered_used += bytes;
+    units = {bytes, 1, 1};
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult sim_mem_host_unregister(void* p) {
+  return run(EntryPoint::mem_host_unregister, true, [&](State& s, CallSize& units) {
+    if (detail::current_device(s) < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (const CUresult c = detail::check_unsafe_call(s); c != CUDA_SUCCESS) return c;
+    const auto lo = reinterpret_cast<uintptr_t>(p);
+    auto it = s.host_registered.find(lo);
+    if (it == s.host_registered.end()) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    const size_t bytes = it->second;
+    detail::complete_host_range(s, lo, lo + bytes);
+    s.host_registered.erase(it);
+    s.host_registered_used -= bytes;
+    units = {bytes, 1, 1};
     return CUDA_SUCCESS;
   });
 }
@@ -502,7 +565,7 @@ CUresult create_host_numa(State& s, CUmemGenericAllocationHandle* handle, size_t
   if (!aligned(size, s.cfg.granularity)) return CUDA_ERROR_INVALID_VALUE;
   if (handle_types != 0 || prop->allocFlags.gpuDirectRDMACapable != 0 || prop->allocFlags.usage != 0)
     return CUDA_ERROR_NOT_SUPPORTED;
-  const size_t used = s.host_used + s.host_numa_used;
+  const size_t used = s.host_used + s.host_numa_used + s.host_registered_used;
   if (size > s.cfg.host_capacity - std::min(s.cfg.host_capacity, used)) {
     return CUDA_ERROR_OUT_OF_MEMORY;
   }

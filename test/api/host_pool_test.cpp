@@ -208,12 +208,37 @@ TEST_F(HostPoolTest, ADriverFailureLeavesThePoolConsistent) {
   EXPECT_EQ(expanse_host_free(keep, nullptr), EXPANSE_OK);
 }
 
-// A driver without host VMM says so, naming the attribute.
-TEST_F(HostPoolTest, WithoutHostVmmTheErrorSaysWhy) {
-  start(",sim_host_numa:false");
+// A driver without host VMM falls back to mmap + cuMemHostRegister per block, and says so (path
+// 2): blocks exact to the host page, freed ones unpinned only after their stream's work, the
+// limit kept, misuse refused.
+TEST_F(HostPoolTest, WithoutHostVmmTheRegisteredFallbackSaysWhatItIs) {
+  start(",sim_host_numa:false,sim_gpu_lag:1000000");
   void* p = nullptr;
-  EXPECT_EQ(expanse_host_malloc(&p, MiB, 0, nullptr), EXPANSE_EDRIVER);
-  EXPECT_TRUE(has("HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED")) << expanse_last_error();
+  ASSERT_EQ(expanse_host_malloc(&p, 3 * MiB + 1, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  fill(p, 3 * MiB + 1, 0x21);
+  expanse_host_stats s = host_stats();
+  EXPECT_EQ(s.path, 2u);
+  EXPECT_EQ(s.page_bytes, 4096u);
+  EXPECT_EQ(s.pinned_bytes, 3 * MiB + 4096) << "exact to the host page";
+  EXPECT_EQ(expanse::sim::outstanding().host_registrations, 1u);
+  ASSERT_EQ(expanse_host_free(p, nullptr), EXPANSE_OK) << expanse_last_error();
+  s = host_stats();
+  EXPECT_EQ(s.pending_blocks, 1u) << "unpinned only after the stream's work";
+  EXPECT_EQ(expanse::sim::outstanding().host_registrations, 1u);
+  ASSERT_EQ(expanse_host_set_limit(4 * MiB), EXPANSE_OK);
+  // Beyond the limit while the freed block is pending: the request waits for it.
+  ASSERT_EQ(expanse_host_malloc(&p, 2 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  s = host_stats();
+  EXPECT_EQ(s.num_waits, 1u);
+  EXPECT_EQ(s.pending_blocks, 0u);
+  void* q = nullptr;
+  EXPECT_EQ(expanse_host_malloc(&q, 3 * MiB, 0, nullptr), EXPANSE_ENOMEM) << "beyond the limit";
+  EXPECT_TRUE(has("host_limit")) << expanse_last_error();
+  EXPECT_EQ(expanse_host_free(static_cast<char*>(p) + 8, nullptr), EXPANSE_EINVAL);
+  EXPECT_TRUE(has("interior pointer")) << expanse_last_error();
+  ASSERT_EQ(expanse_host_free(p, nullptr), EXPANSE_OK);
+  ASSERT_EQ(expanse_host_release_cached(), EXPANSE_OK);
+  ASSERT_EQ(expanse_host_set_limit(SIZE_MAX), EXPANSE_OK);
 }
 
 // Shutdown refuses while host blocks are live (as for device blocks), and succeeds after.

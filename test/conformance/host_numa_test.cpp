@@ -5,6 +5,8 @@
 // device's (cuMemGetInfo does not move). Where the device says no, the cases skip, saying so.
 #include "conformance.hpp"
 
+#include <sys/mman.h>
+
 namespace expanse::conformance {
 namespace {
 
@@ -125,6 +127,27 @@ TEST_P(Conformance, HostNumaSizeNotAMultipleOfTheGranularityIsInvalidValue) {
   REQUIRE_HOST_NUMA();
   CUmemGenericAllocationHandle h = 0;
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, try_create(&h, gran() + 4096, host_prop(0)));
+}
+
+// cuMemHostRegister (the host pool's fallback): a range registers once; again, or overlapping,
+// is HOST_MEMORY_ALREADY_REGISTERED; unregister takes its base, and anything else is
+// HOST_MEMORY_NOT_REGISTERED [DOC codes].
+TEST_P(Conformance, HostRegisterOnceAndUnregisterByItsBase) {
+  make_current();
+  const size_t bytes = 1 << 20;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  ASSERT_CU(CUDA_SUCCESS, t().mem_host_register(p, bytes, CU_MEMHOSTREGISTER_PORTABLE));
+  static_cast<unsigned char*>(p)[bytes - 1] = 7;
+  EXPECT_CU(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, t().mem_host_register(p, bytes, 0));
+  EXPECT_CU(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+            t().mem_host_register(static_cast<char*>(p) + 4096, 4096, 0));
+  EXPECT_CU(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
+            t().mem_host_unregister(static_cast<char*>(p) + 4096));
+  EXPECT_CU(CUDA_SUCCESS, t().mem_host_unregister(p));
+  EXPECT_CU(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, t().mem_host_unregister(p));
+  EXPECT_EQ(static_cast<unsigned char*>(p)[bytes - 1], 7) << "the memory stays the process's";
+  munmap(p, bytes);
 }
 
 }  // namespace

@@ -42,7 +42,7 @@ CUmemAllocationProp host_prop(int node) {
 
 HostPool::HostPool(const driver::DriverTable& t, int node, CUcontext ctx, size_t limit,
                    size_t va_bytes)
-    : t_(t), node_(node), ctx_(ctx), limit_(limit) {
+    : t_(t), node_(node), ctx_(ctx), limit_(limit), order_(t) {
   Current current(t_, ctx_);
   const CUmemAllocationProp prop = host_prop(node_);
   check(t_.mem_get_allocation_granularity(&page_, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
@@ -66,12 +66,6 @@ HostPool::~HostPool() {
   }
   for (CUmemGenericAllocationHandle h : unmapped_) t_.mem_release(h);
   if (base_ != 0) t_.mem_address_free(static_cast<CUdeviceptr>(base_), va_bytes_);
-  for (const Pending& p : pending_) {
-    for (const auto& [ctx, e] : p.events) t_.event_destroy(e);
-  }
-  for (const auto& [ctx, events] : idle_events_) {
-    for (CUevent e : events) t_.event_destroy(e);
-  }
 }
 
 void HostPool::check(CUresult r, const char* call) const {
@@ -253,45 +247,11 @@ void HostPool::note_peak() {
 
 // ---- stream order --------------------------------------------------------------------------
 
-CUevent HostPool::event_for(CUcontext ctx) {
-  auto& idle = idle_events_[ctx];
-  if (!idle.empty()) {
-    const CUevent e = idle.back();
-    idle.pop_back();
-    return e;
-  }
-  Current current(t_, ctx);
-  CUevent e = nullptr;
-  check(t_.event_create(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-  return e;
-}
-
 bool HostPool::poll_pending(bool wait) {
-  bool released = false;
-  for (size_t k = 0; k < pending_.size();) {
-    Pending& p = pending_[k];
-    bool done = true;
-    for (const auto& [ctx, e] : p.events) {
-      const CUresult r = wait ? t_.event_synchronize(e) : t_.event_query(e);
-      if (r != CUDA_SUCCESS) {
-        done = false;  // not yet, or an error: never reused while it cannot be proven done
-        break;
-      }
-    }
-    if (!done) {
-      ++k;
-      continue;
-    }
-    const size_t first = (p.at - base_) / page_;
-    const size_t last = (p.at - base_ + p.extent - 1) / page_;
-    untouch(first, last);
-    give_range(p.at - base_, p.extent);
-    for (const auto& [ctx, e] : p.events) idle_events_[ctx].push_back(e);
-    pending_[k] = std::move(pending_.back());
-    pending_.pop_back();
-    released = true;
-  }
-  return released;
+  return order_.poll(wait, [&](uintptr_t at, size_t extent) {
+           untouch((at - base_) / page_, (at - base_ + extent - 1) / page_);
+           give_range(at - base_, extent);
+         }) != 0;
 }
 
 // ---- the entry points ----------------------------------------------------------------------
@@ -340,7 +300,7 @@ void* HostPool::allocate(size_t size, CUstream /*stream*/, int device) {
       untouch(first, last);  // its pages mapped so far stay, free: the next request's
       give_range(offset, extent);
     }
-    if (waited || pending_.empty()) break;
+    if (waited || order_.pending() == 0) break;
     ++stats_.num_waits;
     poll_pending(true);  // freed blocks whose copies are still running: wait for them
     waited = true;
@@ -363,32 +323,17 @@ void HostPool::free(void* p, CUstream stream) {
     throw usage_error("expanse: host free of " + hex(addr(p)) + ": " + describe(p) +
                       "; nothing was changed");
   }
-  Current current(t_, ctx_);
-  Pending pending;
-  pending.at = it->first;
-  pending.extent = it->second.extent;
+  Current current(t_, ctx_);  // a NULL stream is the pool's context's
   std::vector<CUstream> streams{stream};
   for (CUstream s : it->second.streams) {
     if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
   }
-  try {
-    for (CUstream s : streams) {
-      CUcontext ctx = nullptr;
-      check(t_.stream_get_ctx(s, &ctx), "cuStreamGetCtx");
-      const CUevent e = event_for(ctx);
-      pending.events.emplace_back(ctx, e);
-      check(t_.event_record(e, s), "cuEventRecord");
-    }
-  } catch (...) {
-    for (const auto& [ctx, e] : pending.events) idle_events_[ctx].push_back(e);
-    throw;
-  }
+  order_.add(it->first, it->second.extent, streams);
   stats_.requested_bytes -= it->second.size;
   stats_.allocated_bytes -= it->second.extent;
   --stats_.live_blocks;
   ++stats_.num_frees;
   blocks_.erase(it);
-  pending_.push_back(std::move(pending));
 }
 
 void HostPool::record_stream(void* p, CUstream stream) {
@@ -437,7 +382,7 @@ HostPoolStats HostPool::stats() const {
   s.pinned_bytes = (mapped_pages_ + unmapped_.size()) * page_;
   s.mapped_bytes = mapped_pages_ * page_;
   s.limit_bytes = limit_ == SIZE_MAX ? UINT64_MAX : limit_;
-  s.pending_blocks = pending_.size();
+  s.pending_blocks = order_.pending();
   return s;
 }
 
@@ -452,9 +397,7 @@ std::string HostPool::describe(const void* p) const {
              " bytes into the host block at " + hex(it->first);
     }
   }
-  for (const Pending& pd : pending_) {
-    if (pd.at == a) return "freed already (its stream's work may still be running)";
-  }
+  if (order_.is_pending(a)) return "freed already (its stream's work may still be running)";
   if (contains(p)) return "not the start of a live host block (freed already, or never one)";
   return "not memory expanse_host_malloc returned";
 }

@@ -14,6 +14,8 @@
 // calls do per page (docs/design.md, "Pinned host memory"). Not thread-safe: the caller locks.
 #pragma once
 
+#include "core/host/host_free_order.hpp"
+#include "core/host/host_memory.hpp"
 #include "driver_api/driver_table.hpp"
 
 #include <cuda.h>
@@ -27,26 +29,7 @@
 
 namespace expanse::core {
 
-struct HostPoolStats {
-  uint64_t requested_bytes = 0;     // live blocks, as asked
-  uint64_t allocated_bytes = 0;     // live blocks, as placed (rounded)
-  uint64_t pinned_bytes = 0;        // pages held: mapped and pooled
-  uint64_t mapped_bytes = 0;
-  uint64_t peak_pinned_bytes = 0;
-  uint64_t limit_bytes = 0;         // UINT64_MAX: none
-  uint64_t live_blocks = 0;
-  uint64_t pending_blocks = 0;      // freed, waiting for their streams' events
-  uint64_t num_allocs = 0;
-  uint64_t num_frees = 0;
-  uint64_t num_created_pages = 0;   // cuMemCreate
-  uint64_t num_released_pages = 0;  // cuMemRelease
-  uint64_t num_remapped_pages = 0;  // unmapped under free memory and mapped again elsewhere
-  uint64_t num_waits = 0;           // requests that waited for freed blocks' events
-  uint64_t num_ooms = 0;
-  uint64_t page_bytes = 0;
-};
-
-class HostPool {
+class HostPool final : public HostMemory {
  public:
   // t: the loaded driver; node: the host NUMA node; ctx: the context VMM calls run in (made
   // current around them); limit: most bytes of pages held (SIZE_MAX: none). Reserves the VA.
@@ -61,18 +44,19 @@ class HostPool {
   // ordinal to grant access to (its pages and every later page), or -1. Throws out_of_memory
   // when the pages do not exist within the limit, usage_error for a size of 0, driver_failure;
   // nothing changes on a throw.
-  void* allocate(size_t size, CUstream stream, int device);
+  void* allocate(size_t size, CUstream stream, int device) override;
   // Frees a live block (after the work on stream, and on the streams record_stream named).
-  void free(void* p, CUstream stream);
-  void record_stream(void* p, CUstream stream);
+  void free(void* p, CUstream stream) override;
+  void record_stream(void* p, CUstream stream) override;
   // Unmaps and releases every page no live or pending block touches.
-  void release_cached();
-  void set_limit(size_t bytes);
-  HostPoolStats stats() const;
+  void release_cached() override;
+  void set_limit(size_t bytes) override;
+  HostPoolStats stats() const override;
+  HostPath path() const override { return HostPath::vmm; }
 
   bool is_live(const void* p) const { return blocks_.count(addr(p)) != 0; }
   // Whether p lies in this pool's VA (a live block's start or not).
-  bool contains(const void* p) const {
+  bool contains(const void* p) const override {
     return addr(p) >= base_ && addr(p) < base_ + va_bytes_;
   }
   // "a live block of N bytes", "inside the block at X", "freed", ...: for messages.
@@ -85,11 +69,6 @@ class HostPool {
     size_t size = 0;    // as asked
     size_t extent = 0;  // as placed
     std::vector<CUstream> streams;  // record_stream's
-  };
-  struct Pending {
-    uintptr_t at = 0;
-    size_t extent = 0;
-    std::vector<std::pair<CUcontext, CUevent>> events;
   };
   static uintptr_t addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
@@ -106,7 +85,6 @@ class HostPool {
   void grant(uintptr_t va, size_t bytes) const;
   void add_device(int device);
   bool poll_pending(bool wait);
-  CUevent event_for(CUcontext ctx);
   void note_peak();
 
   const driver::DriverTable& t_;
@@ -121,9 +99,8 @@ class HostPool {
   std::vector<uint32_t> users_;                      // per page
   std::vector<CUmemGenericAllocationHandle> unmapped_;
   std::map<uintptr_t, Block> blocks_;
-  std::vector<Pending> pending_;
+  HostFreeOrder order_;
   std::set<int> devices_;  // granted access on every mapped page
-  std::map<CUcontext, std::vector<CUevent>> idle_events_;
   size_t mapped_pages_ = 0;
   size_t reclaim_from_ = 0;  // where page_handle's search for a page to move goes on
   HostPoolStats stats_;

@@ -1,0 +1,66 @@
+// When freed host memory may be used again: a block freed with a stream (and the streams
+// record_stream named) is pending until an event recorded on each at the free has completed, as
+// PyTorch's host allocator orders it. Shared by the HOST_NUMA pool and the registered fallback.
+// Not thread-safe: the owner locks.
+#pragma once
+
+#include "driver_api/driver_table.hpp"
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <utility>
+#include <vector>
+
+namespace expanse::core {
+
+class HostFreeOrder {
+ public:
+  explicit HostFreeOrder(const driver::DriverTable& t) : t_(t) {}
+  ~HostFreeOrder();
+  HostFreeOrder(const HostFreeOrder&) = delete;
+  HostFreeOrder& operator=(const HostFreeOrder&) = delete;
+
+  // Records an event on each stream (in its context) for the block at `at` of `extent` bytes.
+  // Throws driver_failure naming the call, with nothing pending then.
+  void add(uintptr_t at, size_t extent, const std::vector<CUstream>& streams);
+  // Hands each pending block whose events have all completed to done(at, extent) and forgets it;
+  // wait: synchronizes with the events first. An event the driver answers with an error stays
+  // pending (never proven done, never reused). Returns how many were handed.
+  template <class Done>
+  size_t poll(bool wait, Done&& done) {
+    size_t n = 0;
+    for (size_t k = 0; k < pending_.size();) {
+      if (!completed(pending_[k], wait)) {
+        ++k;
+        continue;
+      }
+      const Pending p = std::move(pending_[k]);
+      pending_[k] = std::move(pending_.back());
+      pending_.pop_back();
+      for (const auto& [ctx, e] : p.events) idle_[ctx].push_back(e);
+      done(p.at, p.extent);
+      ++n;
+    }
+    return n;
+  }
+  size_t pending() const noexcept { return pending_.size(); }
+  bool is_pending(uintptr_t at) const;
+
+ private:
+  struct Pending {
+    uintptr_t at = 0;
+    size_t extent = 0;
+    std::vector<std::pair<CUcontext, CUevent>> events;
+  };
+  bool completed(const Pending& p, bool wait) const;
+  CUevent event_for(CUcontext ctx);
+
+  const driver::DriverTable& t_;
+  std::vector<Pending> pending_;
+  std::map<CUcontext, std::vector<CUevent>> idle_;
+};
+
+}  // namespace expanse::core

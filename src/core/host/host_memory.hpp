@@ -1,0 +1,56 @@
+// Pinned host memory of one host NUMA node, as the C ABI sees it (expanse_host_*): the HOST_NUMA
+// pool (host_pool.hpp), or where the driver cannot make host memory through the VMM API the
+// registered fallback (host_registered.hpp), which says which promises it drops.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace expanse::core {
+
+enum class HostPath : int {
+  vmm = 1,         // HOST_NUMA pages, exact, moved between blocks
+  registered = 2,  // mmap + cuMemHostRegister per block: exact, but pinned anew for every block
+};
+
+struct HostPoolStats {
+  uint64_t requested_bytes = 0;     // live blocks, as asked
+  uint64_t allocated_bytes = 0;     // live blocks, as placed (rounded)
+  uint64_t pinned_bytes = 0;        // pages held: mapped and pooled (registered: live and pending)
+  uint64_t mapped_bytes = 0;
+  uint64_t peak_pinned_bytes = 0;
+  uint64_t limit_bytes = 0;         // UINT64_MAX: none
+  uint64_t live_blocks = 0;
+  uint64_t pending_blocks = 0;      // freed, waiting for their streams' events
+  uint64_t num_allocs = 0;
+  uint64_t num_frees = 0;
+  uint64_t num_created_pages = 0;   // cuMemCreate (registered: cuMemHostRegister calls)
+  uint64_t num_released_pages = 0;  // cuMemRelease (registered: cuMemHostUnregister calls)
+  uint64_t num_remapped_pages = 0;  // unmapped under free memory and mapped again elsewhere
+  uint64_t num_waits = 0;           // requests that waited for freed blocks' events
+  uint64_t num_ooms = 0;
+  uint64_t page_bytes = 0;
+  HostPath path = HostPath::vmm;
+};
+
+class HostMemory {
+ public:
+  virtual ~HostMemory() = default;
+  // A block of `size` bytes; device: the ordinal to grant access to, or -1. Throws
+  // out_of_memory, usage_error (size 0), driver_failure; nothing changes on a throw.
+  virtual void* allocate(size_t size, CUstream stream, int device) = 0;
+  // Frees a live block once the work on stream (and record_stream's streams) is done.
+  virtual void free(void* p, CUstream stream) = 0;
+  virtual void record_stream(void* p, CUstream stream) = 0;
+  virtual void release_cached() = 0;
+  virtual void set_limit(size_t bytes) = 0;
+  virtual HostPoolStats stats() const = 0;
+  // Whether p lies in memory this node's host memory handed out (live, pending or cached).
+  virtual bool contains(const void* p) const = 0;
+  virtual HostPath path() const = 0;
+};
+
+}  // namespace expanse::core
