@@ -22,9 +22,10 @@ __all__ = [
     "library_path", "memory_stats", "memory_summary", "empty_cache", "set_limit",
     "reset_peak_stats", "record_history", "dump_snapshot", "capture_begin", "capture_end",
     "announced_capture", "Pool", "use_pool", "graph_pool", "release_host_backup", "ipc",
-    "reserve", "unreserve",
+    "reserve", "unreserve", "host",
 ]
 
+from . import host  # noqa: E402  (expanse.host: pinned host memory)
 from . import ipc  # noqa: E402  (expanse.ipc: sharing blocks with other processes)
 
 DEFAULT_MAX_ENTRIES = 100000  # PyTorch's default for _record_memory_history
