@@ -121,9 +121,23 @@ Json gather_info(const std::string& conf_text) {
     t.device_primary_ctx_release(dev);
     drv->check(r, EntryPoint::mem_get_info);
 
+    // Pinned host memory (expanse_host_*): HOST_NUMA pages where attribute 141 says so, else the
+    // cuMemHostRegister fallback and what it drops.
+    int host_vmm = 0, host_node = -1;
+    t.device_get_attribute(&host_vmm,
+                           CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
+    t.device_get_attribute(&host_node, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev);
+
     Json j;
     j["index"] = i;
     j["name"] = std::string(name);
+    Json host;
+    host["path"] = host_vmm != 0 ? "vmm" : "registered";
+    host["numa_node"] = host_node < 0 ? 0 : host_node;
+    if (host_vmm == 0) {
+      host["drops"] = "pages are not reused between blocks (each pins anew) nor placed on the node";
+    }
+    j["pinned_host_memory"] = host;
     j["capacity_bytes"] = total;
     j["free_bytes"] = free_b;
     j["vmm_supported"] = vmm != 0;
@@ -178,6 +192,13 @@ std::string format_info(const Json& info) {
       << "granularity " << size_text(dev["granularity_bytes"]) << " (recommended "
       << size_text(dev["recommended_granularity_bytes"]) << "), VMM "
       << (dev["vmm_supported"].get<bool>() ? "yes" : "NO") << "\n";
+    const Json& h = dev["pinned_host_memory"];
+    o << "      pinned host memory: "
+      << (h["path"] == "vmm" ? "HOST_NUMA pages through the VMM API, NUMA node "
+                             : "the cuMemHostRegister fallback (attribute 141 is 0: ")
+      << (h["path"] == "vmm" ? std::to_string(h["numa_node"].get<int>())
+                             : h["drops"].get<std::string>() + ")")
+      << "\n";
     const Json& a = dev["allocator"];
     o << "      allocator: page " << size_text(a["page_size_bytes"]) << ", limit "
       << size_text(a["limit_bytes"]) << ", release threshold "

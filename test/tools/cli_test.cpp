@@ -76,6 +76,16 @@ TEST(Cli, Info) {
   EXPECT_EQ(j["devices"][0]["capacity_bytes"].get<uint64_t>(), 16 * GiB);
   EXPECT_EQ(j["devices"][0]["granularity_bytes"].get<uint64_t>(), 2 * MiB);
   EXPECT_EQ(j["devices"][0]["allocator"]["page_size_bytes"].get<uint64_t>(), 2 * MiB);
+  // Which path pinned host memory takes, and what the fallback drops.
+  EXPECT_EQ(j["devices"][0]["pinned_host_memory"]["path"], "vmm");
+  r = run_expanse("info", "driver:sim,sim_host_numa:false");
+  EXPECT_NE(r.out.find("pinned host memory: the cuMemHostRegister fallback (attribute 141 is 0"),
+            std::string::npos)
+      << r.out;
+  r = run_expanse("info", "driver:sim");
+  EXPECT_NE(r.out.find("pinned host memory: HOST_NUMA pages through the VMM API, NUMA node 0"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST(Cli, StressSmallSucceeds) {
