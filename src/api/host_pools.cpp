@@ -97,10 +97,14 @@ core::HostMemory& HostPools::pool_locked(int node, int device) {
   return *pools_.emplace(node, std::move(pool)).first->second;
 }
 
-core::HostMemory* HostPools::owner_locked(const void* p, const char* what) {
+core::HostMemory* HostPools::owner_locked(const void* p) {
   for (auto& [node, pool] : pools_) {
     if (pool->contains(p)) return pool.get();
   }
+  return nullptr;
+}
+
+void HostPools::refuse(const void* p, const char* what) const {
   // Not host memory of expanse's: say what it is when it is a device block.
   for (int d = 0; d < rt_.device_count(); ++d) {
     core::DeviceAllocator* a = rt_.existing(d);
@@ -145,13 +149,72 @@ void* HostPools::allocate(size_t size, int node, CUstream stream) {
 }
 
 void HostPools::free(void* p, CUstream stream) {
-  std::lock_guard<std::mutex> lock(mu_);
-  owner_locked(p, "expanse_host_free")->free(p, stream);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_not_staged_locked(p, "expanse_host_free");
+    if (core::HostMemory* pool = owner_locked(p)) return pool->free(p, stream);
+  }
+  refuse(p, "expanse_host_free");
 }
 
 void HostPools::record_stream(void* p, CUstream stream) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_not_staged_locked(p, "expanse_host_record_stream");
+    if (core::HostMemory* pool = owner_locked(p)) return pool->record_stream(p, stream);
+  }
+  refuse(p, "expanse_host_record_stream");
+}
+
+void HostPools::check_not_staged_locked(const void* p, const char* what) const {
+  // A stale pointer (freed, and its memory since given to a sleeping pool's staging) must not
+  // free or touch the bytes a wake will copy back.
+  auto it = staged_.upper_bound(const_cast<void*>(p));
+  if (it == staged_.begin()) return;
+  --it;
+  const auto base = reinterpret_cast<uintptr_t>(it->first);
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  if (a >= base && a < base + it->second.second) {
+    throw usage_error(std::string("expanse: ") + what + " of " + core::hex(a) +
+                      ": expanse's own staging of a sleeping pool's bytes now (the pointer was "
+                      "freed already, and its memory reused); nothing was changed");
+  }
+}
+
+void* HostPools::stage(size_t bytes, int device) noexcept {
+  try {
+    const driver::DriverTable& t = rt_.driver().table();
+    CUdevice dev = 0;
+    int node = -1;
+    if (t.device_get(&dev, device) == CUDA_SUCCESS) {
+      t.device_get_attribute(&node, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    node = node < 0 ? 0 : node;
+    void* p = pool_locked(node, device).allocate(bytes, nullptr, device);
+    try {
+      staged_.emplace(p, std::make_pair(node, bytes));
+    } catch (...) {
+      pools_.at(node)->free(p, nullptr);
+      throw;
+    }
+    return p;
+  } catch (...) {
+    return nullptr;  // the allocator pins its own
+  }
+}
+
+bool HostPools::unstage(void* p) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  owner_locked(p, "expanse_host_record_stream")->record_stream(p, stream);
+  core::HostMemory* pool = owner_locked(p);
+  if (pool == nullptr) return false;
+  try {
+    pool->free(p, nullptr);
+  } catch (...) {
+    // Kept live in its pool (its pages are given back with the pool): not the driver's to free.
+  }
+  staged_.erase(p);
+  return true;
 }
 
 void HostPools::release_cached() {
@@ -169,12 +232,20 @@ core::HostPoolStats HostPools::stats(int node) {
   std::lock_guard<std::mutex> lock(mu_);
   core::HostPoolStats sum;
   sum.limit_bytes = limit_ == SIZE_MAX ? UINT64_MAX : limit_;
+  auto unstaged = [&](int n, core::HostPoolStats s) {
+    for (const auto& [p, where] : staged_) {
+      if (where.first != n) continue;
+      --s.live_blocks;
+      s.requested_bytes -= where.second;
+    }
+    return s;
+  };
   if (node >= 0) {
     auto it = pools_.find(node);
-    return it != pools_.end() ? it->second->stats() : sum;
+    return it != pools_.end() ? unstaged(node, it->second->stats()) : sum;
   }
   for (auto& [n, pool] : pools_) {
-    const core::HostPoolStats s = pool->stats();
+    const core::HostPoolStats s = unstaged(n, pool->stats());
     if (sum.page_bytes == 0) {
       sum.page_bytes = s.page_bytes;
       sum.path = s.path;
@@ -199,10 +270,9 @@ core::HostPoolStats HostPools::stats(int node) {
 
 bool HostPools::any_live() const {
   std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [node, pool] : pools_) {
-    if (pool->stats().live_blocks != 0) return true;
-  }
-  return false;
+  uint64_t live = 0;
+  for (const auto& [node, pool] : pools_) live += pool->stats().live_blocks;
+  return live > staged_.size();
 }
 
 }  // namespace expanse::api

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "core/host/host_memory.hpp"
+#include "core/host/host_staging.hpp"
 
 #include <cuda.h>
 
@@ -16,7 +17,8 @@ namespace expanse::api {
 
 class Runtime;
 
-class HostPools {
+// Also every device allocator's host staging: a sleeping pool's bytes go to these pools.
+class HostPools final : public core::HostStaging {
  public:
   HostPools(Runtime& rt, size_t limit) : rt_(rt), limit_(limit) {}
   // node -1: the nearest node of the device of stream (or of the current context, or device 0).
@@ -25,13 +27,20 @@ class HostPools {
   void record_stream(void* p, CUstream stream);
   void release_cached();
   void set_limit(size_t bytes);
-  // node -1: every pool's figures summed (page_bytes: the first's).
+  // node -1: every pool's figures summed (page_bytes: the first's). Sleep staging counts in the
+  // pinned bytes, not in the live blocks or the requested bytes.
   core::HostPoolStats stats(int node);
+  // Live blocks handed out by allocate() (staging excluded).
   bool any_live() const;
+  void* stage(size_t bytes, int device) noexcept override;
+  bool unstage(void* p) noexcept override;
 
  private:
   core::HostMemory& pool_locked(int node, int device);
-  core::HostMemory* owner_locked(const void* p, const char* what);
+  core::HostMemory* owner_locked(const void* p);
+  // The refusal for a pointer no pool holds (called without mu_: it asks the devices).
+  [[noreturn]] void refuse(const void* p, const char* what) const;
+  void check_not_staged_locked(const void* p, const char* what) const;
   bool probe_vmm(int node, int device) const;
   int device_of(CUstream stream) const;
 
@@ -39,6 +48,9 @@ class HostPools {
   mutable std::mutex mu_;
   std::map<int, std::unique_ptr<core::HostMemory>> pools_;
   size_t limit_;
+  // Blocks stage() handed out and unstage() has not taken back: their node and bytes (the stats
+  // count them as pinned, not as the application's live blocks).
+  std::map<void*, std::pair<int, size_t>> staged_;
 };
 
 }  // namespace expanse::api

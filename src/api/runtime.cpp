@@ -41,7 +41,15 @@ Runtime::Runtime(const std::string& conf) : config_(conf::parse_config(conf)) {
 }
 
 Runtime::~Runtime() {
-  host_.reset();    // its pages and events live in the allocators' primary contexts
+  // The allocators' sleep staging lives in the host pools: given back, and the pools unset,
+  // before they go; their pages and events live in the allocators' primary contexts.
+  for (auto& a : owned_) {
+    if (a) {
+      a->release_host_backup();
+      a->set_host_staging(nullptr);
+    }
+  }
+  host_.reset();
   routes_.reset();  // ends the capture announcements its routes made
   owned_.clear();  // allocators give everything back before the driver goes
 }
@@ -157,6 +165,7 @@ core::DeviceAllocator& Runtime::device(int device) {
   try {
     owned_[static_cast<size_t>(device)] = std::make_unique<core::DeviceAllocator>(
         *driver_, device, conf::options_for_device(config_, capacity));
+    owned_[static_cast<size_t>(device)]->set_host_staging(host_.get());  // sleeps stage there
   } catch (const driver::driver_error& e) {
     throw driver_failure("expanse: setting up device " + std::to_string(device) + ": " + e.what(),
                          static_cast<int>(e.code()));

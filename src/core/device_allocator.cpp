@@ -69,7 +69,7 @@ DeviceAllocator::~DeviceAllocator() {
   imports_.close_all_quietly();
   supply_.release_pool_quietly();
   streams_.destroy_events();
-  pools_.for_each([&](PoolSlot, const PoolState& p) { drv_.free_host(p.backup); });
+  pools_.for_each([&](PoolSlot, const PoolState& p) { free_backup(p.backup); });
   free_orphan_backups_locked();
   drv_.destroy_stream(copy_stream_);
 }

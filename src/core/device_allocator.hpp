@@ -36,6 +36,7 @@
 #include "core/base/device_stats.hpp"
 #include "core/streams/stream_order.hpp"
 #include "core/front/thread_cache.hpp"
+#include "core/host/host_staging.hpp"
 
 #include <cuda.h>
 
@@ -151,6 +152,10 @@ class DeviceAllocator {
   // that can still wake), unless a capture is announced in the device's context (freeing pinned
   // memory synchronizes); the bytes freed.
   size_t release_host_backup();
+  // Where sleeps stage their bytes from now on (nullptr: pinned here, cuMemHostAlloc). The
+  // caller keeps it alive while this allocator may use it, and unsets it (after
+  // release_host_backup) before it goes.
+  void set_host_staging(HostStaging* staging);
 
   // ---- sharing across processes (device_sharing_books.cpp) ----
   struct Export {
@@ -307,6 +312,9 @@ class DeviceAllocator {
   std::vector<ReclaimableHandle> sleeping_handles(PoolSlot s) const;
   // Frees the host staging of forgotten pools (call where no capture can be under way).
   void free_orphan_backups_locked();
+  // A sleep's host staging: from host_staging_ when set and it has some, else pinned here.
+  void* alloc_backup(size_t bytes);
+  void free_backup(void* p) noexcept;
   // Maps every block of pool s again, touches its asleep blocks and copies their bytes back.
   void wake_locked(PoolSlot s);
   PoolStats pool_stats_locked(PoolSlot s) const;
@@ -353,6 +361,7 @@ class DeviceAllocator {
   bool reserve_pending_ = false;  // EXPANSE_CONF reserve, made at the first allocation
   CUstream copy_stream_ = nullptr;  // sleep and wake copies; made at the first
   std::vector<void*> orphan_backups_;  // host staging of forgotten pools, freed when safe
+  HostStaging* host_staging_ = nullptr;  // the runtime's host pools (set_host_staging)
   std::atomic<bool> history_on_{false};  // events_ != nullptr, read without the lock
   // Live blocks touch more pages than a lowered limit allows: caches stay shut until frees bring
   // them under it (a block handed back from a cache would touch pages the limit no longer has).

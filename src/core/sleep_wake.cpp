@@ -127,10 +127,10 @@ bool DeviceAllocator::sleep_pool(PoolId id, SleepMode mode) {
     std::vector<std::pair<CUdeviceptr, size_t>> saved;
     if (mode == SleepMode::offload && total != 0) {
       if (p.backup_bytes < total) {
-        drv_.free_host(p.backup);
+        free_backup(p.backup);
         p.backup = nullptr;
         p.backup_bytes = 0;
-        p.backup = drv_.host_alloc(total);
+        p.backup = alloc_backup(total);
         p.backup_bytes = total;
       }
       if (copy_stream_ == nullptr) copy_stream_ = drv_.create_copy_stream();
@@ -331,7 +331,7 @@ size_t DeviceAllocator::release_host_backup() {
     pools_.for_each([&](PoolSlot s, const PoolState& st) {
       if (st.asleep || st.backup == nullptr) return;
       PoolState& p = pools_.at(s);
-      drv_.free_host(p.backup);
+      free_backup(p.backup);
       freed += p.backup_bytes;
       p.backup = nullptr;
       p.backup_bytes = 0;
@@ -342,8 +342,26 @@ size_t DeviceAllocator::release_host_backup() {
 }
 
 void DeviceAllocator::free_orphan_backups_locked() {
-  for (void* b : orphan_backups_) drv_.free_host(b);
+  for (void* b : orphan_backups_) free_backup(b);
   orphan_backups_.clear();
+}
+
+void* DeviceAllocator::alloc_backup(size_t bytes) {
+  if (host_staging_ != nullptr) {
+    if (void* p = host_staging_->stage(bytes, device())) return p;
+  }
+  return drv_.host_alloc(bytes);
+}
+
+void DeviceAllocator::free_backup(void* p) noexcept {
+  if (p == nullptr) return;
+  if (host_staging_ != nullptr && host_staging_->unstage(p)) return;
+  drv_.free_host(p);
+}
+
+void DeviceAllocator::set_host_staging(HostStaging* staging) {
+  std::lock_guard<std::mutex> lock(mu_);
+  host_staging_ = staging;
 }
 
 }  // namespace expanse::core

@@ -241,6 +241,57 @@ TEST_F(HostPoolTest, WithoutHostVmmTheRegisteredFallbackSaysWhatItIs) {
   ASSERT_EQ(expanse_host_set_limit(SIZE_MAX), EXPANSE_OK);
 }
 
+// A sleeping pool's bytes are staged in the host pool: exact, reused by the next sleep without new
+// pinning, given back with expanse_release_host_backup; the stats count them as pinned, not live.
+TEST_F(HostPoolTest, SleepStagesItsBytesInTheHostPool) {
+  start();
+  expanse_pool_id id = 0;
+  ASSERT_EQ(expanse_pool_create(0, &id), EXPANSE_OK) << expanse_last_error();
+  void* p = expanse_pool_malloc(id, 6 * MiB, nullptr);
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  fill(p, 6 * MiB, 0x6b);
+  ASSERT_EQ(expanse_pool_sleep(id, EXPANSE_SLEEP_OFFLOAD, nullptr), EXPANSE_OK)
+      << expanse_last_error();
+  expanse_host_stats s = host_stats();
+  EXPECT_EQ(s.pinned_bytes, 6 * MiB) << "the staging, exact";
+  EXPECT_EQ(s.live_blocks, 0u) << "staging is not the application's";
+  const uint64_t created = s.num_created_pages;
+  ASSERT_EQ(expanse_pool_wake(id, nullptr), EXPANSE_OK) << expanse_last_error();
+  EXPECT_TRUE(holds(p, 6 * MiB, 0x6b));
+  ASSERT_EQ(expanse_pool_sleep(id, EXPANSE_SLEEP_OFFLOAD, nullptr), EXPANSE_OK);
+  EXPECT_EQ(host_stats().num_created_pages, created) << "the next sleep pins nothing new";
+  ASSERT_EQ(expanse_pool_wake(id, nullptr), EXPANSE_OK);
+  EXPECT_TRUE(holds(p, 6 * MiB, 0x6b));
+  ASSERT_EQ(expanse_release_host_backup(0), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_host_release_cached(), EXPANSE_OK);
+  EXPECT_EQ(host_stats().pinned_bytes, 0u) << "given back";
+  EXPECT_EQ(expanse_free_checked(p, 6 * MiB, 0, nullptr), EXPANSE_OK);
+  EXPECT_EQ(expanse_pool_release(id), EXPANSE_OK);
+}
+
+// Found by the fuzzer: a stale host pointer (freed, its memory since reused for a sleeping pool's
+// staging) freed the staging, and the wake copied back from unmapped memory. Now it is refused.
+TEST_F(HostPoolTest, AStalePointerCannotFreeASleepingPoolsStaging) {
+  start();
+  void* stale = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&stale, 6 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_host_free(stale, nullptr), EXPANSE_OK);
+  expanse_pool_id id = 0;
+  ASSERT_EQ(expanse_pool_create(0, &id), EXPANSE_OK) << expanse_last_error();
+  void* p = expanse_pool_malloc(id, 6 * MiB, nullptr);
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  fill(p, 6 * MiB, 0x5d);
+  ASSERT_EQ(expanse_pool_sleep(id, EXPANSE_SLEEP_OFFLOAD, nullptr), EXPANSE_OK);
+  EXPECT_EQ(expanse_host_free(stale, nullptr), EXPANSE_EINVAL);
+  EXPECT_TRUE(has("staging")) << expanse_last_error();
+  EXPECT_EQ(expanse_host_record_stream(stale, nullptr), EXPANSE_EINVAL);
+  ASSERT_EQ(expanse_pool_wake(id, nullptr), EXPANSE_OK) << expanse_last_error();
+  EXPECT_TRUE(holds(p, 6 * MiB, 0x5d));
+  EXPECT_EQ(expanse_free_checked(p, 6 * MiB, 0, nullptr), EXPANSE_OK);
+  EXPECT_EQ(expanse_pool_release(id), EXPANSE_OK);
+  EXPECT_EQ(expanse_release_host_backup(0), EXPANSE_OK);
+}
+
 // Shutdown refuses while host blocks are live (as for device blocks), and succeeds after.
 TEST_F(HostPoolTest, ShutdownWaitsForLiveHostBlocks) {
   start();
