@@ -30,6 +30,16 @@ EXPANSE_API void* allocate(size_t bytes, int device = 0, stream_t stream = nullp
 EXPANSE_API void deallocate(void* ptr, int device = 0, stream_t stream = nullptr);
 EXPANSE_API void record_stream(void* ptr, stream_t stream);
 
+// Pinned host memory (expanse_host_*, see expanse.h): exact, fungible, stream-ordered.
+// numa_node -1: the node nearest the stream's device. host_free: reused once stream's work (and
+// that of the streams host_record_stream named) is done.
+using host_stats_t = expanse_host_stats;
+EXPANSE_API void* host_allocate(size_t bytes, int numa_node = -1, stream_t stream = nullptr);
+EXPANSE_API void host_deallocate(void* ptr, stream_t stream = nullptr);
+EXPANSE_API void host_record_stream(void* ptr, stream_t stream);
+EXPANSE_API void host_release_cached();
+EXPANSE_API host_stats_t host_stats(int numa_node = -1);
+
 // A handle to one device's allocator (created on first use; cheap to copy).
 class EXPANSE_API device_allocator {
  public:

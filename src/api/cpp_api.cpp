@@ -35,6 +35,32 @@ void record_stream(void* ptr, stream_t stream) {
   api::owner_of(ptr, "record_stream").record_stream(ptr, reinterpret_cast<CUstream>(stream));
 }
 
+void* host_allocate(size_t bytes, int numa_node, stream_t stream) {
+  if (api::in_forked_child()) throw driver_failure(api::forked_child_message("host_allocate"), 0);
+  return Runtime::get().host().allocate(bytes, numa_node, reinterpret_cast<CUstream>(stream));
+}
+
+void host_deallocate(void* ptr, stream_t stream) {
+  if (ptr == nullptr) return;
+  Runtime::get().host().free(ptr, reinterpret_cast<CUstream>(stream));
+}
+
+void host_record_stream(void* ptr, stream_t stream) {
+  Runtime::get().host().record_stream(ptr, reinterpret_cast<CUstream>(stream));
+}
+
+void host_release_cached() { Runtime::get().host().release_cached(); }
+
+host_stats_t host_stats(int numa_node) {
+  host_stats_t s{};
+  s.struct_size = sizeof s;
+  // One conversion from the pools' figures: the C ABI's.
+  if (expanse_host_get_stats(numa_node, &s) != EXPANSE_OK) {
+    throw usage_error(expanse_last_error());
+  }
+  return s;
+}
+
 device_allocator::device_allocator(int device) : device_(device) {
   (void)Runtime::get().device(device);  // fail early on a bad device
 }

@@ -47,3 +47,26 @@ TEST_F(CppApiTest, DriverDescription) {
 }
 
 }  // namespace
+
+namespace {
+
+// Pinned host memory from C++: exact blocks, errors as exceptions naming the pointer.
+TEST(CppHostApiTest, HostAllocateIsExactAndMisuseThrows) {
+  expanse::init("driver:sim,sim_capacity:1GiB,sim_host_capacity:256MiB");
+  void* p = expanse::host_allocate(5 * (size_t{1} << 20) + 1);
+  ASSERT_NE(p, nullptr);
+  static_cast<char*>(p)[5 << 20] = 1;
+  expanse::host_stats_t s = expanse::host_stats();
+  EXPECT_EQ(s.pinned_bytes, size_t{6} << 20);
+  EXPECT_EQ(s.path, 1u);
+  EXPECT_THROW(expanse::host_deallocate(static_cast<char*>(p) + 64), expanse::usage_error);
+  int local = 0;
+  EXPECT_THROW(expanse::host_record_stream(&local, nullptr), expanse::usage_error);
+  EXPECT_THROW(expanse::host_allocate(0), expanse::usage_error);
+  expanse::host_deallocate(p);
+  expanse::host_release_cached();
+  EXPECT_EQ(expanse::host_stats().pinned_bytes, 0u);
+  expanse::shutdown();
+}
+
+}  // namespace
