@@ -3,6 +3,7 @@
 #include "core/base/format.hpp"
 #include "expanse/errors.hpp"
 
+#include <algorithm>
 #include <string>
 
 namespace expanse::core {
@@ -38,7 +39,12 @@ CUevent HostFreeOrder::event_for(CUcontext ctx) {
   return e;
 }
 
-void HostFreeOrder::add(uintptr_t at, size_t extent, const std::vector<CUstream>& streams) {
+void HostFreeOrder::add(uintptr_t at, size_t extent, CUstream stream,
+                        const std::vector<CUstream>& recorded) {
+  std::vector<CUstream> streams{stream};
+  for (CUstream s : recorded) {
+    if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
+  }
   Pending p;
   p.at = at;
   p.extent = extent;

@@ -23,9 +23,10 @@ class HostFreeOrder {
   HostFreeOrder(const HostFreeOrder&) = delete;
   HostFreeOrder& operator=(const HostFreeOrder&) = delete;
 
-  // Records an event on each stream (in its context) for the block at `at` of `extent` bytes.
-  // Throws driver_failure naming the call, with nothing pending then.
-  void add(uintptr_t at, size_t extent, const std::vector<CUstream>& streams);
+  // Records an event (in its context) on `stream` and on each of `recorded` (record_stream's) for
+  // the block at `at` of `extent` bytes. Throws driver_failure naming the call, with nothing
+  // pending then.
+  void add(uintptr_t at, size_t extent, CUstream stream, const std::vector<CUstream>& recorded);
   // Hands each pending block whose events have all completed to done(at, extent) and forgets it;
   // wait: synchronizes with the events first. An event the driver answers with an error stays
   // pending (never proven done, never reused). Returns how many were handed.

@@ -2,6 +2,7 @@
 
 #include "core/base/check.hpp"
 #include "core/base/format.hpp"
+#include "core/host/context_scope.hpp"
 #include "expanse/errors.hpp"
 
 #include <algorithm>
@@ -11,24 +12,6 @@ namespace expanse::core {
 namespace {
 
 constexpr size_t kSmallAlign = 512;
-
-// The pool's context current for the calls of one entry point (the caller's put back after).
-class Current {
- public:
-  Current(const driver::DriverTable& t, CUcontext ctx) : t_(t), pushed_(ctx != nullptr) {
-    if (pushed_ && t_.ctx_push_current(ctx) != CUDA_SUCCESS) pushed_ = false;
-  }
-  ~Current() {
-    CUcontext popped = nullptr;
-    if (pushed_) t_.ctx_pop_current(&popped);
-  }
-  Current(const Current&) = delete;
-  Current& operator=(const Current&) = delete;
-
- private:
-  const driver::DriverTable& t_;
-  bool pushed_;
-};
 
 CUmemAllocationProp host_prop(int node) {
   CUmemAllocationProp p{};
@@ -43,7 +26,7 @@ CUmemAllocationProp host_prop(int node) {
 HostPool::HostPool(const driver::DriverTable& t, int node, CUcontext ctx, size_t limit,
                    size_t va_bytes)
     : t_(t), node_(node), ctx_(ctx), limit_(limit), order_(t) {
-  Current current(t_, ctx_);
+  ContextScope current(t_, ctx_);
   const CUmemAllocationProp prop = host_prop(node_);
   check(t_.mem_get_allocation_granularity(&page_, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
         "cuMemGetAllocationGranularity");
@@ -58,7 +41,7 @@ HostPool::HostPool(const driver::DriverTable& t, int node, CUcontext ctx, size_t
 }
 
 HostPool::~HostPool() {
-  Current current(t_, ctx_);
+  ContextScope current(t_, ctx_);
   for (size_t i = 0; i < pages_.size(); ++i) {
     if (pages_[i] == 0) continue;
     t_.mem_unmap(static_cast<CUdeviceptr>(base_ + i * page_), page_);
@@ -269,7 +252,7 @@ void* HostPool::allocate(size_t size, CUstream /*stream*/, int device) {
                             " bytes of address space",
                         size, -1);
   }
-  Current current(t_, ctx_);
+  ContextScope current(t_, ctx_);
   add_device(device);
   poll_pending(false);
   const bool large = size >= page_;
@@ -323,12 +306,8 @@ void HostPool::free(void* p, CUstream stream) {
     throw usage_error("expanse: host free of " + hex(addr(p)) + ": " + describe(p) +
                       "; nothing was changed");
   }
-  Current current(t_, ctx_);  // a NULL stream is the pool's context's
-  std::vector<CUstream> streams{stream};
-  for (CUstream s : it->second.streams) {
-    if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
-  }
-  order_.add(it->first, it->second.extent, streams);
+  ContextScope current(t_, ctx_);  // a NULL stream is the pool's context's
+  order_.add(it->first, it->second.extent, stream, it->second.streams);
   stats_.requested_bytes -= it->second.size;
   stats_.allocated_bytes -= it->second.extent;
   --stats_.live_blocks;
@@ -347,7 +326,7 @@ void HostPool::record_stream(void* p, CUstream stream) {
 }
 
 void HostPool::release_cached() {
-  Current current(t_, ctx_);
+  ContextScope current(t_, ctx_);
   poll_pending(false);
   for (size_t i = 0; i < pages_.size();) {
     if (pages_[i] == 0 || users_[i] != 0) {

@@ -1,6 +1,7 @@
 #include "core/host/host_registered.hpp"
 
 #include "core/base/format.hpp"
+#include "core/host/context_scope.hpp"
 #include "expanse/errors.hpp"
 
 #include <sys/mman.h>
@@ -9,24 +10,6 @@
 #include <algorithm>
 
 namespace expanse::core {
-namespace {
-
-// The pool's context current around a driver call (the caller's put back after).
-struct InContext {
-  InContext(const driver::DriverTable& t, CUcontext ctx) : t_(t), pushed_(ctx != nullptr) {
-    if (pushed_ && t_.ctx_push_current(ctx) != CUDA_SUCCESS) pushed_ = false;
-  }
-  ~InContext() {
-    CUcontext popped = nullptr;
-    if (pushed_) t_.ctx_pop_current(&popped);
-  }
-  InContext(const InContext&) = delete;
-  InContext& operator=(const InContext&) = delete;
-  const driver::DriverTable& t_;
-  bool pushed_;
-};
-
-}  // namespace
 
 RegisteredHost::RegisteredHost(const driver::DriverTable& t, int node, CUcontext ctx, size_t limit)
     : t_(t), node_(node), ctx_(ctx), limit_(limit),
@@ -36,7 +19,7 @@ RegisteredHost::RegisteredHost(const driver::DriverTable& t, int node, CUcontext
 }
 
 RegisteredHost::~RegisteredHost() {
-  InContext in(t_, ctx_);
+  ContextScope in(t_, ctx_);
   order_.poll(true, [&](uintptr_t at, size_t extent) { give_back(at, extent); });
   for (const auto& [at, b] : blocks_) give_back(at, b.extent);
 }
@@ -54,7 +37,7 @@ void* RegisteredHost::allocate(size_t size, CUstream /*stream*/, int /*device*/)
     throw usage_error("expanse: host allocation of 0 bytes on NUMA node " +
                       std::to_string(node_) + "; nothing was changed");
   }
-  InContext in(t_, ctx_);
+  ContextScope in(t_, ctx_);
   order_.poll(false, [&](uintptr_t at, size_t extent) { give_back(at, extent); });
   if (size > SIZE_MAX - page_) {
     ++stats_.num_ooms;
@@ -132,14 +115,10 @@ void RegisteredHost::free(void* p, CUstream stream) {
     throw usage_error("expanse: host free of " + hex(a) + ": " + describe(a) +
                       "; nothing was changed");
   }
-  InContext in(t_, ctx_);
-  std::vector<CUstream> streams{stream};
-  for (CUstream s : it->second.streams) {
-    if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
-  }
+  ContextScope in(t_, ctx_);
   pending_extent_.emplace(a, it->second.extent);
   try {
-    order_.add(a, it->second.extent, streams);
+    order_.add(a, it->second.extent, stream, it->second.streams);
   } catch (...) {
     pending_extent_.erase(a);
     throw;
@@ -164,7 +143,7 @@ void RegisteredHost::record_stream(void* p, CUstream stream) {
 }
 
 void RegisteredHost::release_cached() {
-  InContext in(t_, ctx_);
+  ContextScope in(t_, ctx_);
   order_.poll(false, [&](uintptr_t at, size_t extent) { give_back(at, extent); });
 }
 
