@@ -70,7 +70,7 @@ int main() {
   const std::vector<size_t> sizes = {1 * MiB,   3 * MiB,   17 * MiB,          100 * MiB,
                                      1 * GiB,   5 * GiB + 1, size_t(20.4 * GiB), 32 * GiB};
   for (size_t asked : sizes) {
-    expanse::core::HostPool pool(t, 0, ctx, SIZE_MAX, 2 * asked + GiB);
+    expanse::core::HostPool pool(t, 0, ctx, 0, 1, SIZE_MAX, 2 * asked + GiB);
     const auto t0 = std::chrono::steady_clock::now();
     void* p = pool.allocate(asked, nullptr, 0);
     const double timed_ms =

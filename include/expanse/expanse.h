@@ -474,6 +474,12 @@ static inline struct CUstream_st* expanse_null_stream_per_thread_(struct CUstrea
   (expanse_free_checked)((ptr), (size), (device), expanse_null_stream_per_thread_(stream))
 #define expanse_record_stream(ptr, stream) \
   (expanse_record_stream)((ptr), expanse_null_stream_per_thread_(stream))
+#define expanse_host_malloc(out, size, numa_node, stream) \
+  (expanse_host_malloc)((out), (size), (numa_node), expanse_null_stream_per_thread_(stream))
+#define expanse_host_free(ptr, stream) \
+  (expanse_host_free)((ptr), expanse_null_stream_per_thread_(stream))
+#define expanse_host_record_stream(ptr, stream) \
+  (expanse_host_record_stream)((ptr), expanse_null_stream_per_thread_(stream))
 #endif
 
 #endif /* EXPANSE_EXPANSE_H */

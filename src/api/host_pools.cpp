@@ -38,7 +38,7 @@ int HostPools::device_of(CUstream stream) const {
   return 0;
 }
 
-bool HostPools::probe_vmm(int node, int device) const {
+bool HostPools::probe_vmm(int node, int device, bool named) const {
   const driver::DriverTable& t = rt_.driver().table();
   CUdevice dev = 0;
   int vmm = 0;
@@ -61,16 +61,18 @@ bool HostPools::probe_vmm(int node, int device) const {
   }
   CUmemGenericAllocationHandle h = 0;
   const CUresult r = t.mem_create(&h, page, &prop, 0);
-  if (r == CUDA_ERROR_INVALID_VALUE) {
+  if (r == CUDA_ERROR_INVALID_VALUE && named) {
     throw usage_error("expanse_host_malloc: NUMA node " + std::to_string(node) +
                       ": the driver refuses it (" + core::code_name(r) + "); nothing was changed");
   }
-  if (r != CUDA_SUCCESS) return r == CUDA_ERROR_OUT_OF_MEMORY;  // out of memory: VMM it is
+  // Any other refusal (a node the driver will not use, a container without the capability, no
+  // memory to pin a page) falls back, as NCCL's host allocation does.
+  if (r != CUDA_SUCCESS) return false;
   t.mem_release(h);
   return true;
 }
 
-core::HostMemory& HostPools::pool_locked(int node, int device) {
+core::HostMemory& HostPools::pool_locked(int node, int device, bool named) {
   auto it = pools_.find(node);
   if (it != pools_.end()) return *it->second;
   // The device's primary context: the pool's driver calls and events run there.
@@ -81,7 +83,7 @@ core::HostMemory& HostPools::pool_locked(int node, int device) {
     CUcontext popped = nullptr;
     const bool pushed = t.ctx_push_current(ctx) == CUDA_SUCCESS;
     try {
-      vmm = probe_vmm(node, device);
+      vmm = probe_vmm(node, device, named);
     } catch (...) {
       if (pushed) t.ctx_pop_current(&popped);
       throw;
@@ -90,7 +92,8 @@ core::HostMemory& HostPools::pool_locked(int node, int device) {
   }
   std::unique_ptr<core::HostMemory> pool;
   if (vmm) {
-    pool = std::make_unique<core::HostPool>(t, node, ctx, limit_, va_for(limit_));
+    pool = std::make_unique<core::HostPool>(t, node, ctx, device, rt_.device_count(), limit_,
+                                            va_for(limit_));
   } else {
     pool = std::make_unique<core::RegisteredHost>(t, node, ctx, limit_);
   }
@@ -128,6 +131,7 @@ void* HostPools::allocate(size_t size, int node, CUstream stream) {
                       "changed");
   }
   const int device = device_of(stream);
+  const bool named = node != -1;
   if (node == -1) {
     const driver::DriverTable& t = rt_.driver().table();
     CUdevice dev = 0;
@@ -138,7 +142,7 @@ void* HostPools::allocate(size_t size, int node, CUstream stream) {
     node = near < 0 ? 0 : near;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  core::HostMemory& pool = pool_locked(node, device);
+  core::HostMemory& pool = pool_locked(node, device, named);
   try {
     return pool.allocate(size, stream, device);
   } catch (const usage_error&) {
@@ -191,7 +195,7 @@ void* HostPools::stage(size_t bytes, int device) noexcept {
     }
     std::lock_guard<std::mutex> lock(mu_);
     node = node < 0 ? 0 : node;
-    void* p = pool_locked(node, device).allocate(bytes, nullptr, device);
+    void* p = pool_locked(node, device, false).allocate(bytes, nullptr, device);
     try {
       staged_.emplace(p, std::make_pair(node, bytes));
     } catch (...) {
@@ -210,10 +214,10 @@ bool HostPools::unstage(void* p) noexcept {
   if (pool == nullptr) return false;
   try {
     pool->free(p, nullptr);
+    staged_.erase(p);
   } catch (...) {
-    // Kept live in its pool (its pages are given back with the pool): not the driver's to free.
+    // Kept live in its pool, still staging (given back with the pool): not the driver's to free.
   }
-  staged_.erase(p);
   return true;
 }
 

@@ -36,12 +36,14 @@ class HostPools final : public core::HostStaging {
   bool unstage(void* p) noexcept override;
 
  private:
-  core::HostMemory& pool_locked(int node, int device);
+  // named: the caller chose the node (a refused node is then its error, not a reason to fall
+  // back).
+  core::HostMemory& pool_locked(int node, int device, bool named);
   core::HostMemory* owner_locked(const void* p);
   // The refusal for a pointer no pool holds (called without mu_: it asks the devices).
   [[noreturn]] void refuse(const void* p, const char* what) const;
   void check_not_staged_locked(const void* p, const char* what) const;
-  bool probe_vmm(int node, int device) const;
+  bool probe_vmm(int node, int device, bool named) const;
   int device_of(CUstream stream) const;
 
   Runtime& rt_;

@@ -89,7 +89,7 @@ PinnedStressResult run_pinned_stress(const PinnedStressOptions& o) {
                       " is more than the capacity of " + conf::format_size(r.capacity));
   }
   {
-    core::HostPool pool(t, node, ctx, r.capacity, 2 * r.capacity + GiB);
+    core::HostPool pool(t, node, ctx, 0, 1, r.capacity, 2 * r.capacity + GiB);
     r.page_size = pool.page();
     std::mt19937_64 rng(o.seed);
     std::vector<std::pair<void*, size_t>> live;

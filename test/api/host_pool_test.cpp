@@ -4,6 +4,7 @@
 #include "driver_api/entry_points.hpp"
 #include "expanse/expanse.h"
 #include "sim/sim.hpp"
+#include "sim/sim_entry.hpp"
 
 #include <gtest/gtest.h>
 
@@ -290,6 +291,30 @@ TEST_F(HostPoolTest, AStalePointerCannotFreeASleepingPoolsStaging) {
   EXPECT_EQ(expanse_free_checked(p, 6 * MiB, 0, nullptr), EXPANSE_OK);
   EXPECT_EQ(expanse_pool_release(id), EXPANSE_OK);
   EXPECT_EQ(expanse_release_host_backup(0), EXPANSE_OK);
+}
+
+// Found by review: a free with a NULL stream recorded its event on the pool's context's legacy
+// stream, not the calling thread's, so a copy issued there on device 1 could still be running
+// when the block was handed out again. The event goes where the caller's NULL stream is.
+TEST_F(HostPoolTest, ANullStreamIsTheCallersContextsNotThePools) {
+  start();
+  void* p = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&p, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  CUdevice dev1 = 0;
+  CUcontext ctx1 = nullptr;
+  ASSERT_EQ(expanse::sim::sim_device_get(&dev1, 1), CUDA_SUCCESS);
+  ASSERT_EQ(expanse::sim::sim_device_primary_ctx_retain(&ctx1, dev1), CUDA_SUCCESS);
+  ASSERT_EQ(expanse::sim::sim_ctx_set_current(ctx1), CUDA_SUCCESS);
+  expanse::sim::hold_stream(nullptr);  // device 1's legacy stream: a copy still running there
+  ASSERT_EQ(expanse_host_free(p, nullptr), EXPANSE_OK) << expanse_last_error();
+  void* q = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&q, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  EXPECT_NE(q, p) << "handed out while device 1's work on it ran";
+  EXPECT_EQ(host_stats().pending_blocks, 1u);
+  expanse::sim::release_all();
+  EXPECT_EQ(expanse_host_free(q, nullptr), EXPANSE_OK);
+  expanse::sim::sim_ctx_set_current(nullptr);
+  expanse::sim::sim_device_primary_ctx_release(dev1);
 }
 
 // Shutdown refuses while host blocks are live (as for device blocks), and succeeds after.

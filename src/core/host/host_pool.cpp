@@ -23,9 +23,11 @@ CUmemAllocationProp host_prop(int node) {
 
 }  // namespace
 
-HostPool::HostPool(const driver::DriverTable& t, int node, CUcontext ctx, size_t limit,
-                   size_t va_bytes)
-    : t_(t), node_(node), ctx_(ctx), limit_(limit), order_(t) {
+HostPool::HostPool(const driver::DriverTable& t, int node, CUcontext ctx, int owner, int devices,
+                   size_t limit, size_t va_bytes)
+    : t_(t), node_(node), ctx_(ctx), owner_(owner), limit_(limit), order_(t) {
+  for (int d = 0; d < devices; ++d) devices_.insert(d);
+  devices_.insert(owner_);
   ContextScope current(t_, ctx_);
   const CUmemAllocationProp prop = host_prop(node_);
   check(t_.mem_get_allocation_granularity(&page_, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
@@ -42,6 +44,9 @@ HostPool::HostPool(const driver::DriverTable& t, int node, CUcontext ctx, size_t
 
 HostPool::~HostPool() {
   ContextScope current(t_, ctx_);
+  // Copies still running from freed blocks finish before their pages go (cuMemUnmap does not
+  // wait for the GPU).
+  poll_pending(true);
   for (size_t i = 0; i < pages_.size(); ++i) {
     if (pages_[i] == 0) continue;
     t_.mem_unmap(static_cast<CUdeviceptr>(base_ + i * page_), page_);
@@ -114,7 +119,7 @@ void HostPool::untouch(size_t first, size_t last) {
   }
 }
 
-void HostPool::grant(uintptr_t va, size_t bytes) const {
+void HostPool::grant(uintptr_t va, size_t bytes) {
   std::vector<CUmemAccessDesc> desc(1 + devices_.size());
   desc[0].location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
   desc[0].location.id = node_;
@@ -126,8 +131,16 @@ void HostPool::grant(uintptr_t va, size_t bytes) const {
     desc[k].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     ++k;
   }
-  check(t_.mem_set_access(static_cast<CUdeviceptr>(va), bytes, desc.data(), desc.size()),
-        "cuMemSetAccess");
+  const CUresult r =
+      t_.mem_set_access(static_cast<CUdeviceptr>(va), bytes, desc.data(), desc.size());
+  if (r == CUDA_SUCCESS || devices_.size() <= 1) {
+    check(r, "cuMemSetAccess");
+    return;
+  }
+  // A device the driver will not give access to (no path to this node's memory) must not fail
+  // every request: the host and the first device, alone, are granted; the others are dropped.
+  devices_ = {owner_};
+  grant(va, bytes);
 }
 
 void HostPool::add_device(int device) {
@@ -163,9 +176,10 @@ void HostPool::map_page(size_t i, CUmemGenericAllocationHandle h) {
   } catch (...) {
     if (t_.mem_unmap(va, page_) == CUDA_SUCCESS) {
       unmapped_.push_back(h);
-    } else {  // mapped without access: kept as the page's, offered again by a later request
+    } else {  // mapped without access: kept as the page's, granted again before it is used
       pages_[i] = h;
       ++mapped_pages_;
+      ungranted_.insert(i);
     }
     throw;
   }
@@ -206,6 +220,7 @@ CUmemGenericAllocationHandle HostPool::page_handle(size_t first, size_t last) {
     const CUmemGenericAllocationHandle h = pages_[j];
     pages_[j] = 0;
     --mapped_pages_;
+    ungranted_.erase(j);
     ++stats_.num_remapped_pages;
     return h;
   }
@@ -214,6 +229,10 @@ CUmemGenericAllocationHandle HostPool::page_handle(size_t first, size_t last) {
 
 bool HostPool::back_pages(size_t first, size_t last, int /*device*/) {
   for (size_t i = first; i <= last; ++i) {
+    if (pages_[i] != 0 && ungranted_.count(i) != 0) {
+      grant(base_ + i * page_, page_);
+      ungranted_.erase(i);
+    }
     if (pages_[i] != 0) continue;
     const CUmemGenericAllocationHandle h = page_handle(first, last);
     if (h == 0) return false;
@@ -306,7 +325,11 @@ void HostPool::free(void* p, CUstream stream) {
     throw usage_error("expanse: host free of " + hex(addr(p)) + ": " + describe(p) +
                       "; nothing was changed");
   }
-  ContextScope current(t_, ctx_);  // a NULL stream is the pool's context's
+  // A NULL or per-thread stream is the calling thread's current context's (the copy that used the
+  // block was issued there); the pool's context only when the thread has none.
+  CUcontext caller = nullptr;
+  if (t_.ctx_get_current(&caller) != CUDA_SUCCESS) caller = nullptr;
+  ContextScope current(t_, caller == nullptr ? ctx_ : nullptr);
   order_.add(it->first, it->second.extent, stream, it->second.streams);
   stats_.requested_bytes -= it->second.size;
   stats_.allocated_bytes -= it->second.extent;
@@ -341,6 +364,7 @@ void HostPool::release_cached() {
       unmapped_.push_back(pages_[k]);
       pages_[k] = 0;
       --mapped_pages_;
+      ungranted_.erase(k);
     }
     i = j;
   }

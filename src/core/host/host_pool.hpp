@@ -32,10 +32,13 @@ namespace expanse::core {
 class HostPool final : public HostMemory {
  public:
   // t: the loaded driver; node: the host NUMA node; ctx: the context VMM calls run in (made
-  // current around them); limit: most bytes of pages held (SIZE_MAX: none). Reserves the VA.
-  // Throws driver_failure when the driver cannot (a device without HOST_NUMA VMM: the caller
-  // probes first).
-  HostPool(const driver::DriverTable& t, int node, CUcontext ctx, size_t limit, size_t va_bytes);
+  // current around them), that of device `owner`; devices: how many devices every page is
+  // granted to (pinned host memory is every device's, as cuMemHostAlloc's portable memory is; a
+  // device the driver refuses is dropped and owner kept); limit: most bytes of pages held
+  // (SIZE_MAX: none). Reserves the VA. Throws driver_failure when the driver cannot (a device
+  // without HOST_NUMA VMM: the caller probes first).
+  HostPool(const driver::DriverTable& t, int node, CUcontext ctx, int owner, int devices,
+           size_t limit, size_t va_bytes);
   ~HostPool();  // gives every page and the VA back (live blocks included: only at shutdown)
   HostPool(const HostPool&) = delete;
   HostPool& operator=(const HostPool&) = delete;
@@ -82,7 +85,7 @@ class HostPool final : public HostMemory {
   bool back_pages(size_t first, size_t last, int device);
   CUmemGenericAllocationHandle page_handle(size_t avoid_first, size_t avoid_last);
   void map_page(size_t i, CUmemGenericAllocationHandle h);
-  void grant(uintptr_t va, size_t bytes) const;
+  void grant(uintptr_t va, size_t bytes);
   void add_device(int device);
   bool poll_pending(bool wait);
   void note_peak();
@@ -90,6 +93,7 @@ class HostPool final : public HostMemory {
   const driver::DriverTable& t_;
   int node_;
   CUcontext ctx_;
+  int owner_;
   size_t limit_;
   size_t page_ = 0;
   size_t va_bytes_ = 0;
@@ -101,6 +105,7 @@ class HostPool final : public HostMemory {
   std::map<uintptr_t, Block> blocks_;
   HostFreeOrder order_;
   std::set<int> devices_;  // granted access on every mapped page
+  std::set<size_t> ungranted_;  // mapped pages whose access grant failed (granted before use)
   size_t mapped_pages_ = 0;
   size_t reclaim_from_ = 0;  // where page_handle's search for a page to move goes on
   HostPoolStats stats_;

@@ -26,8 +26,12 @@ RegisteredHost::~RegisteredHost() {
 
 void RegisteredHost::give_back(uintptr_t at, size_t extent) noexcept {
   void* p = reinterpret_cast<void*>(at);
-  if (t_.mem_host_unregister(p) == CUDA_SUCCESS) ++stats_.num_released_pages;
-  munmap(p, extent);
+  // A range the driver still has registered stays mapped (unused): unmapped, its address could
+  // come back from mmap and fail the next register.
+  if (t_.mem_host_unregister(p) == CUDA_SUCCESS) {
+    ++stats_.num_released_pages;
+    munmap(p, extent);
+  }
   pinned_ -= extent;
   pending_extent_.erase(at);
 }
@@ -115,7 +119,9 @@ void RegisteredHost::free(void* p, CUstream stream) {
     throw usage_error("expanse: host free of " + hex(a) + ": " + describe(a) +
                       "; nothing was changed");
   }
-  ContextScope in(t_, ctx_);
+  CUcontext caller = nullptr;  // a NULL stream is the calling thread's context's
+  if (t_.ctx_get_current(&caller) != CUDA_SUCCESS) caller = nullptr;
+  ContextScope in(t_, caller == nullptr ? ctx_ : nullptr);
   pending_extent_.emplace(a, it->second.extent);
   try {
     order_.add(a, it->second.extent, stream, it->second.streams);
