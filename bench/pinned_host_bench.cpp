@@ -13,6 +13,7 @@
 #include "bench_driver.hpp"
 #include "core/host/host_pool.hpp"
 #include "driver_api/cost_model.hpp"
+#include "models/torch_host_allocator.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -25,17 +26,6 @@ namespace {
 using expanse::driver::EntryPoint;
 constexpr size_t MiB = size_t{1} << 20;
 constexpr size_t GiB = size_t{1} << 30;
-
-size_t pow2_ceil(size_t n) {
-  size_t p = 1;
-  while (p < n) p <<= 1;
-  return p;
-}
-
-// PyTorch's host allocator: a power of two, or with the threshold set, exact (to the page) above it.
-size_t torch_pinned(size_t asked, size_t threshold) {
-  return threshold != 0 && asked > threshold ? (asked + 4095) / 4096 * 4096 : pow2_ceil(asked);
-}
 
 }  // namespace
 
@@ -86,8 +76,8 @@ int main() {
     const double host_alloc_ms = m.cost_ns(EntryPoint::mem_host_alloc, exact) / 1e6;
     std::printf("%12.1f | %10.3f %12.2f %10.2f | %10.3f %10.3f | %12.3f %12.2f\n",
                 static_cast<double>(asked) / static_cast<double>(MiB), per(s.pinned_bytes),
-                modeled_ms, timed_ms, per(pow2_ceil(asked)),
-                per(torch_pinned(asked, threshold)),
+                modeled_ms, timed_ms, per(expanse::models::torch_host_block_bytes(asked)),
+                per(expanse::models::torch_host_block_bytes(asked, threshold)),
                 per(exact), host_alloc_ms);
     pool.free(p, nullptr);
   }

@@ -5,6 +5,7 @@
 #include "core/host/host_pool.hpp"
 #include "driver/driver.hpp"
 #include "expanse/errors.hpp"
+#include "models/torch_host_allocator.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -19,12 +20,6 @@ namespace {
 
 constexpr size_t MiB = size_t{1} << 20;
 constexpr size_t GiB = size_t{1} << 30;
-
-size_t pow2_ceil(size_t n) {
-  size_t p = 1;
-  while (p < n) p <<= 1;
-  return p;
-}
 
 // Offload-sized blocks: KV pages and activations (1-64 MiB), some small staging buffers.
 size_t block_size(std::mt19937_64& rng, size_t capacity) {
@@ -103,7 +98,7 @@ PinnedStressResult run_pinned_stress(const PinnedStressOptions& o) {
       void* p = pool.allocate(n, nullptr, 0);
       std::memset(p, 0x5a, std::min<size_t>(n, 64));
       live.emplace_back(p, n);
-      torch_held += pow2_ceil(n);
+      torch_held += models::torch_host_block_bytes(n);
       ++r.blocks_made;
     }
     std::shuffle(live.begin(), live.end(), rng);
@@ -114,14 +109,14 @@ PinnedStressResult run_pinned_stress(const PinnedStressOptions& o) {
       live.pop_back();
       pool.free(p, nullptr);
       live_bytes -= (n + r.page_size - 1) / r.page_size * r.page_size;
-      ++torch_cached[pow2_ceil(n)];
+      ++torch_cached[models::torch_host_block_bytes(n)];
     }
     const core::HostPoolStats before = pool.stats();
     r.live_at_request = before.allocated_bytes;
     r.pinned_at_request = before.pinned_bytes;
-    for (const auto& b : live) r.torch_live_pinned += pow2_ceil(b.second);
+    for (const auto& b : live) r.torch_live_pinned += models::torch_host_block_bytes(b.second);
     r.torch_pinned_at_request = torch_held;
-    r.torch_request_pinned = pow2_ceil(r.size);
+    r.torch_request_pinned = models::torch_host_block_bytes(r.size);
     const bool cached_fits = torch_cached[r.torch_request_pinned] > 0;
     r.torch_fits = cached_fits || torch_held + r.torch_request_pinned <= r.capacity;
     r.torch_fits_after_empty_cache = r.torch_live_pinned + r.torch_request_pinned <= r.capacity;
