@@ -4,6 +4,7 @@
 #include "core/base/format.hpp"
 #include "core/host/host_pool.hpp"
 #include "core/host/host_registered.hpp"
+#include "core/streams/capture_announcements.hpp"
 #include "expanse/errors.hpp"
 
 #include <algorithm>
@@ -97,6 +98,17 @@ core::HostMemory& HostPools::pool_locked(int node, int device, bool named) {
   } else {
     pool = std::make_unique<core::RegisteredHost>(t, node, ctx, limit_);
   }
+  // No event of the free order is queried while the application announces a graph capture in
+  // any device's context (expanse_capture_begin, pools' capture routes).
+  pool->set_may_poll([this] {
+    for (int d = 0; d < rt_.device_count(); ++d) {
+      const core::DeviceAllocator* a = rt_.existing(d);
+      if (a != nullptr && core::CaptureAnnouncements::count(a->driver().primary()) != 0) {
+        return false;
+      }
+    }
+    return true;
+  });
   return *pools_.emplace(node, std::move(pool)).first->second;
 }
 

@@ -317,6 +317,41 @@ TEST_F(HostPoolTest, ANullStreamIsTheCallersContextsNotThePools) {
   expanse::sim::sim_device_primary_ctx_release(dev1);
 }
 
+// Found by review: a host request polled the freed blocks' events, and mapped and granted new
+// pages, while the application captured a CUDA graph; either invalidates a global-mode capture.
+// With a capture announced, a request that would need either is refused, saying why, and the
+// capture survives; after it, the same request succeeds.
+TEST_F(HostPoolTest, AHostRequestDuringAnAnnouncedCaptureDoesNotBreakIt) {
+  start();
+  void* a = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&a, 4 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_host_free(a, nullptr), EXPANSE_OK);  // proven free only by a later poll
+  CUdevice dev0 = 0;
+  CUcontext ctx0 = nullptr;
+  ASSERT_EQ(expanse::sim::sim_device_get(&dev0, 0), CUDA_SUCCESS);
+  ASSERT_EQ(expanse::sim::sim_device_primary_ctx_retain(&ctx0, dev0), CUDA_SUCCESS);
+  ASSERT_EQ(expanse::sim::sim_ctx_set_current(ctx0), CUDA_SUCCESS);
+  CUstream s = nullptr;
+  ASSERT_EQ(expanse::sim::sim_stream_create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_EQ(expanse_capture_begin(s), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse::sim::sim_stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+            CUDA_SUCCESS);
+  void* b = nullptr;
+  EXPECT_EQ(expanse_host_malloc(&b, 4 * MiB, 0, nullptr), EXPANSE_EINVAL);
+  EXPECT_TRUE(has("during an announced graph capture")) << expanse_last_error();
+  EXPECT_EQ(b, nullptr);
+  CUgraph g = nullptr;
+  EXPECT_EQ(expanse::sim::sim_stream_end_capture(s, &g), CUDA_SUCCESS) << "the capture survived";
+  ASSERT_EQ(expanse_capture_end(s), EXPANSE_OK);
+  if (g != nullptr) expanse::sim::sim_graph_destroy(g);
+  expanse::sim::sim_stream_destroy(s);
+  ASSERT_EQ(expanse_host_malloc(&b, 4 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(b, a) << "a's pages, proven free after the capture";
+  EXPECT_EQ(expanse_host_free(b, nullptr), EXPANSE_OK);
+  expanse::sim::sim_ctx_set_current(nullptr);
+  expanse::sim::sim_device_primary_ctx_release(dev0);
+}
+
 // Shutdown refuses while host blocks are live (as for device blocks), and succeeds after.
 TEST_F(HostPoolTest, ShutdownWaitsForLiveHostBlocks) {
   start();

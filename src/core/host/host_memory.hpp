@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace expanse::core {
@@ -51,6 +52,16 @@ class HostMemory {
   // Whether p lies in memory this node's host memory handed out (live, pending or cached).
   virtual bool contains(const void* p) const = 0;
   virtual HostPath path() const = 0;
+  // Whether the freed blocks' events may be queried or waited for now: not while the
+  // application captures a CUDA graph (a query or wait then invalidates a global-mode capture).
+  // Unset: always. A request that may not poll uses only memory proven free already.
+  void set_may_poll(std::function<bool()> may_poll) { may_poll_ = std::move(may_poll); }
+
+ protected:
+  bool may_poll() const { return !may_poll_ || may_poll_(); }
+
+ private:
+  std::function<bool()> may_poll_;
 };
 
 }  // namespace expanse::core

@@ -227,6 +227,13 @@ CUmemGenericAllocationHandle HostPool::page_handle(size_t first, size_t last) {
   return 0;
 }
 
+bool HostPool::mapped(size_t first, size_t last) const {
+  for (size_t i = first; i <= last; ++i) {
+    if (pages_[i] == 0 || ungranted_.count(i) != 0) return false;
+  }
+  return true;
+}
+
 bool HostPool::back_pages(size_t first, size_t last, int /*device*/) {
   for (size_t i = first; i <= last; ++i) {
     if (pages_[i] != 0 && ungranted_.count(i) != 0) {
@@ -273,7 +280,8 @@ void* HostPool::allocate(size_t size, CUstream /*stream*/, int device) {
   }
   ContextScope current(t_, ctx_);
   add_device(device);
-  poll_pending(false);
+  const bool polls = may_poll();
+  if (polls) poll_pending(false);
   const bool large = size >= page_;
   const size_t extent =
       large ? (size + page_ - 1) / page_ * page_ : (size + kSmallAlign - 1) / kSmallAlign * kSmallAlign;
@@ -283,6 +291,18 @@ void* HostPool::allocate(size_t size, CUstream /*stream*/, int device) {
       const size_t first = offset / page_;
       const size_t last = (offset + extent - 1) / page_;
       touch(first, last);
+      if (!polls && !mapped(first, last)) {
+        // New mappings and their access grants are not allowed while a graph is captured (they
+        // would invalidate a global-mode capture): only memory mapped already serves.
+        untouch(first, last);
+        give_range(offset, extent);
+        ++stats_.num_ooms;
+        throw usage_error("expanse: host allocation of " + std::to_string(size) +
+                          " bytes on NUMA node " + std::to_string(node_) +
+                          " during an announced graph capture needs pages mapped, which the "
+                          "capture does not allow: allocate it before the capture begins; "
+                          "nothing was changed");
+      }
       bool backed = false;
       try {
         backed = back_pages(first, last, device);
@@ -302,7 +322,7 @@ void* HostPool::allocate(size_t size, CUstream /*stream*/, int device) {
       untouch(first, last);  // its pages mapped so far stay, free: the next request's
       give_range(offset, extent);
     }
-    if (waited || order_.pending() == 0) break;
+    if (waited || order_.pending() == 0 || !polls) break;
     ++stats_.num_waits;
     poll_pending(true);  // freed blocks whose copies are still running: wait for them
     waited = true;
@@ -350,7 +370,7 @@ void HostPool::record_stream(void* p, CUstream stream) {
 
 void HostPool::release_cached() {
   ContextScope current(t_, ctx_);
-  poll_pending(false);
+  if (may_poll()) poll_pending(false);
   for (size_t i = 0; i < pages_.size();) {
     if (pages_[i] == 0 || users_[i] != 0) {
       ++i;

@@ -83,6 +83,7 @@ class HostPool final : public HostMemory {
   void touch(size_t first, size_t last);
   void untouch(size_t first, size_t last);
   bool back_pages(size_t first, size_t last, int device);
+  bool mapped(size_t first, size_t last) const;  // every page mapped and granted
   CUmemGenericAllocationHandle page_handle(size_t avoid_first, size_t avoid_last);
   void map_page(size_t i, CUmemGenericAllocationHandle h);
   void grant(uintptr_t va, size_t bytes);

@@ -42,13 +42,14 @@ void* RegisteredHost::allocate(size_t size, CUstream /*stream*/, int /*device*/)
                       std::to_string(node_) + "; nothing was changed");
   }
   ContextScope in(t_, ctx_);
-  order_.poll(false, [&](uintptr_t at, size_t extent) { give_back(at, extent); });
+  const bool polls = may_poll();
+  if (polls) order_.poll(false, [&](uintptr_t at, size_t extent) { give_back(at, extent); });
   if (size > SIZE_MAX - page_) {
     ++stats_.num_ooms;
     throw out_of_memory("expanse: host allocation of " + std::to_string(size) + " bytes", size, -1);
   }
   const size_t extent = (size + page_ - 1) / page_ * page_;
-  if (limit_ != SIZE_MAX && pinned_ + extent > limit_ && order_.pending() != 0) {
+  if (limit_ != SIZE_MAX && pinned_ + extent > limit_ && order_.pending() != 0 && polls) {
     ++stats_.num_waits;
     order_.poll(true, [&](uintptr_t at, size_t e) { give_back(at, e); });
   }
@@ -134,7 +135,7 @@ void RegisteredHost::free(void* p, CUstream stream) {
   --stats_.live_blocks;
   ++stats_.num_frees;
   blocks_.erase(it);
-  order_.poll(false, [&](uintptr_t at, size_t extent) { give_back(at, extent); });
+  if (may_poll()) order_.poll(false, [&](uintptr_t at, size_t extent) { give_back(at, extent); });
 }
 
 void RegisteredHost::record_stream(void* p, CUstream stream) {
@@ -150,7 +151,7 @@ void RegisteredHost::record_stream(void* p, CUstream stream) {
 
 void RegisteredHost::release_cached() {
   ContextScope in(t_, ctx_);
-  order_.poll(false, [&](uintptr_t at, size_t extent) { give_back(at, extent); });
+  if (may_poll()) order_.poll(false, [&](uintptr_t at, size_t extent) { give_back(at, extent); });
 }
 
 HostPoolStats RegisteredHost::stats() const {
