@@ -1,5 +1,6 @@
 #include "api/pool_registry.hpp"
 
+#include "api/fork_guard.hpp"
 #include "api/runtime.hpp"
 #include "core/streams/capture_announcements.hpp"
 #include "expanse/errors.hpp"
@@ -186,6 +187,7 @@ void pool_end(core::PoolId id) {
 }
 
 bool pool_end_route(uint64_t token) {
+  if (in_forked_child()) return false;  // a scope ending in a forked child touches nothing
   Runtime* rt = Runtime::current();
   CUstream capture = nullptr;
   if (rt == nullptr || !rt->routes().end_route(token, &capture)) return false;

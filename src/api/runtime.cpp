@@ -82,6 +82,7 @@ bool Runtime::any_live() const {
 }
 
 void Runtime::init(const std::string& conf) {
+  if (in_forked_child()) throw driver_failure(forked_child_message("init"), 0);
   std::lock_guard<std::mutex> lock(g_mu);
   Runtime* old = g_runtime.load(std::memory_order_relaxed);
   if (old != nullptr && old->any_live()) {
@@ -106,6 +107,7 @@ void Runtime::init(const std::string& conf) {
 }
 
 void Runtime::shutdown() {
+  if (in_forked_child()) throw driver_failure(forked_child_message("shutdown"), 0);
   std::lock_guard<std::mutex> lock(g_mu);
   g_init_failure.clear();
   Runtime* old = g_runtime.load(std::memory_order_relaxed);

@@ -282,7 +282,8 @@ BlockIt DeviceAllocator::place(size_t sz, Arena a, StreamKey stream, PageRequest
     // A request the reservation covers fails only when its pages do not exist.
     const size_t need = (sz + page_ - 1) / page_;
     if (!supply_.guards_reserve() ||
-        supply_.touched_pages() + supply_.outside_pages() + need > supply_.reserved_pages()) {
+        supply_.touched_pages() + supply_.outside_pages() + supply_.retired_pages() + need >
+            supply_.reserved_pages()) {
       throw;
     }
     BlockIt it = place_whole_handles(sz, stream, req, pool);

@@ -205,6 +205,34 @@ TEST_F(CAbiFuzzThreadsTest, AFailedSynchronizeBeforeAnUnmapIsADriverFailure) {
   EXPECT_EQ(expanse_pool_release(id), EXPANSE_OK);
 }
 
+// Found by review: with the reservation at the limit, freeing an exported registrable block
+// created its replacement beyond the limit. Now the handle is retired within it, and the
+// reservation counts the retired pages as no block's to have.
+TEST_F(CAbiFuzzThreadsTest, AnExportedBlockFreedAtTheLimitStaysWithinIt) {
+  ASSERT_EQ(expanse_set_limit(0, size_t{512} << 20), EXPANSE_OK) << expanse_last_error();
+  size_t got = 0;
+  ASSERT_EQ(expanse_reserve(0, size_t{512} << 20, &got), EXPANSE_OK) << expanse_last_error();
+  expanse_pool_id id = 0;
+  ASSERT_EQ(expanse_pool_create_registrable(0, &id), EXPANSE_OK) << expanse_last_error();
+  void* p = expanse_pool_malloc(id, 1 << 20, nullptr);
+  ASSERT_NE(p, nullptr) << expanse_last_error();
+  expanse_ipc_handle h{};
+  ASSERT_EQ(expanse_ipc_export(p, &h), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_reset_peak_stats(0), EXPANSE_OK);
+  ASSERT_EQ(expanse_free_checked(p, 1 << 20, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  expanse_stats s{};
+  s.struct_size = sizeof s;
+  ASSERT_EQ(expanse_get_stats(0, &s), EXPANSE_OK);
+  EXPECT_LE(s.peak_physical_bytes, size_t{512} << 20) << "never beyond the limit";
+  EXPECT_GE(s.physical_low_water_bytes, s.reserved_bytes) << "nor below the reservation";
+  EXPECT_EQ(s.reserved_unused_bytes + s.reserve_stranded_bytes, s.reserved_bytes)
+      << "the retired pages are no block's";
+  EXPECT_EQ(expanse_ipc_handle_release(&h), EXPANSE_OK);
+  EXPECT_EQ(expanse_pool_release(id), EXPANSE_OK);
+  EXPECT_EQ(expanse_unreserve(0), EXPANSE_OK);
+  EXPECT_EQ(expanse_set_limit(0, SIZE_MAX), EXPANSE_OK);
+}
+
 void four_threads(bool faults) {
   const size_t ops = env_or("EXPANSE_FUZZ_THREAD_OPS", 1000);
   for (uint64_t seed = 1; seed <= env_or("EXPANSE_FUZZ_THREAD_SEEDS", 2); ++seed) {

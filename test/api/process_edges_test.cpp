@@ -5,6 +5,7 @@
 // in a destructor. The exits run as gtest death tests in the "threadsafe" style: the child is a
 // fresh exec of this binary, so nothing of the parent's runtime is in it.
 #include "expanse/expanse.h"
+#include "expanse/expanse.hpp"
 
 #include <gtest/gtest.h>
 
@@ -145,6 +146,21 @@ void call_everything(int fd, void* live, expanse_pool_id pool, expanse_pool_id s
   if (q != nullptr) say(fd, "expanse_ipc_import gave a pointer");
   check("expanse_ipc_close", expanse_ipc_close(imported));
   check("expanse_enable_peer_access", expanse_enable_peer_access(0, 1));
+  // The C++ facade's way in (init and shutdown go around the C ABI's wrapper).
+  for (int k = 0; k < 2; ++k) {
+    try {
+      if (k == 0) {
+        expanse::init(kConf);
+      } else {
+        expanse::shutdown();
+      }
+      say(fd, k == 0 ? "expanse::init succeeded" : "expanse::shutdown succeeded");
+    } catch (const expanse::driver_failure& e) {
+      if (std::strstr(e.what(), "forked") == nullptr) say(fd, std::string("C++: ") + e.what());
+    } catch (...) {
+      say(fd, "the C++ facade threw something other than driver_failure");
+    }
+  }
   // Pure: they reach neither the driver nor the books, and work as anywhere.
   if (expanse_entry_point_name(0) == nullptr) say(fd, "expanse_entry_point_name failed");
   if (expanse_ipc_handle_size(exported) == 0) say(fd, "expanse_ipc_handle_size failed");

@@ -87,7 +87,8 @@ void PageSupply::Gathering::run() {
   // waiting for the streams' work on them if need be: nothing beyond it is created, and the
   // memory left to other processes stays theirs.
   covered_ = s_.reserved_pages_ > 0 &&
-             s_.touched_pages_ + s_.outside_pages_ + in_hand_ + open_pages() <= s_.reserved_pages_;
+             s_.touched_pages_ + s_.outside_pages_ + s_.retired_pages_ + in_hand_ + open_pages() <=
+                 s_.reserved_pages_;
   if (covered_) {
     reclaim_more(false);
     if (!open_.empty()) {

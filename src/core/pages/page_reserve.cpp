@@ -104,6 +104,7 @@ PageSupply::ReserveOutcome PageSupply::reserve(size_t pages, size_t handle_pages
 // handle to release again.
 void PageSupply::top_up(size_t to) noexcept {
   if (to == SIZE_MAX) to = reserved_pages_;
+  to = std::min(to, std::min(capacity_pages_, limit_pages_));  // never beyond the limit
   size_t size = reserve_handle_pages_;
   while (held_pages() < to) {
     const size_t lack = to - held_pages();
@@ -132,7 +133,7 @@ void PageSupply::top_up(size_t to) noexcept {
     stats_.num_created_pages += size;
     note_peaks(0);
   }
-  give_back_retired();
+  give_back_retired(to);
 }
 
 void PageSupply::retire(size_t pages, CUmemGenericAllocationHandle h) noexcept {
@@ -148,11 +149,11 @@ void PageSupply::retire(size_t pages, CUmemGenericAllocationHandle h) noexcept {
   }
 }
 
-void PageSupply::give_back_retired() noexcept {
+void PageSupply::give_back_retired(size_t floor) noexcept {
   for (size_t i = 0; i < retired_.size();) {
     const auto [n, h] = retired_[i];
     try {
-      if (!may_release(n)) {
+      if (!may_release(n) || held_pages() < floor + n) {
         // Its replacement first, in the room beside what is held: never a dip.
         if (room() < n) return;
         CUmemGenericAllocationHandle fresh = 0;

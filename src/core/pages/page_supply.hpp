@@ -134,7 +134,8 @@ class PageSupply {
   // `untouched` touched pages, counted as free by the caller).
   size_t reserved_unused_pages(size_t untouched = 0) const noexcept {
     const size_t r = std::min(reserved_pages_, held_pages());
-    const size_t used = touched_pages_ - untouched + outside_pages_;  // registrable blocks too
+    // Registrable blocks' pages and retired handles' too: no block can have those.
+    const size_t used = touched_pages_ - untouched + outside_pages_ + retired_pages_;
     return r > used ? r - used : 0;
   }
   struct ReserveOutcome {
@@ -195,10 +196,10 @@ class PageSupply {
   // refused to release it. Its pages count as held; give_back_retired() lets it go.
   void retire(size_t pages, CUmemGenericAllocationHandle h) noexcept;
   size_t retired_pages() const noexcept { return retired_pages_; }
-  // Releases retired handles: at once where the reservation is whole without them, otherwise
-  // once a replacement of their size is created (room allowing). Best effort; called by top_up()
-  // and trim_to().
-  void give_back_retired() noexcept;
+  // Releases retired handles: at once where the reservation (and `floor` pages) stays whole
+  // without them, otherwise once a replacement of their size is created (room allowing). Best
+  // effort; called by top_up() (its target the floor) and trim_to().
+  void give_back_retired(size_t floor = 0) noexcept;
   // Releases pooled handles, none larger than what the held pages exceed the reservation by
   // (nor than what is left to shed), until `pages` are released or none fits; the pages released.
   size_t shed_pooled(size_t pages);

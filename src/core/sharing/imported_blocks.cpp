@@ -16,18 +16,41 @@ CUdeviceptr ImportedBlocks::import(const std::vector<int>& fds,
   b.extent = extent;
   CUdeviceptr va = 0;
   size_t mapped = 0;  // bytes of va mapped so far
-  // Runs at most once in effect: a second run would unmap, release and free what may by then be
-  // another import's (the range and handles are the driver's to hand out again).
+  // Each step runs once whatever the driver says (a second run would unmap, release and free what
+  // may by then be another import's); a handle or range the driver will not take back yet is
+  // kept for give_back_left, and a range whose unmap failed stays reserved.
   auto undo = [&]() noexcept {
-    try {
-      if (mapped != 0) drv_.unmap(va, mapped, b.handles.size());
+    bool unmapped = true;
+    if (mapped != 0) {
+      try {
+        drv_.unmap(va, mapped, b.handles.size());
+      } catch (...) {
+        unmapped = false;
+      }
       mapped = 0;
-      for (const auto& [h, size] : b.handles) drv_.release_imported(h, size);
-      b.handles.clear();
-      if (va != 0) drv_.address_free(va, extent);
-      va = 0;
-    } catch (...) {
     }
+    for (const auto& [h, size] : b.handles) {
+      try {
+        drv_.release_imported(h, size);
+      } catch (...) {
+        try {
+          left_handles_.emplace_back(h, size);
+        } catch (...) {
+        }
+      }
+    }
+    b.handles.clear();
+    if (va != 0 && unmapped) {
+      try {
+        drv_.address_free(va, extent);
+      } catch (...) {
+        try {
+          left_ranges_.emplace_back(va, extent);
+        } catch (...) {
+        }
+      }
+    }
+    va = 0;
   };
   try {
     va = drv_.reserve(extent, drv_.granularity());
