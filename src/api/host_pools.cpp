@@ -51,10 +51,7 @@ bool HostPools::probe_vmm(int node, int device, bool named) const {
   }
   // The attribute can say yes where the process may not pin through VMM (a container without
   // the capability NCCL documents): one page made and released says.
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
-  prop.location.id = node;
+  const CUmemAllocationProp prop = core::host_prop(node);
   size_t page = 0;
   if (t.mem_get_allocation_granularity(&page, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
       CUDA_SUCCESS) {

@@ -13,6 +13,8 @@ namespace {
 
 constexpr size_t kSmallAlign = 512;
 
+}  // namespace
+
 CUmemAllocationProp host_prop(int node) {
   CUmemAllocationProp p{};
   p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -20,8 +22,6 @@ CUmemAllocationProp host_prop(int node) {
   p.location.id = node;
   return p;
 }
-
-}  // namespace
 
 HostPool::HostPool(const driver::DriverTable& t, int node, CUcontext ctx, int owner, int devices,
                    size_t limit, size_t va_bytes)

@@ -29,6 +29,9 @@
 
 namespace expanse::core {
 
+// The properties of a page on host NUMA node `node` (what the pool creates, and what a probe asks).
+CUmemAllocationProp host_prop(int node);
+
 class HostPool final : public HostMemory {
  public:
   // t: the loaded driver; node: the host NUMA node; ctx: the context VMM calls run in (made
