@@ -107,9 +107,10 @@ double modeled_seconds();
 // Asynchronous copies and memsets are work items too (cuMemcpyHtoDAsync, cuMemcpyDtoHAsync,
 // cuMemsetD8Async): queued behind pending work, their bytes move only when they complete, so
 // data copied on a held stream cannot be read before the hold is released or a synchronize
-// completes it. A DtoH copy into pageable (not cuMemHostAlloc) memory waits for its stream, as
-// the driver does, so it completes a held stream's work; an HtoD copy from pageable memory reads
-// its source at the call (the driver's staging buffer). See sim_vmm.cpp.
+// completes it. A DtoH copy into pageable memory (not pinned: cuMemHostAlloc, cuMemHostRegister,
+// or HOST_NUMA pages mapped for the device) waits for its stream, as the driver does, so it
+// completes a held stream's work; an HtoD copy from pageable memory reads its source at the call
+// (the driver's staging buffer). See sim_vmm.cpp.
 // Throws std::invalid_argument for a handle that names no stream.
 void hold_stream(CUstream stream);
 void release_stream(CUstream stream);

@@ -154,12 +154,26 @@ CUresult check_copy(State& s, uintptr_t dev_ptr, const void* host, size_t bytes,
   return CUDA_SUCCESS;
 }
 
-// Whether [lo, lo + bytes) lies in one allocation of pinned host memory (cuMemHostAlloc).
-bool pinned_host(const State& s, uintptr_t lo, size_t bytes) {
-  auto it = s.host_allocations.upper_bound(lo);
-  if (it == s.host_allocations.begin()) return false;
-  --it;
-  return lo >= it->first && bytes <= it->second.size && lo - it->first <= it->second.size - bytes;
+// Whether [lo, lo + bytes) is host memory the driver has pinned, which the copy engine reads or
+// writes directly (so a copy is stream-ordered work, not a staged one): inside one cuMemHostAlloc
+// allocation or one cuMemHostRegister range, or mapped throughout to HOST_NUMA handles
+// (cuMemCreate on a host node) that device d may access as `need` says.
+bool pinned_host(State& s, uintptr_t lo, size_t bytes, int d, int need) {
+  auto in_one = [&](const auto& ranges, auto size_of) {
+    auto it = ranges.upper_bound(lo);
+    if (it == ranges.begin()) return false;
+    --it;
+    const size_t n = size_of(it->second);
+    return lo >= it->first && bytes <= n && lo - it->first <= n - bytes;
+  };
+  if (in_one(s.host_allocations, [](const detail::HostAllocation& h) { return h.size; })) return true;
+  if (in_one(s.host_registered, [](size_t n) { return n; })) return true;
+  const uintptr_t hi = lo + bytes;
+  if (hi < lo || !accessible(s, lo, hi, d, need)) return false;
+  for (auto it = mapping_at(s, lo); it != s.mappings.end() && it->first < hi; ++it) {
+    if (it->second.alloc == nullptr || !it->second.alloc->host) return false;
+  }
+  return true;
 }
 
 enum class AsyncOp { htod, dtoh, memset };
@@ -176,7 +190,8 @@ enum class AsyncOp { htod, dtoh, memset };
 // instead), and no host backing is NOT_SUPPORTED.
 //
 // When it runs (NVIDIA, CUDA Driver API, "API synchronization behavior"):
-// - Pinned host memory (inside one cuMemHostAlloc allocation) and memset: stream-ordered. The
+// - Pinned host memory (inside one cuMemHostAlloc allocation or cuMemHostRegister range, or
+//   HOST_NUMA pages mapped with access for the device: pinned_host) and memset: stream-ordered. The
 //   work runs when its stream's earlier work has completed: at once when nothing is pending,
 //   otherwise when the hold is released or a synchronize (stream, event recorded after it,
 //   context) completes it. Host bytes are read (HtoD) or written (DtoH) then, not at the call,
@@ -219,7 +234,9 @@ CUresult async_op(State& s, CallSize& units, AsyncOp op, uintptr_t dev_ptr, uint
       op == AsyncOp::dtoh ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   if (!accessible(s, dev_ptr, hi, d, need)) return CUDA_ERROR_INVALID_VALUE;
   if (!s.cfg.backing) return CUDA_ERROR_NOT_SUPPORTED;
-  const bool pageable = op != AsyncOp::memset && !pinned_host(s, host, bytes);
+  const int host_need =
+      op == AsyncOp::dtoh ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
+  const bool pageable = op != AsyncOp::memset && !pinned_host(s, host, bytes, d, host_need);
   if (pageable) {
     if (st->capture) {
       detail::invalidate(*st->capture);
@@ -231,8 +248,14 @@ CUresult async_op(State& s, CallSize& units, AsyncOp op, uintptr_t dev_ptr, uint
   Stream::Effect effect;
   uintptr_t host_lo = 0;
   uintptr_t host_hi = 0;
-  const auto dev_ok = [dev_ptr, hi, d, need](State& now) {
-    if (accessible(now, dev_ptr, hi, d, need)) return true;
+  // Pinned host memory is checked again too: HOST_NUMA pages unmapped (or their access taken)
+  // while the copy was pending fault as device pages do (cuMemFreeHost and cuMemHostUnregister
+  // complete the work on their bytes first, so theirs are still there).
+  const auto dev_ok = [dev_ptr, hi, d, need, pageable, host, bytes, host_need](State& now) {
+    if (accessible(now, dev_ptr, hi, d, need) &&
+        (pageable || host == 0 || pinned_host(now, host, bytes, d, host_need))) {
+      return true;
+    }
     ++now.async_faults;
     return false;
   };

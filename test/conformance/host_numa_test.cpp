@@ -7,6 +7,8 @@
 
 #include <sys/mman.h>
 
+#include <cstring>
+
 namespace expanse::conformance {
 namespace {
 
@@ -148,6 +150,47 @@ TEST_P(Conformance, HostRegisterOnceAndUnregisterByItsBase) {
   EXPECT_CU(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, t().mem_host_unregister(p));
   EXPECT_EQ(static_cast<unsigned char*>(p)[bytes - 1], 7) << "the memory stays the process's";
   munmap(p, bytes);
+}
+
+// Sim: the copy engine reads HOST_NUMA pages mapped for the device, and a cuMemHostRegister
+// range, directly, as it reads cuMemHostAlloc memory: an asynchronous copy from either is
+// stream-ordered work that reads its source when it runs, not a staged copy made at the call.
+// (Treated as pageable, a copy from pinned memory would seem to be done at once, and a host
+// block reused under a running copy would go unseen.)
+TEST_P(Conformance, AsyncCopiesFromHostNumaPagesAndRegisteredRangesAreStreamOrdered) {
+  CONFORMANCE_REQUIRE_SIM("needs held streams");
+  REQUIRE_HOST_NUMA();
+  make_current();
+  const Block dst = make_block(1);
+  const CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+  // HOST_NUMA pages mapped with access for device 0 and the host.
+  CUmemGenericAllocationHandle h = 0;
+  ASSERT_CU(CUDA_SUCCESS, try_create(&h, gran(), host_prop(0)));
+  const CUdeviceptr va = reserve(gran());
+  map(va, gran(), h);
+  const CUmemAccessDesc both[2] = {device_access(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+                                   host_access(CU_MEM_ACCESS_FLAGS_PROT_READWRITE)};
+  ASSERT_CU(CUDA_SUCCESS, t().mem_set_access(va, gran(), both, 2));
+  // A registered range.
+  const size_t bytes = 1 << 20;
+  void* reg = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(reg, MAP_FAILED);
+  ASSERT_CU(CUDA_SUCCESS, t().mem_host_register(reg, bytes, CU_MEMHOSTREGISTER_PORTABLE));
+  for (unsigned char* src : {host_ptr(va), static_cast<unsigned char*>(reg)}) {
+    std::memset(src, 0x3a, 4096);
+    hooks()->hold_stream(s);
+    ASSERT_CU(CUDA_SUCCESS, t().memcpy_htod_async(dst.ptr, src, 4096, s));
+    std::memset(src, 0x4b, 4096);  // written after the call, before the copy runs
+    hooks()->release_stream(s);
+    ASSERT_CU(CUDA_SUCCESS, t().stream_synchronize(s));
+    EXPECT_EQ(dst.host()[0], 0x4b) << "read at the call, as a pageable source is";
+    EXPECT_EQ(dst.host()[4095], 0x4b);
+  }
+  EXPECT_CU(CUDA_SUCCESS, t().mem_host_unregister(reg));
+  munmap(reg, bytes);
+  EXPECT_CU(CUDA_SUCCESS, unmap(va, gran()));
+  EXPECT_CU(CUDA_SUCCESS, release(h));
+  EXPECT_CU(CUDA_SUCCESS, address_free(va, gran()));
 }
 
 }  // namespace
