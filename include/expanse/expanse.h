@@ -439,6 +439,19 @@ EXPANSE_C_API int expanse_host_malloc(void** out, size_t size, int numa_node,
                                       struct CUstream_st* stream);
 EXPANSE_C_API int expanse_host_free(void* ptr, struct CUstream_st* stream);
 EXPANSE_C_API int expanse_host_record_stream(void* ptr, struct CUstream_st* stream);
+/* Frees a block whose user cannot name the stream that last used it (a tensor's deleter): it is
+ * reused once the streams expanse_host_record_stream named are done, or, where none was named,
+ * once every stream of `device` has passed this call (-1: the calling thread's current context's
+ * device, else the device the block was allocated for). No event can prove the latter, so a
+ * request that would pin new memory while at least its size waits so synchronizes the device
+ * (cuCtxSynchronize) first: name the streams to keep copies asynchronous. */
+EXPANSE_C_API int expanse_host_free_after_device(void* ptr, int device);
+/* A DLPack tensor (a DLManagedTensor*, the unversioned DLPack ABI, as torch.from_dlpack and
+ * numpy.from_dlpack take it in a "dltensor" capsule) over the live block at ptr: one dimension,
+ * uint8, the block's requested size, on kDLCPU. The block is the tensor's from then on: its
+ * deleter frees it as expanse_host_free_after_device(ptr, device) does. EXPANSE_EINVAL for a
+ * pointer that is not a live block's start (named); nothing changes then. */
+EXPANSE_C_API int expanse_host_dlpack(void* ptr, int device, void** managed_tensor);
 /* Gives back every pinned page no live block (or block whose stream work is pending) uses. */
 EXPANSE_C_API int expanse_host_release_cached(void);
 /* Most bytes of pinned pages per NUMA node (SIZE_MAX: none); lowering it releases cached pages. */

@@ -36,6 +36,9 @@ EXPANSE_API void record_stream(void* ptr, stream_t stream);
 using host_stats_t = expanse_host_stats;
 EXPANSE_API void* host_allocate(size_t bytes, int numa_node = -1, stream_t stream = nullptr);
 EXPANSE_API void host_deallocate(void* ptr, stream_t stream = nullptr);
+// For a user that cannot name the stream that last used the block (a tensor's deleter): see
+// expanse_host_free_after_device.
+EXPANSE_API void host_deallocate_after_device(void* ptr, int device = -1);
 EXPANSE_API void host_record_stream(void* ptr, stream_t stream);
 EXPANSE_API void host_release_cached();
 EXPANSE_API host_stats_t host_stats(int numa_node = -1);

@@ -45,6 +45,11 @@ void host_deallocate(void* ptr, stream_t stream) {
   Runtime::get().host().free(ptr, reinterpret_cast<CUstream>(stream));
 }
 
+void host_deallocate_after_device(void* ptr, int device) {
+  if (ptr == nullptr) return;
+  Runtime::get().host().free_after_device(ptr, device);
+}
+
 void host_record_stream(void* ptr, stream_t stream) {
   Runtime::get().host().record_stream(ptr, reinterpret_cast<CUstream>(stream));
 }

@@ -33,6 +33,11 @@ EXPANSE_C_API int expanse_host_free(void* ptr, struct CUstream_st* stream) {
   return guarded([&] { Runtime::get().host().free(ptr, to_cu(stream)); });
 }
 
+EXPANSE_C_API int expanse_host_free_after_device(void* ptr, int device) {
+  if (ptr == nullptr) return EXPANSE_OK;
+  return guarded([&] { Runtime::get().host().free_after_device(ptr, device); });
+}
+
 EXPANSE_C_API int expanse_host_record_stream(void* ptr, struct CUstream_st* stream) {
   return guarded([&] { Runtime::get().host().record_stream(ptr, to_cu(stream)); });
 }

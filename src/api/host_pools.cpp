@@ -170,6 +170,32 @@ void HostPools::free(void* p, CUstream stream) {
   refuse(p, "expanse_host_free");
 }
 
+void HostPools::free_after_device(void* p, int device) {
+  CUcontext ctx = nullptr;
+  if (device >= 0) {
+    if (device >= rt_.device_count()) {
+      throw usage_error("expanse_host_free_after_device of " +
+                        core::hex(reinterpret_cast<uintptr_t>(p)) + ": device " +
+                        std::to_string(device) + " (this process sees " +
+                        std::to_string(rt_.device_count()) + "); nothing was changed");
+    }
+    ctx = rt_.device(device).driver().primary();
+  } else if (device == -1) {
+    if (rt_.driver().table().ctx_get_current(&ctx) != CUDA_SUCCESS) ctx = nullptr;
+  } else {
+    throw usage_error("expanse_host_free_after_device of " +
+                      core::hex(reinterpret_cast<uintptr_t>(p)) + ": device " +
+                      std::to_string(device) +
+                      " (0 or more, or -1 for the current one); nothing was changed");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_not_staged_locked(p, "expanse_host_free_after_device");
+    if (core::HostMemory* pool = owner_locked(p)) return pool->free_after_context(p, ctx);
+  }
+  refuse(p, "expanse_host_free_after_device");
+}
+
 void HostPools::record_stream(void* p, CUstream stream) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -279,6 +305,22 @@ core::HostPoolStats HostPools::stats(int node) {
     sum.num_ooms += s.num_ooms;
   }
   return sum;
+}
+
+size_t HostPools::live_size(const void* p, const char* what) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_not_staged_locked(p, what);
+    if (core::HostMemory* pool = owner_locked(p)) {
+      const size_t n = pool->size_of(p);
+      if (n != 0) return n;
+      throw usage_error(std::string("expanse: ") + what + " of " +
+                        core::hex(reinterpret_cast<uintptr_t>(p)) +
+                        ": pinned host memory, but not the start of a live block (an interior "
+                        "pointer, or freed); nothing was changed");
+    }
+  }
+  refuse(p, what);
 }
 
 bool HostPools::any_live() const {

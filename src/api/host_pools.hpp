@@ -25,11 +25,18 @@ class HostPools final : public core::HostStaging {
   void* allocate(size_t size, int node, CUstream stream);
   void free(void* p, CUstream stream);
   void record_stream(void* p, CUstream stream);
+  // Frees p once the streams record_stream named are done, or where none was named, once every
+  // stream of `device` (-1: the calling thread's current context, else the block pool's device)
+  // has passed this call (core::HostMemory::free_after_context).
+  void free_after_device(void* p, int device);
   void release_cached();
   void set_limit(size_t bytes);
   // node -1: every pool's figures summed (page_bytes: the first's). Sleep staging counts in the
   // pinned bytes, not in the live blocks or the requested bytes.
   core::HostPoolStats stats(int node);
+  // The requested size of the live block allocate() returned at p (staging excluded); throws
+  // usage_error naming what p is otherwise. what: the caller's name, for the message.
+  size_t live_size(const void* p, const char* what);
   // Live blocks handed out by allocate() (staging excluded).
   bool any_live() const;
   void* stage(size_t bytes, int device) noexcept override;

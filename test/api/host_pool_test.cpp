@@ -362,3 +362,181 @@ TEST_F(HostPoolTest, ShutdownWaitsForLiveHostBlocks) {
 }
 
 }  // namespace
+
+// ---- frees that name no stream (a tensor's deleter) --------------------------------------------
+
+// The device-0 context made current for a test's own driver calls, and a non-blocking stream of
+// it (a PyTorch side stream: a legacy-stream event does not cover its work).
+class SideStream {
+ public:
+  SideStream() {
+    EXPECT_EQ(expanse::sim::sim_device_get(&dev_, 0), CUDA_SUCCESS);
+    EXPECT_EQ(expanse::sim::sim_device_primary_ctx_retain(&ctx_, dev_), CUDA_SUCCESS);
+    EXPECT_EQ(expanse::sim::sim_ctx_set_current(ctx_), CUDA_SUCCESS);
+    EXPECT_EQ(expanse::sim::sim_stream_create(&s_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  }
+  ~SideStream() {
+    expanse::sim::release_all();
+    expanse::sim::sim_stream_destroy(s_);
+    expanse::sim::sim_ctx_set_current(nullptr);
+    expanse::sim::sim_device_primary_ctx_release(dev_);
+  }
+  CUstream get() const { return s_; }
+
+ private:
+  CUdevice dev_ = 0;
+  CUcontext ctx_ = nullptr;
+  CUstream s_ = nullptr;
+};
+
+// A block freed after the device (no stream named) while a copy from it still runs on a side
+// stream is not handed out again until that copy is done: the request that needs its memory
+// synchronizes the device first, so the copy reads the bytes it was given, and the pool does not
+// pin new pages beside the freed ones. A free that ignored the side stream hands the range out at
+// once, the new owner's bytes overwrite it, and the device receives them.
+TEST_F(HostPoolTest, ABlockFreedAfterTheDeviceWaitsForEveryStreamOfIt) {
+  start();
+  SideStream side;
+  void* a = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&a, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  fill(a, 8 * MiB, 0xa1);
+  void* d = expanse_malloc(8 * MiB, 0, side.get());
+  ASSERT_NE(d, nullptr) << expanse_last_error();
+  expanse::sim::hold_stream(side.get());  // the copy is still running
+  ASSERT_EQ(expanse::sim::sim_memcpy_htod_async(reinterpret_cast<CUdeviceptr>(d), a, 8 * MiB,
+                                                side.get()),
+            CUDA_SUCCESS);
+  ASSERT_EQ(expanse_host_free_after_device(a, 0), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(host_stats().pending_blocks, 1u);
+  const uint64_t pinned = host_stats().pinned_bytes;
+  void* b = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&b, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  fill(b, 8 * MiB, 0xb2);  // the new owner writes
+  EXPECT_EQ(host_stats().num_waits, 1u) << "the request synchronized the device";
+  EXPECT_EQ(host_stats().pinned_bytes, pinned) << "no page pinned beside the freed block";
+  EXPECT_EQ(host_stats().pending_blocks, 0u);
+  std::vector<unsigned char> got(8 * MiB);
+  ASSERT_EQ(expanse::sim::sim_ctx_synchronize(), CUDA_SUCCESS);
+  ASSERT_EQ(expanse::sim::sim_memcpy_dtoh(got.data(), reinterpret_cast<CUdeviceptr>(d), 8 * MiB),
+            CUDA_SUCCESS);
+  EXPECT_TRUE(holds(got.data(), 8 * MiB, 0xa1)) << "the copy read the next owner's bytes";
+  EXPECT_EQ(expanse::sim::async_faults(), 0u);
+  EXPECT_EQ(expanse_host_free(b, nullptr), EXPANSE_OK);
+  EXPECT_EQ(expanse_free_checked(d, 8 * MiB, 0, side.get()), EXPANSE_OK) << expanse_last_error();
+}
+
+// Where the user named the streams (record_stream), a free after the device is ordered by those
+// streams' events alone: no synchronize, and the block comes back once they are done.
+TEST_F(HostPoolTest, AFreeAfterTheDeviceUsesTheStreamsTheUserNamed) {
+  start();
+  SideStream side;
+  void* a = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&a, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_host_record_stream(a, side.get()), EXPANSE_OK) << expanse_last_error();
+  expanse::sim::hold_stream(side.get());
+  ASSERT_EQ(expanse_host_free_after_device(a, 0), EXPANSE_OK) << expanse_last_error();
+  void* b = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&b, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  const auto ai = reinterpret_cast<uintptr_t>(a);
+  const auto bi = reinterpret_cast<uintptr_t>(b);
+  EXPECT_TRUE(bi >= ai + 8 * MiB || bi + 8 * MiB <= ai) << "reused while its stream ran";
+  EXPECT_EQ(host_stats().num_waits, 0u) << "no synchronize: the named stream's event orders it";
+  expanse::sim::release_stream(side.get());
+  void* c = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&c, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(c, a) << "its stream done, the block's range is the best fit again";
+  EXPECT_EQ(expanse_host_free(b, nullptr), EXPANSE_OK);
+  EXPECT_EQ(expanse_host_free(c, nullptr), EXPANSE_OK);
+}
+
+// A deleter loop (allocate, free after the device, allocate again) keeps the pinned pages at
+// one block's, on the HOST_NUMA pool and on the registered fallback alike.
+TEST_F(HostPoolTest, DeleterFreesDoNotGrowThePinnedMemory) {
+  for (const char* extra : {"", ",sim_host_numa:false"}) {
+    SCOPED_TRACE(extra);
+    start(extra);
+    for (int i = 0; i < 8; ++i) {
+      void* p = nullptr;
+      ASSERT_EQ(expanse_host_malloc(&p, 6 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+      ASSERT_EQ(expanse_host_free_after_device(p, -1), EXPANSE_OK) << expanse_last_error();
+    }
+    EXPECT_LE(host_stats().peak_pinned_bytes, 2 * 6 * MiB);
+    EXPECT_GE(host_stats().num_waits, 6u);
+    EXPECT_EQ(expanse_host_release_cached(), EXPANSE_OK);
+    EXPECT_EQ(expanse_shutdown(), EXPANSE_OK) << expanse_last_error();
+  }
+  start();
+}
+
+TEST_F(HostPoolTest, AFreeAfterTheDeviceRefusesMisuseByName) {
+  start();
+  void* p = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&p, MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(expanse_host_free_after_device(p, 7), EXPANSE_EINVAL);
+  EXPECT_TRUE(has("device 7")) << expanse_last_error();
+  EXPECT_EQ(expanse_host_free_after_device(p, -3), EXPANSE_EINVAL);
+  EXPECT_TRUE(has("device -3")) << expanse_last_error();
+  EXPECT_EQ(expanse_host_free_after_device(static_cast<char*>(p) + 512, 0), EXPANSE_EINVAL);
+  EXPECT_TRUE(has("interior pointer")) << expanse_last_error();
+  int local = 0;
+  EXPECT_EQ(expanse_host_free_after_device(&local, 0), EXPANSE_EINVAL);
+  EXPECT_TRUE(has("not memory expanse_host_malloc returned")) << expanse_last_error();
+  EXPECT_EQ(host_stats().live_blocks, 1u) << "nothing was changed";
+  ASSERT_EQ(expanse_host_free_after_device(p, 0), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(expanse_host_free_after_device(p, 0), EXPANSE_EINVAL);
+  EXPECT_TRUE(has("freed already")) << expanse_last_error();
+}
+
+// ---- DLPack ------------------------------------------------------------------------------------
+
+// The unversioned DLPack layout, as a consumer (torch.from_dlpack) reads it.
+struct DLManaged {
+  void* data;
+  int32_t device_type;
+  int32_t device_id;
+  int32_t ndim;
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+  int64_t* shape;
+  int64_t* strides;
+  uint64_t byte_offset;
+  void* manager_ctx;
+  void (*deleter)(DLManaged*);
+};
+
+TEST_F(HostPoolTest, ADLPackTensorCoversTheBlockAndItsDeleterFreesIt) {
+  start();
+  void* p = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&p, 3 * MiB + 5, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  void* m = nullptr;
+  ASSERT_EQ(expanse_host_dlpack(p, 0, &m), EXPANSE_OK) << expanse_last_error();
+  auto* t = static_cast<DLManaged*>(m);
+  EXPECT_EQ(t->data, p);
+  EXPECT_EQ(t->device_type, 1);  // kDLCPU
+  EXPECT_EQ(t->ndim, 1);
+  EXPECT_EQ(t->code, 1);  // kDLUInt
+  EXPECT_EQ(t->bits, 8);
+  EXPECT_EQ(t->lanes, 1);
+  EXPECT_EQ(t->shape[0], static_cast<int64_t>(3 * MiB + 5));
+  EXPECT_EQ(t->strides[0], 1);
+  EXPECT_EQ(t->byte_offset, 0u);
+  EXPECT_EQ(host_stats().live_blocks, 1u);
+  t->deleter(t);
+  EXPECT_EQ(host_stats().live_blocks, 0u) << "the deleter freed the block";
+  EXPECT_EQ(host_stats().num_frees, 1u);
+  // Misuse: refused by name, nothing made.
+  EXPECT_EQ(expanse_host_dlpack(p, 0, &m), EXPANSE_EINVAL);
+  EXPECT_EQ(m, nullptr);
+  EXPECT_TRUE(has("not the start of a live block") || has("freed already")) << expanse_last_error();
+  void* q = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&q, MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(expanse_host_dlpack(static_cast<char*>(q) + 4096, 0, &m), EXPANSE_EINVAL);
+  EXPECT_TRUE(has("not the start of a live block")) << expanse_last_error();
+  EXPECT_EQ(expanse_host_dlpack(q, 9, &m), EXPANSE_EINVAL);
+  EXPECT_TRUE(has("device 9")) << expanse_last_error();
+  EXPECT_EQ(expanse_host_dlpack(q, 0, nullptr), EXPANSE_EINVAL);
+  EXPECT_TRUE(has("managed_tensor")) << expanse_last_error();
+  EXPECT_EQ(host_stats().live_blocks, 1u);
+  EXPECT_EQ(expanse_host_free(q, nullptr), EXPANSE_OK);
+}

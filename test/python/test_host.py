@@ -1,5 +1,6 @@
 """expanse.host: pinned host memory from Python, on the sim's HOST_NUMA pages."""
 import ctypes
+import gc
 
 import pytest
 
@@ -52,3 +53,101 @@ def test_without_host_vmm_the_fallback_says_what_it_is(ex):
     assert s["path"] == "registered"
     assert s["pinned_bytes"] == 3 * MiB + 4096
     expanse.host.free(p)
+
+
+# ---- DLPack and tensors ------------------------------------------------------------------------
+
+def _capi(name, restype, *argtypes):
+    return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
+
+
+_get_pointer = _capi("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)
+_set_name = _capi("PyCapsule_SetName", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
+_get_name = _capi("PyCapsule_GetName", ctypes.c_char_p, ctypes.py_object)
+_USED = b"used_dltensor"
+
+
+def consume(capsule):
+    """What a DLPack consumer does: takes the tensor, renames the capsule, owns the deleter."""
+    assert _get_name(capsule) == b"dltensor"
+    managed = _get_pointer(capsule, b"dltensor")
+    _set_name(capsule, _USED)
+    return expanse.host._DLManagedTensor.from_address(managed), managed
+
+
+def test_a_dlpack_consumer_gets_the_exact_block_and_frees_it(ex):
+    buf = expanse.host.buffer(3 * MiB + 7)
+    assert buf.__dlpack_device__() == (1, 0)
+    t, managed = consume(buf.__dlpack__())
+    assert t.data == buf.ptr and t.ndim == 1 and t.device_type == 1
+    assert ctypes.c_int64.from_address(t.shape).value == 3 * MiB + 7
+    with pytest.raises(BufferError, match="handed to a consumer already"):
+        buf.__dlpack__()
+    del buf  # the consumer owns the block now
+    assert expanse.host.stats()["live_blocks"] == 1
+    t.deleter(managed)  # the consumer's last reference
+    s = expanse.host.stats()
+    assert s["live_blocks"] == 0 and s["num_frees"] == 1
+
+
+def test_a_buffer_or_capsule_never_consumed_frees_its_block(ex):
+    buf = expanse.host.buffer(MiB)
+    del buf
+    assert expanse.host.stats()["live_blocks"] == 0
+    cap = expanse.host.buffer(MiB).__dlpack__()
+    assert expanse.host.stats()["live_blocks"] == 1
+    del cap  # its destructor runs the tensor's deleter
+    assert expanse.host.stats()["live_blocks"] == 0
+
+
+def test_a_buffer_refuses_a_device_or_a_copy(ex):
+    buf = expanse.host.buffer(MiB)
+    with pytest.raises(BufferError, match="host memory"):
+        buf.__dlpack__(dl_device=(2, 0))
+    with pytest.raises(BufferError, match="copy=True"):
+        buf.__dlpack__(copy=True)
+    with pytest.raises(ValueError, match="device 5"):
+        expanse.host.buffer(MiB, device=5)
+    del buf
+    gc.collect()
+    assert expanse.host.stats()["live_blocks"] == 0
+
+
+def test_freeing_after_the_device_keeps_the_pinned_memory_to_one_block(ex):
+    for _ in range(6):
+        p = expanse.host.malloc(6 * MiB)
+        expanse.host.free_after_device(p)
+    s = expanse.host.stats()
+    assert s["peak_pinned_bytes"] <= 12 * MiB
+    assert s["num_waits"] >= 4  # each request that found only such memory synchronized
+    with pytest.raises(expanse.ExpanseError, match="freed already|not memory"):
+        expanse.host.free_after_device(p)
+
+
+def test_a_pinned_torch_tensor_is_exact_and_its_deleter_frees_it(ex):
+    torch = pytest.importorskip("torch")
+    t = expanse.host.empty((1000, 3), torch.float32)
+    assert t.shape == (1000, 3) and t.dtype == torch.float32 and t.device.type == "cpu"
+    t.fill_(2.5)
+    assert t.sum().item() == 7500.0
+    s = expanse.host.stats()
+    assert s["requested_bytes"] == 12000 and s["live_blocks"] == 1
+    view = t[10:]
+    del t
+    assert expanse.host.stats()["live_blocks"] == 1, "a view keeps the block"
+    assert view[0, 0].item() == 2.5
+    del view
+    assert expanse.host.stats()["live_blocks"] == 0
+    big = expanse.host.empty(20 * MiB + 1, torch.uint8)
+    assert expanse.host.stats()["allocated_bytes"] == 22 * MiB  # a power of two: 32
+    del big
+    assert expanse.host.empty((0, 4)).shape == (0, 4)
+
+
+def test_a_torch_tensor_with_named_streams_waits_for_those_alone(ex):
+    torch = pytest.importorskip("torch")
+    t = expanse.host.empty(4 * MiB, torch.uint8, streams=[0])
+    del t
+    u = expanse.host.empty(4 * MiB, torch.uint8)
+    assert expanse.host.stats()["num_waits"] == 0, "named streams: no synchronize"
+    del u

@@ -71,7 +71,42 @@ void HostFreeOrder::add(uintptr_t at, size_t extent, CUstream stream,
   }
 }
 
+void HostFreeOrder::add_after_context(uintptr_t at, size_t extent, CUcontext ctx) {
+  Pending p;
+  p.at = at;
+  p.extent = extent;
+  p.after_ctx = ctx;
+  p.syncs = syncs_[ctx];
+  pending_.push_back(std::move(p));
+  context_pending_bytes_ += extent;
+}
+
+size_t HostFreeOrder::sync_contexts() {
+  std::vector<CUcontext> owed;
+  for (const Pending& p : pending_) {
+    if (p.after_ctx != nullptr && syncs_[p.after_ctx] == p.syncs &&
+        std::find(owed.begin(), owed.end(), p.after_ctx) == owed.end()) {
+      owed.push_back(p.after_ctx);
+    }
+  }
+  size_t n = 0;
+  for (CUcontext ctx : owed) {
+    if (t_.ctx_push_current(ctx) != CUDA_SUCCESS) continue;
+    const CUresult r = t_.ctx_synchronize();
+    CUcontext popped = nullptr;
+    t_.ctx_pop_current(&popped);
+    if (r != CUDA_SUCCESS) continue;
+    ++syncs_[ctx];
+    ++n;
+  }
+  return n;
+}
+
 bool HostFreeOrder::completed(const Pending& p, bool wait) const {
+  if (p.after_ctx != nullptr) {
+    auto it = syncs_.find(p.after_ctx);
+    return it != syncs_.end() && it->second > p.syncs;
+  }
   for (const auto& [ctx, e] : p.events) {
     if ((wait ? t_.event_synchronize(e) : t_.event_query(e)) != CUDA_SUCCESS) return false;
   }

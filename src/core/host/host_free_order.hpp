@@ -1,7 +1,9 @@
 // When freed host memory may be used again: a block freed with a stream (and the streams
 // record_stream named) is pending until an event recorded on each at the free has completed, as
-// PyTorch's host allocator orders it. Shared by the HOST_NUMA pool and the registered fallback.
-// Not thread-safe: the owner locks.
+// PyTorch's host allocator orders it. A block freed after a device (a tensor's deleter, which
+// knows no stream) is pending until every stream of the device's context has passed the free:
+// no event can say that, so a synchronize of the context after the free proves it. Shared by the
+// HOST_NUMA pool and the registered fallback. Not thread-safe: the owner locks.
 #pragma once
 
 #include "driver_api/driver_table.hpp"
@@ -27,11 +29,21 @@ class HostFreeOrder {
   // the block at `at` of `extent` bytes. Throws driver_failure naming the call, with nothing
   // pending then.
   void add(uintptr_t at, size_t extent, CUstream stream, const std::vector<CUstream>& recorded);
+  // The block at `at` is pending until a synchronize of ctx made after this call (by
+  // sync_contexts) has completed.
+  void add_after_context(uintptr_t at, size_t extent, CUcontext ctx);
+  // Bytes freed after a context and not proven yet: what a synchronize would give back.
+  size_t context_pending_bytes() const noexcept { return context_pending_bytes_; }
+  // Synchronizes each context a pending block waits for (made current around the call); a
+  // context the driver fails to synchronize keeps its blocks pending. Returns how many
+  // synchronized.
+  size_t sync_contexts();
   // Hands each pending block whose events have all completed to done(at, extent) and forgets it;
   // wait: synchronizes with the events first. An event the driver answers with an error stays
   // pending (never proven done, never reused). Returns how many were handed.
   template <class Done>
   size_t poll(bool wait, Done&& done) {
+    if (wait && context_pending_bytes_ != 0) sync_contexts();
     size_t n = 0;
     for (size_t k = 0; k < pending_.size();) {
       if (!completed(pending_[k], wait)) {
@@ -42,6 +54,7 @@ class HostFreeOrder {
       pending_[k] = std::move(pending_.back());
       pending_.pop_back();
       for (const auto& [ctx, e] : p.events) idle_[ctx].push_back(e);
+      if (p.after_ctx != nullptr) context_pending_bytes_ -= p.extent;
       done(p.at, p.extent);
       ++n;
     }
@@ -55,6 +68,8 @@ class HostFreeOrder {
     uintptr_t at = 0;
     size_t extent = 0;
     std::vector<std::pair<CUcontext, CUevent>> events;
+    CUcontext after_ctx = nullptr;  // add_after_context's: pending until syncs_[after_ctx] > syncs
+    uint64_t syncs = 0;
   };
   bool completed(const Pending& p, bool wait) const;
   CUevent event_for(CUcontext ctx);
@@ -62,6 +77,8 @@ class HostFreeOrder {
   const driver::DriverTable& t_;
   std::vector<Pending> pending_;
   std::map<CUcontext, std::vector<CUevent>> idle_;
+  std::map<CUcontext, uint64_t> syncs_;  // synchronizes completed, per context
+  size_t context_pending_bytes_ = 0;
 };
 
 }  // namespace expanse::core

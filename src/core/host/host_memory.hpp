@@ -45,12 +45,20 @@ class HostMemory {
   virtual void* allocate(size_t size, CUstream stream, int device) = 0;
   // Frees a live block once the work on stream (and record_stream's streams) is done.
   virtual void free(void* p, CUstream stream) = 0;
+  // Frees a live block that its user cannot name a stream for (a tensor's deleter): reused once
+  // the streams record_stream named are done, or where none was named, once every stream of ctx
+  // has passed this call. A request that would pin new memory while at least its size waits so
+  // synchronizes those contexts first, which proves it (pinned memory then stays near the live
+  // blocks instead of growing by every such free).
+  virtual void free_after_context(void* p, CUcontext ctx) = 0;
   virtual void record_stream(void* p, CUstream stream) = 0;
   virtual void release_cached() = 0;
   virtual void set_limit(size_t bytes) = 0;
   virtual HostPoolStats stats() const = 0;
   // Whether p lies in memory this node's host memory handed out (live, pending or cached).
   virtual bool contains(const void* p) const = 0;
+  // The requested size of the live block starting at p; 0 where p is no live block's start.
+  virtual size_t size_of(const void* p) const = 0;
   virtual HostPath path() const = 0;
   // Whether the freed blocks' events may be queried or waited for now: not while the
   // application captures a CUDA graph (a query or wait then invalidates a global-mode capture).

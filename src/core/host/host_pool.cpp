@@ -227,6 +227,12 @@ CUmemGenericAllocationHandle HostPool::page_handle(size_t first, size_t last) {
   return 0;
 }
 
+size_t HostPool::pages_lacking(size_t first, size_t last) const {
+  size_t n = 0;
+  for (size_t i = first; i <= last; ++i) n += pages_[i] == 0 ? 1 : 0;
+  return n;
+}
+
 bool HostPool::mapped(size_t first, size_t last) const {
   for (size_t i = first; i <= last; ++i) {
     if (pages_[i] == 0 || ungranted_.count(i) != 0) return false;
@@ -285,12 +291,25 @@ void* HostPool::allocate(size_t size, CUstream /*stream*/, int device) {
   const bool large = size >= page_;
   const size_t extent =
       large ? (size + page_ - 1) / page_ * page_ : (size + kSmallAlign - 1) / kSmallAlign * kSmallAlign;
+  bool synced = false;
   for (bool waited = false;;) {
     size_t offset = 0;
     if (take_range(extent, large, &offset)) {
       const size_t first = offset / page_;
       const size_t last = (offset + extent - 1) / page_;
       touch(first, last);
+      if (polls && !synced && order_.context_pending_bytes() >= extent &&
+          pages_lacking(first, last) > unmapped_.size()) {
+        // New pages would be pinned while at least this much waits for a context's streams
+        // (freed by deleters that name none): one synchronize proves it all, and the request is
+        // placed again with that memory free.
+        untouch(first, last);
+        give_range(offset, extent);
+        ++stats_.num_waits;
+        synced = true;
+        if (order_.sync_contexts() != 0) poll_pending(false);
+        continue;
+      }
       if (!polls && !mapped(first, last)) {
         // New mappings and their access grants are not allowed while a graph is captured (they
         // would invalidate a global-mode capture): only memory mapped already serves.
@@ -358,6 +377,29 @@ void HostPool::free(void* p, CUstream stream) {
   blocks_.erase(it);
 }
 
+void HostPool::free_after_context(void* p, CUcontext ctx) {
+  auto it = blocks_.find(addr(p));
+  if (it == blocks_.end()) {
+    throw usage_error("expanse: host free of " + hex(addr(p)) + ": " + describe(p) +
+                      "; nothing was changed");
+  }
+  const std::vector<CUstream>& named = it->second.streams;
+  if (!named.empty()) {
+    CUcontext caller = nullptr;  // as free's: a NULL stream named is the caller's context's
+    if (t_.ctx_get_current(&caller) != CUDA_SUCCESS) caller = nullptr;
+    ContextScope current(t_, caller == nullptr ? ctx_ : nullptr);
+    order_.add(it->first, it->second.extent, named.front(),
+               std::vector<CUstream>(named.begin() + 1, named.end()));
+  } else {
+    order_.add_after_context(it->first, it->second.extent, ctx == nullptr ? ctx_ : ctx);
+  }
+  stats_.requested_bytes -= it->second.size;
+  stats_.allocated_bytes -= it->second.extent;
+  --stats_.live_blocks;
+  ++stats_.num_frees;
+  blocks_.erase(it);
+}
+
 void HostPool::record_stream(void* p, CUstream stream) {
   auto it = blocks_.find(addr(p));
   if (it == blocks_.end()) {
@@ -407,6 +449,11 @@ HostPoolStats HostPool::stats() const {
   s.limit_bytes = limit_ == SIZE_MAX ? UINT64_MAX : limit_;
   s.pending_blocks = order_.pending();
   return s;
+}
+
+size_t HostPool::size_of(const void* p) const {
+  auto it = blocks_.find(addr(p));
+  return it == blocks_.end() ? 0 : it->second.size;
 }
 
 std::string HostPool::describe(const void* p) const {

@@ -53,6 +53,7 @@ class HostPool final : public HostMemory {
   void* allocate(size_t size, CUstream stream, int device) override;
   // Frees a live block (after the work on stream, and on the streams record_stream named).
   void free(void* p, CUstream stream) override;
+  void free_after_context(void* p, CUcontext ctx) override;
   void record_stream(void* p, CUstream stream) override;
   // Unmaps and releases every page no live or pending block touches.
   void release_cached() override;
@@ -62,6 +63,7 @@ class HostPool final : public HostMemory {
 
   bool is_live(const void* p) const { return blocks_.count(addr(p)) != 0; }
   // Whether p lies in this pool's VA (a live block's start or not).
+  size_t size_of(const void* p) const override;
   bool contains(const void* p) const override {
     return addr(p) >= base_ && addr(p) < base_ + va_bytes_;
   }
@@ -87,6 +89,7 @@ class HostPool final : public HostMemory {
   void untouch(size_t first, size_t last);
   bool back_pages(size_t first, size_t last, int device);
   bool mapped(size_t first, size_t last) const;  // every page mapped and granted
+  size_t pages_lacking(size_t first, size_t last) const;  // pages of the range not mapped
   CUmemGenericAllocationHandle page_handle(size_t avoid_first, size_t avoid_last);
   void map_page(size_t i, CUmemGenericAllocationHandle h);
   void grant(uintptr_t va, size_t bytes);

@@ -49,6 +49,14 @@ void* RegisteredHost::allocate(size_t size, CUstream /*stream*/, int /*device*/)
     throw out_of_memory("expanse: host allocation of " + std::to_string(size) + " bytes", size, -1);
   }
   const size_t extent = (size + page_ - 1) / page_ * page_;
+  if (polls && order_.context_pending_bytes() >= extent) {
+    // As much as this request waits for a context's streams (freed by deleters that name
+    // none): a synchronize proves it and unpins it, rather than pinning more beside it.
+    ++stats_.num_waits;
+    if (order_.sync_contexts() != 0) {
+      order_.poll(false, [&](uintptr_t at, size_t e) { give_back(at, e); });
+    }
+  }
   if (limit_ != SIZE_MAX && pinned_ + extent > limit_ && order_.pending() != 0 && polls) {
     ++stats_.num_waits;
     order_.poll(true, [&](uintptr_t at, size_t e) { give_back(at, e); });
@@ -138,6 +146,36 @@ void RegisteredHost::free(void* p, CUstream stream) {
   if (may_poll()) order_.poll(false, [&](uintptr_t at, size_t extent) { give_back(at, extent); });
 }
 
+void RegisteredHost::free_after_context(void* p, CUcontext ctx) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = blocks_.find(a);
+  if (it == blocks_.end()) {
+    throw usage_error("expanse: host free of " + hex(a) + ": " + describe(a) +
+                      "; nothing was changed");
+  }
+  pending_extent_.emplace(a, it->second.extent);
+  try {
+    const std::vector<CUstream>& named = it->second.streams;
+    if (!named.empty()) {
+      CUcontext caller = nullptr;  // as free's: a NULL stream named is the caller's context's
+      if (t_.ctx_get_current(&caller) != CUDA_SUCCESS) caller = nullptr;
+      ContextScope in(t_, caller == nullptr ? ctx_ : nullptr);
+      order_.add(a, it->second.extent, named.front(),
+                 std::vector<CUstream>(named.begin() + 1, named.end()));
+    } else {
+      order_.add_after_context(a, it->second.extent, ctx == nullptr ? ctx_ : ctx);
+    }
+  } catch (...) {
+    pending_extent_.erase(a);
+    throw;
+  }
+  stats_.requested_bytes -= it->second.size;
+  stats_.allocated_bytes -= it->second.extent;
+  --stats_.live_blocks;
+  ++stats_.num_frees;
+  blocks_.erase(it);
+}
+
 void RegisteredHost::record_stream(void* p, CUstream stream) {
   const auto a = reinterpret_cast<uintptr_t>(p);
   auto it = blocks_.find(a);
@@ -161,6 +199,11 @@ HostPoolStats RegisteredHost::stats() const {
   s.limit_bytes = limit_ == SIZE_MAX ? UINT64_MAX : limit_;
   s.pending_blocks = order_.pending();
   return s;
+}
+
+size_t RegisteredHost::size_of(const void* p) const {
+  auto it = blocks_.find(reinterpret_cast<uintptr_t>(p));
+  return it == blocks_.end() ? 0 : it->second.size;
 }
 
 bool RegisteredHost::contains(const void* p) const {

@@ -29,10 +29,12 @@ class RegisteredHost final : public HostMemory {
 
   void* allocate(size_t size, CUstream stream, int device) override;
   void free(void* p, CUstream stream) override;
+  void free_after_context(void* p, CUcontext ctx) override;
   void record_stream(void* p, CUstream stream) override;
   void release_cached() override;
   void set_limit(size_t bytes) override { limit_ = bytes; }
   HostPoolStats stats() const override;
+  size_t size_of(const void* p) const override;
   bool contains(const void* p) const override;
   HostPath path() const override { return HostPath::registered; }
 
