@@ -441,10 +441,10 @@ EXPANSE_C_API int expanse_host_free(void* ptr, struct CUstream_st* stream);
 EXPANSE_C_API int expanse_host_record_stream(void* ptr, struct CUstream_st* stream);
 /* Frees a block whose user cannot name the stream that last used it (a tensor's deleter): it is
  * reused once the streams expanse_host_record_stream named are done, or, where none was named,
- * once every stream of `device` has passed this call (-1: the calling thread's current context's
- * device, else the device the block was allocated for). No event can prove the latter, so a
- * request that would pin new memory while at least its size waits so synchronizes the device
- * (cuCtxSynchronize) first: name the streams to keep copies asynchronous. */
+ * once every stream of `device` has passed this call (-1: the block's own device, the context
+ * current when it was allocated). No event can prove the latter, so a request that would pin
+ * new memory while at least its size waits so synchronizes that context (cuCtxSynchronize)
+ * first: name the streams to keep copies asynchronous. */
 EXPANSE_C_API int expanse_host_free_after_device(void* ptr, int device);
 /* A DLPack tensor (a DLManagedTensor*, the unversioned DLPack ABI, as torch.from_dlpack and
  * numpy.from_dlpack take it in a "dltensor" capsule) over the live block at ptr: one dimension,

@@ -76,9 +76,9 @@ def free(ptr, stream=0):
 
 def free_after_device(ptr, device=-1):
     """Frees a block whose last user named no stream: reused once the streams record_stream
-    named are done, or, where none was named, once every stream of `device` (-1: the current
-    one) has passed this call; a later request that would pin new memory synchronizes the device
-    first to prove it."""
+    named are done, or, where none was named, once every stream of `device` (-1: the block's own,
+    the CUDA context current when it was allocated) has passed this call; a later request that
+    would pin new memory synchronizes that device first to prove it."""
     check(_lib().expanse_host_free_after_device(ptr, device),
           f"expanse.host.free_after_device({ptr:#x})")
 
@@ -169,7 +169,7 @@ class HostBuffer:
         count = library().expanse_device_count()
         if not isinstance(device, int) or device < -1 or (count >= 0 and device >= count):
             raise ValueError(f"expanse.host.HostBuffer: device {device!r} (0 to {count - 1}, "
-                             "or -1 for the current one)")
+                             "or -1 for the block's own)")
         self.size = size
         self.device = device
         self.ptr = malloc(size, numa_node)

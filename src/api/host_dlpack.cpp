@@ -74,7 +74,7 @@ EXPANSE_C_API int expanse_host_dlpack(void* ptr, int device, void** managed_tens
     if (device < -1 || device >= Runtime::get().device_count()) {
       throw expanse::usage_error("expanse_host_dlpack: device " + std::to_string(device) +
                                  " (0 to " + std::to_string(Runtime::get().device_count() - 1) +
-                                 ", or -1 for the current one); nothing was changed");
+                                 ", or -1 for the block's own); nothing was changed");
     }
     const size_t size = Runtime::get().host().live_size(ptr, "expanse_host_dlpack");
     auto* t = new HostTensor;

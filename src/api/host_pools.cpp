@@ -180,13 +180,11 @@ void HostPools::free_after_device(void* p, int device) {
                         std::to_string(rt_.device_count()) + "); nothing was changed");
     }
     ctx = rt_.device(device).driver().primary();
-  } else if (device == -1) {
-    if (rt_.driver().table().ctx_get_current(&ctx) != CUDA_SUCCESS) ctx = nullptr;
-  } else {
+  } else if (device != -1) {
     throw usage_error("expanse_host_free_after_device of " +
                       core::hex(reinterpret_cast<uintptr_t>(p)) + ": device " +
                       std::to_string(device) +
-                      " (0 or more, or -1 for the current one); nothing was changed");
+                      " (0 or more, or -1 for the block's own); nothing was changed");
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -26,8 +26,8 @@ class HostPools final : public core::HostStaging {
   void free(void* p, CUstream stream);
   void record_stream(void* p, CUstream stream);
   // Frees p once the streams record_stream named are done, or where none was named, once every
-  // stream of `device` (-1: the calling thread's current context, else the block pool's device)
-  // has passed this call (core::HostMemory::free_after_context).
+  // stream of `device` (-1: the block's own, the context current when it was allocated) has
+  // passed this call (core::HostMemory::free_after_context).
   void free_after_device(void* p, int device);
   void release_cached();
   void set_limit(size_t bytes);

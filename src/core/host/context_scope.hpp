@@ -25,4 +25,10 @@ class ContextScope {
   bool pushed_;
 };
 
+// The calling thread's current context, or `fallback` where it has none.
+inline CUcontext current_or(const driver::DriverTable& t, CUcontext fallback) {
+  CUcontext ctx = nullptr;
+  return t.ctx_get_current(&ctx) == CUDA_SUCCESS && ctx != nullptr ? ctx : fallback;
+}
+
 }  // namespace expanse::core

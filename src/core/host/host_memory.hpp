@@ -47,7 +47,8 @@ class HostMemory {
   virtual void free(void* p, CUstream stream) = 0;
   // Frees a live block that its user cannot name a stream for (a tensor's deleter): reused once
   // the streams record_stream named are done, or where none was named, once every stream of ctx
-  // has passed this call. A request that would pin new memory while at least its size waits so
+  // (nullptr: the context current when the block was allocated, else the pool's) has passed
+  // this call. A request that would pin new memory while at least its size waits so
   // synchronizes those contexts first, which proves it (pinned memory then stays near the live
   // blocks instead of growing by every such free).
   virtual void free_after_context(void* p, CUcontext ctx) = 0;

@@ -284,6 +284,7 @@ void* HostPool::allocate(size_t size, CUstream /*stream*/, int device) {
                             " bytes of address space",
                         size, -1);
   }
+  const CUcontext caller = current_or(t_, ctx_);
   ContextScope current(t_, ctx_);
   add_device(device);
   const bool polls = may_poll();
@@ -331,7 +332,7 @@ void* HostPool::allocate(size_t size, CUstream /*stream*/, int device) {
         throw;
       }
       if (backed) {
-        blocks_.emplace(base_ + offset, Block{size, extent, {}});
+        blocks_.emplace(base_ + offset, Block{size, extent, {}, caller});
         stats_.requested_bytes += size;
         stats_.allocated_bytes += extent;
         ++stats_.live_blocks;
@@ -391,7 +392,7 @@ void HostPool::free_after_context(void* p, CUcontext ctx) {
     order_.add(it->first, it->second.extent, named.front(),
                std::vector<CUstream>(named.begin() + 1, named.end()));
   } else {
-    order_.add_after_context(it->first, it->second.extent, ctx == nullptr ? ctx_ : ctx);
+    order_.add_after_context(it->first, it->second.extent, ctx == nullptr ? it->second.ctx : ctx);
   }
   stats_.requested_bytes -= it->second.size;
   stats_.allocated_bytes -= it->second.extent;

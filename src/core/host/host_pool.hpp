@@ -77,6 +77,7 @@ class HostPool final : public HostMemory {
     size_t size = 0;    // as asked
     size_t extent = 0;  // as placed
     std::vector<CUstream> streams;  // record_stream's
+    CUcontext ctx = nullptr;  // the caller's current context at allocation (else the pool's)
   };
   static uintptr_t addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 

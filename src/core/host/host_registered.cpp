@@ -41,6 +41,7 @@ void* RegisteredHost::allocate(size_t size, CUstream /*stream*/, int /*device*/)
     throw usage_error("expanse: host allocation of 0 bytes on NUMA node " +
                       std::to_string(node_) + "; nothing was changed");
   }
+  const CUcontext caller = current_or(t_, ctx_);
   ContextScope in(t_, ctx_);
   const bool polls = may_poll();
   if (polls) order_.poll(false, [&](uintptr_t at, size_t extent) { give_back(at, extent); });
@@ -92,7 +93,7 @@ void* RegisteredHost::allocate(size_t size, CUstream /*stream*/, int /*device*/)
                          static_cast<int>(r));
   }
   try {
-    blocks_.emplace(reinterpret_cast<uintptr_t>(p), Block{size, extent, {}});
+    blocks_.emplace(reinterpret_cast<uintptr_t>(p), Block{size, extent, {}, caller});
   } catch (...) {
     t_.mem_host_unregister(p);
     munmap(p, extent);
@@ -163,7 +164,7 @@ void RegisteredHost::free_after_context(void* p, CUcontext ctx) {
       order_.add(a, it->second.extent, named.front(),
                  std::vector<CUstream>(named.begin() + 1, named.end()));
     } else {
-      order_.add_after_context(a, it->second.extent, ctx == nullptr ? ctx_ : ctx);
+      order_.add_after_context(a, it->second.extent, ctx == nullptr ? it->second.ctx : ctx);
     }
   } catch (...) {
     pending_extent_.erase(a);

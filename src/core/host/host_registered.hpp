@@ -43,6 +43,7 @@ class RegisteredHost final : public HostMemory {
     size_t size = 0;
     size_t extent = 0;
     std::vector<CUstream> streams;
+    CUcontext ctx = nullptr;  // the caller's current context at allocation (else the pool's)
   };
   void give_back(uintptr_t at, size_t extent) noexcept;
   std::string describe(uintptr_t a) const;
