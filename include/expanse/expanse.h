@@ -456,6 +456,8 @@ EXPANSE_C_API int expanse_host_dlpack(void* ptr, int device, void** managed_tens
 EXPANSE_C_API int expanse_host_release_cached(void);
 /* Most bytes of pinned pages per NUMA node (SIZE_MAX: none); lowering it releases cached pages. */
 EXPANSE_C_API int expanse_host_set_limit(size_t bytes);
+/* Every node's peak_pinned_bytes starts again from its pinned bytes now. */
+EXPANSE_C_API int expanse_host_reset_peak_stats(void);
 /* numa_node -1: every node's figures summed. */
 EXPANSE_C_API int expanse_host_get_stats(int numa_node, expanse_host_stats* out);
 

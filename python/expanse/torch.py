@@ -15,6 +15,11 @@ supported: torch.compile's CUDA graph trees (mode="reduce-overhead" needs
 torch._inductor.config.triton.cudagraph_trees = False) and sharing CUDA tensors between
 processes.
 
+expanse.torch.use_host() makes expanse PyTorch's CUDA host allocator as well (PyTorch 2.8 and
+newer, the same native extension): torch.empty(..., pin_memory=True), Tensor.pin_memory() and
+DataLoader(pin_memory=True) get exact pinned memory from expanse.host's pools instead of PyTorch's
+power-of-two rounding. expanse.host.empty() gives such tensors with any PyTorch.
+
 Where the native allocator cannot be built (no C++ compiler, no ninja, no usable CUDA headers:
 see choose_cuda_headers), use() falls back, with a warning naming what is lost, to the pluggable
 pair (CUDAPluggableAllocator with expanse_torch_malloc / expanse_torch_free): an OOM is then a
@@ -55,7 +60,7 @@ PLUGGABLE_LOSES = ("torch.cuda.memory_stats() / memory_snapshot() / _record_memo
 
 NATIVE_NAME = "expanse_torch_native"
 _NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
-_NATIVE_SOURCES = ("torch_allocator.cpp", "torch_adapter.cpp")
+_NATIVE_SOURCES = ("torch_allocator.cpp", "torch_adapter.cpp", "torch_host_allocator.cpp")
 
 
 class NativeUnavailable(RuntimeError):
@@ -399,7 +404,7 @@ def _native_build(torch, cpp_extension):
     # dependencies: linking a toolkit's libcudart could load a second, different one.
     torch_lib = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "lib")
     ldflags = [lib, "-Wl,-rpath," + os.path.dirname(lib),
-               "-L" + torch_lib, "-ltorch_cuda", "-lc10_cuda"]
+               "-L" + torch_lib, "-ltorch_cuda", "-ltorch_cpu", "-lc10_cuda", "-lc10"]
     args = dict(name=NATIVE_NAME, sources=sources,
                 extra_include_paths=[_NATIVE_DIR, include] + headers.include_paths(),
                 extra_cflags=["-O2"],
@@ -408,28 +413,79 @@ def _native_build(torch, cpp_extension):
     return args, headers
 
 
+_native_ext = None  # (path, CDLL): the extension built and loaded once per process
+_native_lock = threading.Lock()
+
+
+def _load_native(torch):
+    """The native extension (the CUDA allocator and the host allocator), built against this
+    torch on first use and then cached: (path, ctypes.CDLL). Raises NativeUnavailable."""
+    global _native_ext
+    with _native_lock:
+        if _native_ext is not None:
+            return _native_ext
+        try:
+            from torch.utils import cpp_extension
+        except ImportError as e:
+            raise NativeUnavailable(f"torch.utils.cpp_extension cannot be imported ({e})") from e
+        args, headers = _native_build(torch, cpp_extension)
+        os.makedirs(args["build_directory"], exist_ok=True)
+        try:
+            built = cpp_extension.load(**args)
+        except Exception as e:  # noqa: BLE001  (compiler and ninja failures come in many types)
+            raise NativeUnavailable(f"building the native allocator in "
+                                    f"{args['build_directory']} against {headers} failed "
+                                    f"({type(e).__name__}: {str(e).strip()[-2000:]})") from e
+        # load() returns the library's path for a non-Python module (and loads it already).
+        path = built if isinstance(built, str) else os.path.join(args["build_directory"],
+                                                                 NATIVE_NAME + ".so")
+        ext = ctypes.CDLL(path)
+        ext.expanse_torch_native_error.restype = ctypes.c_char_p
+        ext.expanse_torch_native_host_error.restype = ctypes.c_char_p
+        _native_ext = (path, ext)
+        return _native_ext
+
+
 def _install_native(torch):
-    try:
-        from torch.utils import cpp_extension
-    except ImportError as e:
-        raise NativeUnavailable(f"torch.utils.cpp_extension cannot be imported ({e})") from e
-    args, headers = _native_build(torch, cpp_extension)
-    os.makedirs(args["build_directory"], exist_ok=True)
-    try:
-        built = cpp_extension.load(**args)
-    except Exception as e:  # noqa: BLE001  (compiler and ninja failures come in many types)
-        raise NativeUnavailable(f"building the native allocator in {args['build_directory']} "
-                                f"against {headers} failed "
-                                f"({type(e).__name__}: {str(e).strip()[-2000:]})") from e
-    # load() returns the library's path for a non-Python module (and loads it already).
-    path = built if isinstance(built, str) else os.path.join(args["build_directory"],
-                                                             NATIVE_NAME + ".so")
-    ext = ctypes.CDLL(path)
-    ext.expanse_torch_native_error.restype = ctypes.c_char_p
+    path, ext = _load_native(torch)
     if ext.expanse_torch_native_install() != 0:
         raise RuntimeError("expanse.torch.use(): installing the native allocator failed: " +
                            ext.expanse_torch_native_error().decode(errors="replace"))
     return NativeAllocator(path)
+
+
+def use_host():
+    """Makes expanse PyTorch's CUDA host allocator: torch.empty(..., pin_memory=True),
+    Tensor.pin_memory(), DataLoader(pin_memory=True) and the pinned staging of non_blocking
+    copies get expanse's pinned host memory (expanse.host): exact to the host granularity, where
+    PyTorch's caching host allocator rounds each request up to a power of two, and fungible
+    across sizes. torch.cuda.host_memory_stats() and torch._C._host_emptyCache() answer from
+    expanse's host pools; pinned blocks PyTorch handed out before keep their own allocator.
+
+    Reuse: a block a non_blocking copy used is reused once the streams PyTorch recorded are
+    done (as PyTorch orders it); a block with no recorded stream, which PyTorch's own allocator
+    hands out again at once, is reused only after every stream of its device has passed its
+    free (a request that would pin more memory first synchronizes the device to prove it).
+
+    Independent of use(): expanse may serve the host side, the device side, or both. Needs the
+    native extension (a C++ compiler, ninja, CUDA headers) and PyTorch 2.8 or newer, where
+    at::setHostAllocator lets an extension replace the CUDA host allocator; otherwise raises
+    NativeUnavailable saying which, and expanse.host.empty() still gives exact pinned tensors.
+    Calling it again does nothing."""
+    import torch
+    _, ext = _load_native(torch)
+    rc = ext.expanse_torch_native_install_host()
+    if rc == 2:
+        raise NativeUnavailable(ext.expanse_torch_native_host_error().decode(errors="replace"))
+    if rc != 0:
+        raise RuntimeError("expanse.torch.use_host(): installing the host allocator failed: " +
+                           ext.expanse_torch_native_host_error().decode(errors="replace"))
+
+
+def host_in_use():
+    """Whether expanse is PyTorch's CUDA host allocator now (use_host())."""
+    ext = _native_ext
+    return ext is not None and ext[1].expanse_torch_native_host_installed() == 1
 
 
 def _announce_graph_captures(torch):

@@ -46,6 +46,10 @@ EXPANSE_C_API int expanse_host_release_cached(void) {
   return guarded([&] { Runtime::get().host().release_cached(); });
 }
 
+EXPANSE_C_API int expanse_host_reset_peak_stats(void) {
+  return guarded([&] { Runtime::get().host().reset_peak(); });
+}
+
 EXPANSE_C_API int expanse_host_set_limit(size_t bytes) {
   return guarded([&] { Runtime::get().host().set_limit(bytes); });
 }

@@ -254,6 +254,11 @@ bool HostPools::unstage(void* p) noexcept {
   return true;
 }
 
+void HostPools::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [node, pool] : pools_) pool->reset_peak();
+}
+
 void HostPools::release_cached() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [node, pool] : pools_) pool->release_cached();

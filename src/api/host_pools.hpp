@@ -31,6 +31,7 @@ class HostPools final : public core::HostStaging {
   void free_after_device(void* p, int device);
   void release_cached();
   void set_limit(size_t bytes);
+  void reset_peak();
   // node -1: every pool's figures summed (page_bytes: the first's). Sleep staging counts in the
   // pinned bytes, not in the live blocks or the requested bytes.
   core::HostPoolStats stats(int node);

@@ -83,8 +83,8 @@ def test_build_args_compile_the_native_sources_against_this_library(native_torch
     fake, ext, et = native_torch
     args = et.native_build_args(fake.module, ext.module)
     assert args["name"] == et.NATIVE_NAME
-    assert [os.path.basename(s) for s in args["sources"]] == ["torch_allocator.cpp",
-                                                             "torch_adapter.cpp"]
+    assert [os.path.basename(s) for s in args["sources"]] == [
+        "torch_allocator.cpp", "torch_adapter.cpp", "torch_host_allocator.cpp"]
     assert all(os.path.isfile(s) for s in args["sources"])
     assert any(os.path.isfile(os.path.join(d, "expanse", "expanse.h"))
                for d in args["extra_include_paths"])
@@ -95,6 +95,7 @@ def test_build_args_compile_the_native_sources_against_this_library(native_torch
     # PyTorch's own CUDA runtime, through libtorch_cuda; never a toolkit's libcudart.
     assert args["with_cuda"] is False
     assert "-ltorch_cuda" in args["extra_ldflags"]
+    assert "-ltorch_cpu" in args["extra_ldflags"]  # the host allocator's registry
     assert not any("cudart" in f for f in args["extra_ldflags"])
     assert args["build_directory"] == os.environ["EXPANSE_TORCH_BUILD_DIR"]
 
@@ -422,3 +423,49 @@ def test_cuda_headers_are_what_the_compiler_reads():
     assert "crt/host_config.h" in read
     assert read <= set(et.CUDA_HEADERS), sorted(read - set(et.CUDA_HEADERS))
     assert [h for h in et.CUDA_HEADERS if not os.path.isfile(os.path.join(include, h))] == []
+
+
+class FakeHostExtension:
+    """The native extension's host entry points, answering as told."""
+
+    def __init__(self, rc, error=b""):
+        self.rc, self.error, self.installs = rc, error, 0
+
+    def expanse_torch_native_install_host(self):
+        self.installs += 1
+        return self.rc
+
+    def expanse_torch_native_host_error(self):
+        return self.error
+
+    def expanse_torch_native_host_installed(self):
+        return 1 if self.rc == 0 and self.installs else 0
+
+
+@pytest.mark.parametrize("rc,raised", [(0, None), (2, "NativeUnavailable"), (1, "RuntimeError")])
+def test_use_host_installs_or_says_why_not(native_torch, monkeypatch, rc, raised):
+    import expanse.torch as et
+    ext = FakeHostExtension(rc, b"the reason")
+    monkeypatch.setattr(et, "_load_native", lambda torch: ("/fake.so", ext))
+    monkeypatch.setattr(et, "_native_ext", ("/fake.so", ext))
+    if raised is None:
+        et.use_host()
+        assert et.host_in_use()
+    else:
+        with pytest.raises(getattr(et, raised) if hasattr(et, raised) else RuntimeError,
+                           match="the reason"):
+            et.use_host()
+        assert not et.host_in_use()
+    assert ext.installs == 1
+
+
+def test_use_host_on_the_installed_torch(ex):
+    """With a real PyTorch (2.8 or newer) and a compiler: expanse becomes its CUDA host
+    allocator (the allocation itself needs a GPU: test/gpu/torch_native_checks.py)."""
+    pytest.importorskip("torch")
+    import expanse.torch as et
+    try:
+        et.use_host()
+    except et.NativeUnavailable as e:
+        pytest.skip(f"the native extension cannot be built or installed here: {e}")
+    assert et.host_in_use()

@@ -52,3 +52,7 @@
 // default): in 2.13, not in 2.11.
 #define EXPANSE_TORCH_HAS_OOM_REJECTION_OBSERVER (EXPANSE_TORCH_VERSION >= 213)
 #define EXPANSE_TORCH_HAS_CONTEXT_FOR_POINTER (EXPANSE_TORCH_VERSION >= 213)
+
+// at::HostAllocator and its registry (at::setHostAllocator / getHostAllocator, which pinned
+// allocations, record_event and the host stats all go through): from 2.8.
+#define EXPANSE_TORCH_HAS_HOST_ALLOCATOR (EXPANSE_TORCH_VERSION >= 208)

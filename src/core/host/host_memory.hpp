@@ -56,6 +56,8 @@ class HostMemory {
   virtual void release_cached() = 0;
   virtual void set_limit(size_t bytes) = 0;
   virtual HostPoolStats stats() const = 0;
+  // The peak pinned bytes start again from the pinned bytes now.
+  virtual void reset_peak() = 0;
   // Whether p lies in memory this node's host memory handed out (live, pending or cached).
   virtual bool contains(const void* p) const = 0;
   // The requested size of the live block starting at p; 0 where p is no live block's start.

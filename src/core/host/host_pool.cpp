@@ -255,6 +255,10 @@ bool HostPool::back_pages(size_t first, size_t last, int /*device*/) {
   return true;
 }
 
+void HostPool::reset_peak() {
+  stats_.peak_pinned_bytes = (mapped_pages_ + unmapped_.size()) * page_;
+}
+
 void HostPool::note_peak() {
   const uint64_t held = (mapped_pages_ + unmapped_.size()) * page_;
   stats_.peak_pinned_bytes = std::max(stats_.peak_pinned_bytes, held);

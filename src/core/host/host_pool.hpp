@@ -58,6 +58,7 @@ class HostPool final : public HostMemory {
   // Unmaps and releases every page no live or pending block touches.
   void release_cached() override;
   void set_limit(size_t bytes) override;
+  void reset_peak() override;
   HostPoolStats stats() const override;
   HostPath path() const override { return HostPath::vmm; }
 

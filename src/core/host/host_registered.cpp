@@ -193,6 +193,8 @@ void RegisteredHost::release_cached() {
   if (may_poll()) order_.poll(false, [&](uintptr_t at, size_t extent) { give_back(at, extent); });
 }
 
+void RegisteredHost::reset_peak() { stats_.peak_pinned_bytes = pinned_; }
+
 HostPoolStats RegisteredHost::stats() const {
   HostPoolStats s = stats_;
   s.pinned_bytes = pinned_;

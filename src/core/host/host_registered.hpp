@@ -33,6 +33,7 @@ class RegisteredHost final : public HostMemory {
   void record_stream(void* p, CUstream stream) override;
   void release_cached() override;
   void set_limit(size_t bytes) override { limit_ = bytes; }
+  void reset_peak() override;
   HostPoolStats stats() const override;
   size_t size_of(const void* p) const override;
   bool contains(const void* p) const override;
