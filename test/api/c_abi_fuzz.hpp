@@ -916,7 +916,31 @@ class CAbiFuzzer {
         const HostBlock h = host_blocks_[k];
         if (!holds(h.ptr, h.size, h.seed)) fail("host block " + hex(h.ptr) + " lost its bytes");
         if (c.pick(3) == 0) ok_or_fault(expanse_host_record_stream(h.ptr, stream_of(c)), "host_record_stream");
-        if (!ok_or_fault(expanse_host_free(h.ptr, stream_of(c)), "host_free")) break;
+        // Freed as a stream's user frees, as a tensor's deleter does (after the device), or
+        // through a DLPack tensor's deleter.
+        const uint64_t how = c.pick(4);
+        if (how == 0) {
+          if (!ok_or_fault(expanse_host_free_after_device(h.ptr, c.pick(3) == 0 ? 0 : -1),
+                           "host_free_after_device")) {
+            break;
+          }
+        } else if (how == 1) {
+          void* managed = nullptr;
+          if (!ok_or_fault(expanse_host_dlpack(h.ptr, -1, &managed), "host_dlpack")) break;
+          if (managed == nullptr) fail("host_dlpack succeeded without a tensor");
+          // The DLPack layout: data first, the deleter last (after manager_ctx).
+          struct Managed {
+            void* data;
+            char tensor_rest[40];
+            void* manager_ctx;
+            void (*deleter)(Managed*);
+          };
+          auto* m = static_cast<Managed*>(managed);
+          if (m->data != h.ptr) fail("host_dlpack's tensor does not start at the block");
+          m->deleter(m);
+        } else if (!ok_or_fault(expanse_host_free(h.ptr, stream_of(c)), "host_free")) {
+          break;
+        }
         host_blocks_[k] = host_blocks_.back();
         host_blocks_.pop_back();
         host_freed_.push_back(h.ptr);
@@ -944,6 +968,17 @@ class CAbiFuzzer {
           for (const HostBlock& h : host_blocks_) live = live || h.ptr == p;
           if (!live) expect_refused(expanse_host_free(p, nullptr), "a double host_free", "");
         }
+        expect_refused(expanse_host_free_after_device(&local, 0), "host_free_after_device of a "
+                       "foreign pointer", hex(&local));
+        if (!host_blocks_.empty()) {
+          void* managed = reinterpret_cast<void*>(1);
+          const HostBlock& h = host_blocks_[c.pick(host_blocks_.size())];
+          expect_refused(expanse_host_free_after_device(h.ptr, 7), "host_free_after_device on "
+                         "device 7", "device 7");
+          expect_refused(expanse_host_dlpack(h.ptr, -4, &managed), "host_dlpack on device -4",
+                         "device -4");
+          if (managed != nullptr) fail("a refused host_dlpack left *managed_tensor set");
+        }
         void* q = nullptr;
         expect_refused(expanse_host_malloc(&q, 0, 0, nullptr), "host_malloc of 0 bytes", "0 bytes");
         expect_refused(expanse_host_malloc(&q, 4096, -3, nullptr), "host_malloc on node -3", "-3");
@@ -952,6 +987,7 @@ class CAbiFuzzer {
       case 4:
         if (c.pick(3) == 0) {
           ok_or_fault(expanse_host_release_cached(), "host_release_cached");
+          if (c.pick(2) == 0) ok_or_fault(expanse_host_reset_peak_stats(), "host_reset_peak_stats");
         } else if (alone_) {
           ok_or_fault(expanse_host_set_limit(c.pick(2) == 0 ? SIZE_MAX : (size_t{1} << 20) * (64 + c.pick(512))),
                       "host_set_limit");

@@ -540,3 +540,38 @@ TEST_F(HostPoolTest, ADLPackTensorCoversTheBlockAndItsDeleterFreesIt) {
   EXPECT_EQ(host_stats().live_blocks, 1u);
   EXPECT_EQ(expanse_host_free(q, nullptr), EXPANSE_OK);
 }
+
+// A synchronize while a blocking stream captures would invalidate the capture: a request that
+// would prove a deleter's free so while one is under way (unannounced) pins new pages instead,
+// and the capture survives. A later request, the capture over, synchronizes.
+TEST_F(HostPoolTest, AFreeAfterTheDeviceIsNotProvenByASynchronizeDuringACapture) {
+  start();
+  CUdevice dev0 = 0;
+  CUcontext ctx0 = nullptr;
+  ASSERT_EQ(expanse::sim::sim_device_get(&dev0, 0), CUDA_SUCCESS);
+  ASSERT_EQ(expanse::sim::sim_device_primary_ctx_retain(&ctx0, dev0), CUDA_SUCCESS);
+  ASSERT_EQ(expanse::sim::sim_ctx_set_current(ctx0), CUDA_SUCCESS);
+  CUstream s = nullptr;
+  ASSERT_EQ(expanse::sim::sim_stream_create(&s, CU_STREAM_DEFAULT), CUDA_SUCCESS);  // blocking
+  void* a = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&a, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_host_free_after_device(a, 0), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse::sim::sim_stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED),
+            CUDA_SUCCESS);
+  void* b = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&b, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(host_stats().num_waits, 0u) << "no synchronize during the capture";
+  EXPECT_EQ(host_stats().pending_blocks, 1u);
+  CUgraph g = nullptr;
+  EXPECT_EQ(expanse::sim::sim_stream_end_capture(s, &g), CUDA_SUCCESS) << "the capture survived";
+  if (g != nullptr) expanse::sim::sim_graph_destroy(g);
+  void* c = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&c, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(host_stats().num_waits, 1u) << "the capture over, the request synchronized";
+  EXPECT_EQ(host_stats().pending_blocks, 0u);
+  EXPECT_EQ(expanse_host_free(b, nullptr), EXPANSE_OK);
+  EXPECT_EQ(expanse_host_free(c, nullptr), EXPANSE_OK);
+  expanse::sim::sim_stream_destroy(s);
+  expanse::sim::sim_ctx_set_current(nullptr);
+  expanse::sim::sim_device_primary_ctx_release(dev0);
+}

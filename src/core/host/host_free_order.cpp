@@ -92,7 +92,14 @@ size_t HostFreeOrder::sync_contexts() {
   size_t n = 0;
   for (CUcontext ctx : owed) {
     if (t_.ctx_push_current(ctx) != CUDA_SUCCESS) continue;
-    const CUresult r = t_.ctx_synchronize();
+    // A blocking stream of ctx capturing (the legacy stream answers IMPLICIT then) would be
+    // invalidated by the synchronize: its blocks wait for a later one. (A capture the
+    // application announced stops every poll before this: HostMemory::may_poll.)
+    CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    const CUresult q = t_.stream_is_capturing(CU_STREAM_LEGACY, &capturing);
+    const CUresult r = q == CUDA_SUCCESS && capturing == CU_STREAM_CAPTURE_STATUS_NONE
+                           ? t_.ctx_synchronize()
+                           : CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     CUcontext popped = nullptr;
     t_.ctx_pop_current(&popped);
     if (r != CUDA_SUCCESS) continue;

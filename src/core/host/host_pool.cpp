@@ -310,9 +310,11 @@ void* HostPool::allocate(size_t size, CUstream /*stream*/, int device) {
         // placed again with that memory free.
         untouch(first, last);
         give_range(offset, extent);
-        ++stats_.num_waits;
         synced = true;
-        if (order_.sync_contexts() != 0) poll_pending(false);
+        if (order_.sync_contexts() != 0) {
+          ++stats_.num_waits;
+          poll_pending(false);
+        }
         continue;
       }
       if (!polls && !mapped(first, last)) {

@@ -53,8 +53,8 @@ void* RegisteredHost::allocate(size_t size, CUstream /*stream*/, int /*device*/)
   if (polls && order_.context_pending_bytes() >= extent) {
     // As much as this request waits for a context's streams (freed by deleters that name
     // none): a synchronize proves it and unpins it, rather than pinning more beside it.
-    ++stats_.num_waits;
     if (order_.sync_contexts() != 0) {
+      ++stats_.num_waits;
       order_.poll(false, [&](uintptr_t at, size_t e) { give_back(at, e); });
     }
   }
