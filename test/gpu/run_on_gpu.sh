@@ -7,7 +7,8 @@
 #   its native allocator built as a new user's first use() builds it (torch-native), the
 #   conformance suite's real-driver variant (every rule's answers are shown, a rule that crashes
 #   the driver is one failure naming its last call and the run goes on: rc 1 is rules that
-#   disagree, rc >= 128 a crash), sleep and wake of 1, 8 and 40 GiB pools, GPT-2 with varying
+#   disagree, rc >= 128 a crash), sleep and wake of 1, 8 and 40 GiB pools, pinned host memory
+#   with PyTorch (test/gpu/pinned_host_checks.py), GPT-2 with varying
 #   shapes under PyTorch's allocators and expanse (test/gpu/gpt2_check.py), then the nvcc tests
 #   (Thrust's CUDA backend; invariant 3 under running kernels), PyTorch through the pluggable pair
 #   (torch-checks), `expanse selftest` (checks + cost calibration), the hot path on the real driver
@@ -17,7 +18,8 @@
 #
 # No STEP: every step except those run only when named. Steps run in this file's order, whatever
 # the order they are named in.
-#   Profile `quick`: info stress stress-reserve torch-native conformance-cuda sleep-wake-cuda gpt2,
+#   Profile `quick`: info stress stress-reserve torch-native conformance-cuda sleep-wake-cuda
+#   pinned-host gpt2,
 #   what a lent GPU runs first (a loan is 15 minutes, the machine's start included; estimated
 #   from the H200 run: about 4 minutes for the first six, 70 s for gpt2); `quick peers` adds
 #   peers after them.
@@ -27,7 +29,8 @@
 #   it): it builds for minutes and runs for minutes, more than a run of every step can spare.
 #
 # Writes OUT_DIR/summary.txt (one line per step: exit code, milliseconds), OUT_DIR/gpu_checks.log
-# (everything printed), stress.json, stress_reserve.json, conformance_cuda.json, gpt2.json and
+# (everything printed), stress.json, stress_reserve.json, stress_pinned.json (`expanse stress
+# --pinned`: the host pool fragmented, then one contiguous buffer), conformance_cuda.json, gpt2.json and
 # selftest.json. Exits 1 if any step failed, 2 on an unknown step name.
 set -u
 B=$(cd "${1:?build dir}" && pwd)
@@ -43,10 +46,10 @@ export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 failed=0
 
 ALL_STEPS=(nvidia-smi info stress stress-reserve torch-native conformance-cuda sleep-wake-cuda
-           gpt2 stream-safety thrust-cuda conformance torch-checks torch-example pytest selftest
-           stress-measured hot-path-cuda hot-path-sim peers)
+           pinned-host gpt2 stress-pinned stream-safety thrust-cuda conformance torch-checks
+           torch-example pytest selftest stress-measured hot-path-cuda hot-path-sim peers)
 NAMED_ONLY=(conformance peers)
-QUICK=(info stress stress-reserve torch-native conformance-cuda sleep-wake-cuda gpt2)
+QUICK=(info stress stress-reserve torch-native conformance-cuda sleep-wake-cuda pinned-host gpt2)
 
 in_list() {
   local want=$1 s; shift
@@ -114,7 +117,9 @@ step torch-native 400 "${native_env[@]}" python3 "$SRC/test/gpu/torch_native_che
 step conformance-cuda 300 "$B/bin/expanse_conformance_tests" --gtest_filter='*/cuda*' \
   --gtest_brief=1 --gtest_output="json:$OUT/conformance_cuda.json"
 step sleep-wake-cuda 300 env EXPANSE_BENCH_CONF=driver:cuda "$B/bin/expanse_bench_sleep_wake" 1 8 40
+step pinned-host 240 "${native_env[@]}" python3 "$SRC/test/gpu/pinned_host_checks.py"
 step gpt2 240 "${native_env[@]}" python3 "$SRC/test/gpu/gpt2_check.py" --out "$OUT/gpt2.json"
+step stress-pinned 300 sh -c "EXPANSE_CONF=driver:cuda '$B/bin/expanse' stress --pinned --json > '$OUT/stress_pinned.json'; rc=\$?; cat '$OUT/stress_pinned.json'; exit \$rc"
 step stream-safety 180 env EXPANSE_CONF=driver:cuda "$B/bin/expanse_gpu_stream_safety_test"
 step thrust-cuda 120 env EXPANSE_CONF=driver:cuda "$B/bin/expanse_thrust_cuda_test"
 step conformance 300 "$B/bin/expanse_conformance_tests" --gtest_brief=1
