@@ -2,11 +2,13 @@
 # Compiles expanse's native PyTorch allocator (python/expanse/native/torch_allocator.cpp) against
 # the headers of real torch wheels, so that a change of PyTorch's CUDAAllocator interface breaks
 # CI rather than a user's first expanse.torch.use(). Needs no GPU and no importable torch: each
-# wheel is downloaded with `pip download torch==V --no-deps`, only its include folder and its two
-# c10 libraries are unpacked, the source is compiled through the build's EXPANSE_TORCH_INCLUDE
-# option, and, where this machine has the CUDA runtime those c10 libraries need
+# wheel is downloaded with `pip download torch==V --no-deps`, only its include folder, its two
+# c10 libraries and libtorch_cpu (with its libgomp) are unpacked, the source is compiled through
+# the build's EXPANSE_TORCH_INCLUDE option, and, where this machine has the CUDA runtime those
+# c10 libraries need
 # (libcudart.so.<major>), the torch half runs on the sim against them (EXPANSE_TORCH_LIB:
-# TorchNative.SmokeOnSim, test/torch_adapter/torch_native_smoke.cpp).
+# TorchNative.SmokeOnSim, test/torch_adapter/torch_native_smoke.cpp), and so does the host
+# allocator against libtorch_cpu (test/torch_adapter/torch_host_smoke.cpp).
 #
 #   test/torch_compile_check.sh [VERSION ...]    (default: the newest torch on the index, and 2.11.0)
 #
@@ -33,7 +35,8 @@ unpack_headers() {
   python3 - "$1" "$tmp" <<'PY'
 import sys, zipfile
 z = zipfile.ZipFile(sys.argv[1])
-keep = ("torch/lib/libc10.so", "torch/lib/libc10_cuda.so")
+keep = ("torch/lib/libc10.so", "torch/lib/libc10_cuda.so", "torch/lib/libtorch_cpu.so",
+        "torch/lib/libgomp.so.1")
 z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("torch/include/") or n in keep])
 PY
   rm -rf "$2" && mv "$tmp" "$2"
@@ -58,7 +61,7 @@ for v in "${versions[@]}"; do
   t0=$(date +%s)
   inc="$WORK/torch-$v"
   if [ ! -f "$inc/torch/include/torch/csrc/api/include/torch/version.h" ] ||
-     [ ! -f "$inc/torch/lib/libc10_cuda.so" ]; then
+     [ ! -f "$inc/torch/lib/libc10_cuda.so" ] || [ ! -f "$inc/torch/lib/libtorch_cpu.so" ]; then
     wheel=$(ls "$dl"/newest/torch-"$v"-*.whl "$WORK"/wheels-"$v"/torch-"$v"-*.whl 2>/dev/null \
               | head -1 || true)
     if [ -z "$wheel" ]; then
@@ -78,6 +81,11 @@ for v in "${versions[@]}"; do
   missing=$(ldd "$inc/torch/lib/libc10_cuda.so" | sed -n 's/^[[:space:]]*\([^ ]*\) => not found/\1/p' \
               | grep -v '^libc10\.so$' | tr '\n' ' ' || true)
   if [ -z "$missing" ]; then lib="$inc/torch/lib"; fi
+  # The host allocator's smoke test links libtorch_cpu (at::setHostAllocator): built only where
+  # its own dependencies are on this machine.
+  host_missing=$(ldd "$inc/torch/lib/libtorch_cpu.so" 2>/dev/null |
+                   sed -n 's/^[[:space:]]*\([^ ]*\) => not found/\1/p' |
+                   grep -v '^libc10\.so$' | tr '\n' ' ' || true)
   echo "==== torch $v: compiling the native allocator against $inc/torch/include"
   # A folder configured already (CI passes its Release build) keeps its options and its built
   # library: only the torch targets are added; a new one builds no more than they need.
@@ -102,6 +110,17 @@ for v in "${versions[@]}"; do
     echo "==== torch $v: smoke test on the sim ok ($(( $(date +%s) - t0 )) s)"
   else
     echo "==== torch $v: smoke test on the sim FAILED ($(( $(date +%s) - t0 )) s)"
+    status=1
+  fi
+  if [ -z "$lib" ]; then
+    :
+  elif [ -n "$host_missing" ]; then
+    echo "==== torch $v: host allocator test skipped: its libtorch_cpu.so needs $host_missing(not on this machine)"
+  elif cmake --build "$b" -j"$(nproc)" --target expanse_torch_host_smoke &&
+       "$b/bin/expanse_torch_host_smoke"; then
+    echo "==== torch $v: host allocator on the sim ok ($(( $(date +%s) - t0 )) s)"
+  else
+    echo "==== torch $v: host allocator on the sim FAILED ($(( $(date +%s) - t0 )) s)"
     status=1
   fi
 done

@@ -439,6 +439,10 @@ EXPANSE_C_API int expanse_host_malloc(void** out, size_t size, int numa_node,
                                       struct CUstream_st* stream);
 EXPANSE_C_API int expanse_host_free(void* ptr, struct CUstream_st* stream);
 EXPANSE_C_API int expanse_host_record_stream(void* ptr, struct CUstream_st* stream);
+/* The live block (from expanse_host_malloc) that holds ptr: its start and requested size.
+ * EXPANSE_EINVAL where ptr is in none (a cheap answer: tensor libraries ask it of every pointer
+ * they copy from). */
+EXPANSE_C_API int expanse_host_block_of(const void* ptr, void** base, size_t* size);
 /* Frees a block whose user cannot name the stream that last used it (a tensor's deleter): it is
  * reused once the streams expanse_host_record_stream named are done, or, where none was named,
  * once every stream of `device` has passed this call (-1: the block's own device, the context

@@ -14,6 +14,7 @@ streams that used them are done.
     buf = expanse.host.buffer(1 << 20)         # any DLPack consumer: numpy.from_dlpack(buf)
 """
 import ctypes
+import sys
 
 from ._lib import check, library
 
@@ -132,24 +133,11 @@ def _capi(name, restype, *argtypes):
     return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
 
 
-_capsule_is_valid = _capi("PyCapsule_IsValid", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
-_capsule_pointer = _capi("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.c_void_p,
-                         ctypes.c_char_p)
 _capsule_new = _capi("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p,
                      ctypes.c_void_p)
 
 
-# Runs when a capsule dies: one never consumed still owns its tensor, whose deleter frees the
-# block. The capsule arrives as a raw pointer (it is being destroyed: no reference may be taken).
-@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-def _capsule_destructor(capsule):
-    if _capsule_is_valid(capsule, _DLTENSOR):
-        managed = _capsule_pointer(capsule, _DLTENSOR)
-        if managed:
-            _DLManagedTensor.from_address(managed).deleter(managed)
-
-
-_DESTRUCTOR = ctypes.cast(_capsule_destructor, ctypes.c_void_p)
+_capsule_is_named = _capi("PyCapsule_IsValid", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
 
 
 def _stream_handle(stream):
@@ -162,10 +150,12 @@ class HostBuffer:
     one-dimensional uint8 array of exactly `size` bytes, on the CPU. Consumed, it belongs to the
     array: the array's last reference frees it (free_after_device(ptr, device): after the
     streams named here, or after every stream of `device`). Never consumed, it is freed with this
-    object."""
+    object; a capsule taken from __dlpack__ and kept unconsumed past this object keeps the block
+    live (its consumer, if any, frees it)."""
 
     def __init__(self, size, numa_node=-1, device=-1, streams=()):
         self._owned = False
+        self._capsule = None
         count = library().expanse_device_count()
         if not isinstance(device, int) or device < -1 or (count >= 0 and device >= count):
             raise ValueError(f"expanse.host.HostBuffer: device {device!r} (0 to {count - 1}, "
@@ -186,33 +176,44 @@ class HostBuffer:
         return (1, 0)  # kDLCPU
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
-        if not self._owned:
-            raise BufferError(f"expanse.host.HostBuffer at {self.ptr:#x}: handed to a consumer "
-                              "already (a buffer has one owner)")
         if dl_device is not None and tuple(dl_device) != (1, 0):
             raise BufferError(f"expanse.host.HostBuffer: host memory, not device {dl_device}")
         if copy:
-            raise BufferError("expanse.host.HostBuffer: copy=True asked; this buffer is shared "
-                              "without a copy")
+            # A copy in a block of its own, which the consumer owns as it would own this one.
+            other = HostBuffer(self.size, device=self.device)
+            ctypes.memmove(other.ptr, self.ptr, self.size)
+            return other.__dlpack__()
+        if not self._owned:
+            raise BufferError(f"expanse.host.HostBuffer at {self.ptr:#x}: handed to a consumer "
+                              "already (a buffer has one owner)")
         managed = ctypes.c_void_p()
         check(_lib().expanse_host_dlpack(self.ptr, self.device, ctypes.byref(managed)),
               f"expanse.host.HostBuffer.__dlpack__({self.ptr:#x})")
         try:
-            capsule = _capsule_new(managed, _DLTENSOR, _DESTRUCTOR)
+            # No destructor: a ctypes callback could run during interpreter exit after its code
+            # is gone. An unconsumed capsule is settled by this object instead (__del__).
+            capsule = _capsule_new(managed, _DLTENSOR, None)
         except BaseException:
             _DLManagedTensor.from_address(managed.value).deleter(managed.value)
-            self._owned = False
             raise
         self._owned = False
+        self._capsule = (capsule, managed.value)
         return capsule
 
     def __del__(self):
-        if getattr(self, "_owned", False):
-            self._owned = False
-            try:
+        try:
+            if getattr(self, "_owned", False):
+                self._owned = False
                 free_after_device(self.ptr, self.device)
-            except Exception:  # the runtime is gone (interpreter exit): nothing to give back to
-                pass
+            elif getattr(self, "_capsule", None) is not None:
+                capsule, managed = self._capsule
+                self._capsule = None
+                # Still named "dltensor": nobody consumed it. Held only here (and by this
+                # frame's reference), nobody can: its tensor is deleted, which frees the block.
+                if _capsule_is_named(capsule, _DLTENSOR) and sys.getrefcount(capsule) <= 2:
+                    _DLManagedTensor.from_address(managed).deleter(managed)
+        except Exception:  # the runtime is gone (interpreter exit): nothing to give back to
+            pass
 
 
 def buffer(size, numa_node=-1, device=-1, streams=()):

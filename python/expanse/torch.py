@@ -467,11 +467,21 @@ def use_host():
     hands out again at once, is reused only after every stream of its device has passed its
     free (a request that would pin more memory first synchronizes the device to prove it).
 
+    CUDA graphs: a block allocated while a graph captures is the graph's until the graph is
+    destroyed (its copies read it at every replay), and each torch.cuda.graph capture is
+    announced to expanse, so that no host request proves frees by a synchronize that would
+    invalidate it.
+
+    Call it before starting threads that pin memory (DataLoader workers' pin thread):
+    PyTorch's switch of host allocator is not thread-safe. Whether PyTorch reports the memory as
+    pinned (Tensor.is_pinned()) is the driver's answer: see expanse.host.torch_sees_pinned();
+    where it is no, pin_memory() copies a tensor that is pinned already.
+
     Independent of use(): expanse may serve the host side, the device side, or both. Needs the
     native extension (a C++ compiler, ninja, CUDA headers) and PyTorch 2.8 or newer, where
-    at::setHostAllocator lets an extension replace the CUDA host allocator; otherwise raises
-    NativeUnavailable saying which, and expanse.host.empty() still gives exact pinned tensors.
-    Calling it again does nothing."""
+    at::setHostAllocator lets an extension replace the CUDA host allocator (2.10 or newer for
+    CUDA graphs: the hooks above); otherwise raises NativeUnavailable saying which, and
+    expanse.host.empty() still gives exact pinned tensors. Calling it again does nothing."""
     import torch
     _, ext = _load_native(torch)
     rc = ext.expanse_torch_native_install_host()
@@ -480,6 +490,7 @@ def use_host():
     if rc != 0:
         raise RuntimeError("expanse.torch.use_host(): installing the host allocator failed: " +
                            ext.expanse_torch_native_host_error().decode(errors="replace"))
+    _announce_graph_captures(torch)
 
 
 def host_in_use():

@@ -38,6 +38,26 @@ EXPANSE_C_API int expanse_host_free_after_device(void* ptr, int device) {
   return guarded([&] { Runtime::get().host().free_after_device(ptr, device); });
 }
 
+EXPANSE_C_API int expanse_host_block_of(const void* ptr, void** base, size_t* size) {
+  if (base == nullptr || size == nullptr) {
+    expanse::api::last_error() = "expanse_host_block_of: base and size must not be NULL";
+    return EXPANSE_EINVAL;
+  }
+  *base = nullptr;
+  *size = 0;
+  bool found = false;
+  const int rc = guarded([&] { found = Runtime::get().host().block_of(ptr, base, size); });
+  if (rc != EXPANSE_OK) return rc;
+  if (!found) {
+    // Asked of every pointer a tensor library copies from: a fixed message, no exception.
+    expanse::api::last_error() = "expanse_host_block_of: not in a live pinned host block";
+    *base = nullptr;
+    *size = 0;
+    return EXPANSE_EINVAL;
+  }
+  return EXPANSE_OK;
+}
+
 EXPANSE_C_API int expanse_host_record_stream(void* ptr, struct CUstream_st* stream) {
   return guarded([&] { Runtime::get().host().record_stream(ptr, to_cu(stream)); });
 }

@@ -310,6 +310,13 @@ core::HostPoolStats HostPools::stats(int node) {
   return sum;
 }
 
+bool HostPools::block_of(const void* p, void** base, size_t* size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  core::HostMemory* pool = owner_locked(p);
+  if (pool == nullptr || !pool->block_of(p, base, size)) return false;
+  return staged_.count(*base) == 0;
+}
+
 size_t HostPools::live_size(const void* p, const char* what) {
   {
     std::lock_guard<std::mutex> lock(mu_);

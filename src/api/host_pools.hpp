@@ -38,6 +38,10 @@ class HostPools final : public core::HostStaging {
   // The requested size of the live block allocate() returned at p (staging excluded); throws
   // usage_error naming what p is otherwise. what: the caller's name, for the message.
   size_t live_size(const void* p, const char* what);
+  // The live block allocate() returned that holds p (staging excluded): its start and requested
+  // size; false where p is in none. Takes no exception path: a tensor library asks it of every
+  // pointer it copies from.
+  bool block_of(const void* p, void** base, size_t* size);
   // Live blocks handed out by allocate() (staging excluded).
   bool any_live() const;
   void* stage(size_t bytes, int device) noexcept override;

@@ -575,3 +575,33 @@ TEST_F(HostPoolTest, AFreeAfterTheDeviceIsNotProvenByASynchronizeDuringACapture)
   expanse::sim::sim_ctx_set_current(nullptr);
   expanse::sim::sim_device_primary_ctx_release(dev0);
 }
+
+// Found by review: record_stream with a NULL stream named the recording thread's context's
+// legacy stream, but the event was recorded at the free in the freeing thread's context: a
+// deleter running on another device's thread let the block be reused under device 1's copy.
+// The named stream keeps the context it was named in.
+TEST_F(HostPoolTest, ANamedNullStreamIsTheContextItWasNamedIn) {
+  start();
+  void* p = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&p, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  CUdevice dev0 = 0, dev1 = 0;
+  CUcontext ctx0 = nullptr, ctx1 = nullptr;
+  ASSERT_EQ(expanse::sim::sim_device_get(&dev0, 0), CUDA_SUCCESS);
+  ASSERT_EQ(expanse::sim::sim_device_get(&dev1, 1), CUDA_SUCCESS);
+  ASSERT_EQ(expanse::sim::sim_device_primary_ctx_retain(&ctx0, dev0), CUDA_SUCCESS);
+  ASSERT_EQ(expanse::sim::sim_device_primary_ctx_retain(&ctx1, dev1), CUDA_SUCCESS);
+  ASSERT_EQ(expanse::sim::sim_ctx_set_current(ctx1), CUDA_SUCCESS);
+  expanse::sim::hold_stream(nullptr);  // device 1's legacy stream: the copy still runs there
+  ASSERT_EQ(expanse_host_record_stream(p, nullptr), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse::sim::sim_ctx_set_current(ctx0), CUDA_SUCCESS);  // the deleter's thread
+  ASSERT_EQ(expanse_host_free_after_device(p, -1), EXPANSE_OK) << expanse_last_error();
+  void* q = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&q, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  EXPECT_NE(q, p) << "handed out while device 1's work on it ran";
+  EXPECT_EQ(host_stats().pending_blocks, 1u);
+  expanse::sim::release_all();
+  EXPECT_EQ(expanse_host_free(q, nullptr), EXPANSE_OK);
+  expanse::sim::sim_ctx_set_current(nullptr);
+  expanse::sim::sim_device_primary_ctx_release(dev0);
+  expanse::sim::sim_device_primary_ctx_release(dev1);
+}

@@ -60,6 +60,36 @@ int main() {
     const expanse_host_stats s = host_stats();
     expect(s.live_blocks == 0 && s.num_frees == 1, "the deleter freed the block");
   }
+  {
+    // A tensor over expanse's memory made by another allocator's hands (DLPack, from_blob):
+    // its context is not the block, and record_event finds the block by the pointer.
+    void* p = nullptr;
+    expect(expanse_host_malloc(&p, MiB, -1, nullptr) == EXPANSE_OK, "a block for a foreign ctx");
+    int foreign = 0;
+    const c10::Stream legacy(c10::Stream::DEFAULT, c10::Device(at::kCUDA, 0));
+    expect(a->record_event(static_cast<char*>(p) + 100, &foreign, legacy),
+           "record_event finds the block by its pointer");
+    int local = 0;
+    expect(!a->record_event(&local, &local, legacy), "pageable memory: not recorded");
+    expect(expanse_host_free(p, nullptr) == EXPANSE_OK, "freed");
+  }
+#if EXPANSE_TORCH_HOST_ALLOCATOR_HAS_POOLS
+  {
+    // A CUDA graph's pinned block is the graph's until its pool is released.
+    const c10::MempoolId_t pool{0, 7};
+    a->begin_allocate_to_pool(pool, [](c10::Stream) { return true; });
+    at::DataPtr g = a->allocate(3 * MiB);
+    a->end_allocate_to_pool(pool);
+    const uint64_t live = host_stats().live_blocks;
+    g.clear();  // the capture's tensor dies: the graph still reads the block at every replay
+    expect(host_stats().live_blocks == live, "a captured block is held after its deleter");
+    a->release_pool(pool);
+    expect(host_stats().live_blocks == live - 1, "release_pool frees it");
+    at::DataPtr after = a->allocate(MiB);
+    after.clear();
+    expect(host_stats().live_blocks == live - 1, "after the capture, blocks free as before");
+  }
+#endif
   at::DataPtr zero = a->allocate(0);
   expect(zero.get() == nullptr, "0 bytes: no block");
   a->empty_cache();

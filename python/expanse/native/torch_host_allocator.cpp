@@ -7,7 +7,8 @@
 // Reuse follows PyTorch's contract, made safe where PyTorch's is not: a block a non_blocking copy
 // used is recorded by PyTorch (record_event) and reused once those streams are done; a block
 // with no recorded stream, which PyTorch's own allocator hands out again at once, is reused
-// after every stream of its device has passed its free (expanse_host_free_after_device).
+// after every stream of its device has passed its free (expanse_host_free_after_device); a block
+// allocated while a CUDA graph captured is the graph's until its pool is released.
 // Installed beside, or without, expanse's CUDA allocator (torch_allocator.cpp); built into the
 // same extension by expanse.torch. Version differences: torch_version.hpp.
 #define EXPANSE_NULL_STREAM_IS_LEGACY 1  // PyTorch's stream 0 is the legacy default stream
@@ -25,6 +26,11 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 namespace expanse::torch_native {
 namespace {
@@ -33,11 +39,7 @@ namespace {
 // priority at least as high replaces it.
 constexpr uint8_t kPriority = 100;
 
-void free_host_block(void* ctx) {
-  // Any thread, at any time (interpreter exit included): a refusal is in expanse_last_error and
-  // the block stays live in its pool, nothing else touched.
-  if (ctx != nullptr) expanse_host_free_after_device(ctx, -1);
-}
+void free_host_block(void* ctx);
 
 class ExpanseHostAllocator final : public at::HostAllocator {
  public:
@@ -47,8 +49,11 @@ class ExpanseHostAllocator final : public at::HostAllocator {
     if (n == 0) return {nullptr, nullptr, &free_host_block, at::DeviceType::CPU};
     // The current stream picks the NUMA node nearest its device, and the block's device.
     CUstream_st* stream = nullptr;
+    c10::Stream current(c10::Stream::DEFAULT, c10::Device(at::kCUDA, 0));
     try {
-      stream = reinterpret_cast<CUstream_st*>(c10::cuda::getCurrentCUDAStream().stream());
+      const c10::cuda::CUDAStream cs = c10::cuda::getCurrentCUDAStream();
+      stream = reinterpret_cast<CUstream_st*>(cs.stream());
+      current = cs.unwrap();
     } catch (const c10::Error&) {
       stream = nullptr;  // no CUDA device yet: the node of device 0
     }
@@ -59,7 +64,26 @@ class ExpanseHostAllocator final : public at::HostAllocator {
                        expanse_last_error());
     }
     TORCH_CHECK(rc == EXPANSE_OK, "expanse: pinned host memory: ", expanse_last_error());
+    tag_if_captured(p, current);
     return {p, p, &free_host_block, at::DeviceType::CPU};
+  }
+
+  // The deleter: any thread, at any time (interpreter exit included). A block a CUDA graph
+  // captured is held for its pool until release_pool (the graph's copies read it at every
+  // replay); any other is freed after its device unless PyTorch recorded its streams. A refusal
+  // is in expanse_last_error and the block stays live in its pool, nothing else touched.
+  void free_block(void* p) {
+    if (tagged_.load(std::memory_order_acquire) != 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = captured_.find(p);
+      if (it != captured_.end()) {
+        held_[it->second].push_back(p);
+        captured_.erase(it);
+        tagged_.fetch_sub(1, std::memory_order_release);
+        return;
+      }
+    }
+    expanse_host_free_after_device(p, -1);
   }
 
   at::DeleterFnPtr raw_deleter() const override { return &free_host_block; }
@@ -68,19 +92,85 @@ class ExpanseHostAllocator final : public at::HostAllocator {
     std::memcpy(dest, src, count);
   }
 
-  // ptr may be inside the block (a slice); ctx is the block's start, as allocate() set it.
+  // ptr may be inside the block (a slice); ctx is the block's start where allocate() made it,
+  // or another allocator's context (a tensor made with from_blob or DLPack over expanse's
+  // memory): the block is found by ctx, then by ptr.
   bool record_event(void* ptr, void* ctx, c10::Stream stream) override {
-    if (ctx != nullptr && stream.device_type() == at::DeviceType::CUDA) {
-      const c10::cuda::CUDAStream cs(c10::cuda::CUDAStream::UNCHECKED, stream);
-      if (expanse_host_record_stream(ctx, reinterpret_cast<CUstream_st*>(cs.stream())) ==
-          EXPANSE_OK) {
-        return true;
+    void* base = nullptr;
+    size_t size = 0;
+    if (stream.device_type() == at::DeviceType::CUDA &&
+        (expanse_host_block_of(ctx, &base, &size) == EXPANSE_OK ||
+         expanse_host_block_of(ptr, &base, &size) == EXPANSE_OK)) {
+      // PyTorch's default stream is the legacy stream, which names the current context's: the
+      // stream's device is made current so that the block remembers the right one.
+      c10::DeviceIndex before = -1;
+      try {
+        const c10::DeviceIndex now = c10::cuda::current_device();
+        if (now != stream.device_index()) {
+          c10::cuda::set_device(stream.device_index());
+          before = now;
+        }
+      } catch (const c10::Error&) {
+        before = -1;  // no CUDA runtime to ask: the current context stands
       }
+      const c10::cuda::CUDAStream cs(c10::cuda::CUDAStream::UNCHECKED, stream);
+      const int rc = expanse_host_record_stream(base, reinterpret_cast<CUstream_st*>(cs.stream()));
+      if (before >= 0) {
+        try {
+          c10::cuda::set_device(before);
+        } catch (const c10::Error&) {
+        }
+      }
+      if (rc == EXPANSE_OK) return true;
     }
     // Not a block of expanse's: one PyTorch's own allocator pinned before this one was
-    // installed, still ordered by it.
+    // installed, still ordered by it (pageable memory too: PyTorch asks for every non_blocking
+    // copy, and its own allocator answers no).
     return previous_ != nullptr && previous_->record_event(ptr, ctx, stream);
   }
+
+#if EXPANSE_TORCH_HOST_ALLOCATOR_HAS_POOLS
+  // CUDA graphs (CUDAGraph::capture_begin / capture_end / reset): pinned blocks allocated on a
+  // capturing stream are the graph's until its pool is released.
+  void begin_allocate_to_pool(c10::MempoolId_t pool_id,
+                              std::function<bool(c10::Stream)> filter) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    active_.emplace_back(pool_id, std::move(filter));
+  }
+
+  void end_allocate_to_pool(c10::MempoolId_t pool_id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = active_.begin(); it != active_.end(); ++it) {
+      if (it->first == pool_id) {
+        active_.erase(it);
+        break;
+      }
+    }
+  }
+
+  void release_pool(c10::MempoolId_t pool_id) override {
+    std::vector<void*> freed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto h = held_.find(pool_id);
+      if (h != held_.end()) {
+        freed = std::move(h->second);
+        held_.erase(h);
+      }
+      // Blocks still live leave the pool: their deleter frees them as any other.
+      for (auto it = captured_.begin(); it != captured_.end();) {
+        if (it->second == pool_id) {
+          it = captured_.erase(it);
+          tagged_.fetch_sub(1, std::memory_order_release);
+        } else {
+          ++it;
+        }
+      }
+    }
+    // The graph is gone, its replays issued before: after every stream of the device.
+    for (void* p : freed) expanse_host_free_after_device(p, -1);
+  }
+#endif  // EXPANSE_TORCH_HOST_ALLOCATOR_HAS_POOLS
 
   void empty_cache() override {
     expanse_host_release_cached();
@@ -105,8 +195,8 @@ class ExpanseHostAllocator final : public at::HostAllocator {
     out.allocations.peak = out.allocations.current;
     out.allocated_bytes.current = static_cast<int64_t>(s.pinned_bytes);
     out.allocated_bytes.peak = static_cast<int64_t>(s.peak_pinned_bytes);
-    out.num_host_alloc = static_cast<int64_t>(s.num_created_pages);
-    out.num_host_free = static_cast<int64_t>(s.num_released_pages);
+    out.num_host_alloc = static_cast<int64_t>(s.num_created_pages - created_base_.load());
+    out.num_host_free = static_cast<int64_t>(s.num_released_pages - released_base_.load());
     return out;
   }
 
@@ -116,17 +206,42 @@ class ExpanseHostAllocator final : public at::HostAllocator {
     if (expanse_host_get_stats(-1, &s) != EXPANSE_OK) return;
     allocs_base_ = s.num_allocs;
     frees_base_ = s.num_frees;
+    created_base_ = s.num_created_pages;
+    released_base_ = s.num_released_pages;
   }
 
   void reset_peak_stats() override { expanse_host_reset_peak_stats(); }
 
  private:
+  void tag_if_captured(void* p, c10::Stream current) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [pool_id, filter] : active_) {
+      if (filter(current)) {
+        captured_.emplace(p, pool_id);
+        tagged_.fetch_add(1, std::memory_order_release);
+        return;
+      }
+    }
+  }
+
   at::HostAllocator* previous_;
   std::atomic<uint64_t> allocs_base_{0};
   std::atomic<uint64_t> frees_base_{0};
+  std::atomic<uint64_t> created_base_{0};
+  std::atomic<uint64_t> released_base_{0};
+
+  std::mutex mu_;
+  std::vector<std::pair<c10::MempoolId_t, std::function<bool(c10::Stream)>>> active_;
+  std::map<void*, c10::MempoolId_t> captured_;                 // live blocks of a capture
+  std::map<c10::MempoolId_t, std::vector<void*>> held_;        // freed, kept for their graph
+  std::atomic<size_t> tagged_{0};                              // captured_.size()
 };
 
 ExpanseHostAllocator* g_host = nullptr;
+
+void free_host_block(void* ctx) {
+  if (ctx != nullptr && g_host != nullptr) g_host->free_block(ctx);
+}
 thread_local std::string g_host_error;
 
 }  // namespace

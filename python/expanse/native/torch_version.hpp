@@ -56,3 +56,8 @@
 // at::HostAllocator and its registry (at::setHostAllocator / getHostAllocator, which pinned
 // allocations, record_event and the host stats all go through): from 2.8.
 #define EXPANSE_TORCH_HAS_HOST_ALLOCATOR (EXPANSE_TORCH_VERSION >= 208)
+
+// HostAllocator::begin_allocate_to_pool / end_allocate_to_pool / release_pool (CUDA graphs'
+// pinned memory; the base throws "not implemented", and CUDAGraph calls them at every capture):
+// in 2.11, not in 2.8 (placed at 2.10).
+#define EXPANSE_TORCH_HOST_ALLOCATOR_HAS_POOLS (EXPANSE_TORCH_VERSION >= 210)

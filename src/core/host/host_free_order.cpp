@@ -1,6 +1,7 @@
 #include "core/host/host_free_order.hpp"
 
 #include "core/base/format.hpp"
+#include "core/host/context_scope.hpp"
 #include "expanse/errors.hpp"
 
 #include <algorithm>
@@ -39,22 +40,26 @@ CUevent HostFreeOrder::event_for(CUcontext ctx) {
   return e;
 }
 
-void HostFreeOrder::add(uintptr_t at, size_t extent, CUstream stream,
-                        const std::vector<CUstream>& recorded) {
-  std::vector<CUstream> streams{stream};
-  for (CUstream s : recorded) {
-    if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
+void HostFreeOrder::add(uintptr_t at, size_t extent, const std::vector<NamedStream>& named) {
+  std::vector<NamedStream> streams;
+  for (const NamedStream& n : named) {
+    if (std::find(streams.begin(), streams.end(), n) == streams.end()) streams.push_back(n);
   }
   Pending p;
   p.at = at;
   p.extent = extent;
   try {
-    for (CUstream s : streams) {
+    for (const NamedStream& n : streams) {
+      const CUstream s = n.stream;
+      // A NULL, legacy or per-thread handle is the stream of the context it was named in.
+      const bool special = s == nullptr || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+      ContextScope in(t_, special ? n.ctx : nullptr);
       CUcontext ctx = nullptr;
       CUresult r = t_.stream_get_ctx(s, &ctx);
       if (r == CUDA_SUCCESS) {
         const CUevent e = event_for(ctx);
         p.events.emplace_back(ctx, e);
+        ContextScope own(t_, special ? nullptr : ctx);  // the freeing thread may have none
         r = t_.event_record(e, s);
       }
       if (r != CUDA_SUCCESS) {
@@ -91,7 +96,13 @@ size_t HostFreeOrder::sync_contexts() {
   }
   size_t n = 0;
   for (CUcontext ctx : owed) {
-    if (t_.ctx_push_current(ctx) != CUDA_SUCCESS) continue;
+    const CUresult pushed = t_.ctx_push_current(ctx);
+    if (pushed == CUDA_ERROR_CONTEXT_IS_DESTROYED) {
+      ++syncs_[ctx];  // a destroyed context runs nothing more: its blocks are free
+      ++n;
+      continue;
+    }
+    if (pushed != CUDA_SUCCESS) continue;
     // A blocking stream of ctx capturing (the legacy stream answers IMPLICIT then) would be
     // invalidated by the synchronize: its blocks wait for a later one. (A capture the
     // application announced stops every poll before this: HostMemory::may_poll.)

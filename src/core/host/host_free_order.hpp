@@ -18,6 +18,14 @@
 
 namespace expanse::core {
 
+// A stream a block's user named, with the context it was named in: a NULL, legacy or per-thread
+// handle means that context's stream, whichever thread frees the block later.
+struct NamedStream {
+  CUstream stream = nullptr;
+  CUcontext ctx = nullptr;
+  bool operator==(const NamedStream& o) const { return stream == o.stream && ctx == o.ctx; }
+};
+
 class HostFreeOrder {
  public:
   explicit HostFreeOrder(const driver::DriverTable& t) : t_(t) {}
@@ -25,10 +33,10 @@ class HostFreeOrder {
   HostFreeOrder(const HostFreeOrder&) = delete;
   HostFreeOrder& operator=(const HostFreeOrder&) = delete;
 
-  // Records an event (in its context) on `stream` and on each of `recorded` (record_stream's) for
+  // Records an event (in its context) on each of `streams` (the free's and record_stream's) for
   // the block at `at` of `extent` bytes. Throws driver_failure naming the call, with nothing
   // pending then.
-  void add(uintptr_t at, size_t extent, CUstream stream, const std::vector<CUstream>& recorded);
+  void add(uintptr_t at, size_t extent, const std::vector<NamedStream>& streams);
   // The block at `at` is pending until a synchronize of ctx made after this call (by
   // sync_contexts) has completed.
   void add_after_context(uintptr_t at, size_t extent, CUcontext ctx);

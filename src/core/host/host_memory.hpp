@@ -62,6 +62,8 @@ class HostMemory {
   virtual bool contains(const void* p) const = 0;
   // The requested size of the live block starting at p; 0 where p is no live block's start.
   virtual size_t size_of(const void* p) const = 0;
+  // The live block holding p (its start and requested size); false where p is in none.
+  virtual bool block_of(const void* p, void** base, size_t* size) const = 0;
   virtual HostPath path() const = 0;
   // Whether the freed blocks' events may be queried or waited for now: not while the
   // application captures a CUDA graph (a query or wait then invalidates a global-mode capture).

@@ -376,7 +376,9 @@ void HostPool::free(void* p, CUstream stream) {
   CUcontext caller = nullptr;
   if (t_.ctx_get_current(&caller) != CUDA_SUCCESS) caller = nullptr;
   ContextScope current(t_, caller == nullptr ? ctx_ : nullptr);
-  order_.add(it->first, it->second.extent, stream, it->second.streams);
+  std::vector<NamedStream> streams{{stream, caller == nullptr ? ctx_ : caller}};
+  streams.insert(streams.end(), it->second.streams.begin(), it->second.streams.end());
+  order_.add(it->first, it->second.extent, streams);
   stats_.requested_bytes -= it->second.size;
   stats_.allocated_bytes -= it->second.extent;
   --stats_.live_blocks;
@@ -390,13 +392,9 @@ void HostPool::free_after_context(void* p, CUcontext ctx) {
     throw usage_error("expanse: host free of " + hex(addr(p)) + ": " + describe(p) +
                       "; nothing was changed");
   }
-  const std::vector<CUstream>& named = it->second.streams;
+  const std::vector<NamedStream>& named = it->second.streams;
   if (!named.empty()) {
-    CUcontext caller = nullptr;  // as free's: a NULL stream named is the caller's context's
-    if (t_.ctx_get_current(&caller) != CUDA_SUCCESS) caller = nullptr;
-    ContextScope current(t_, caller == nullptr ? ctx_ : nullptr);
-    order_.add(it->first, it->second.extent, named.front(),
-               std::vector<CUstream>(named.begin() + 1, named.end()));
+    order_.add(it->first, it->second.extent, named);
   } else {
     order_.add_after_context(it->first, it->second.extent, ctx == nullptr ? it->second.ctx : ctx);
   }
@@ -413,13 +411,20 @@ void HostPool::record_stream(void* p, CUstream stream) {
     throw usage_error("expanse: host record_stream of " + hex(addr(p)) + ": " + describe(p) +
                       "; nothing was changed");
   }
+  // A NULL or per-thread handle names the calling thread's context's stream (the block's own
+  // where the thread has none), whichever thread frees the block.
+  const NamedStream n{stream, current_or(t_, it->second.ctx)};
   auto& s = it->second.streams;
-  if (std::find(s.begin(), s.end(), stream) == s.end()) s.push_back(stream);
+  if (std::find(s.begin(), s.end(), n) == s.end()) s.push_back(n);
 }
 
 void HostPool::release_cached() {
   ContextScope current(t_, ctx_);
-  if (may_poll()) poll_pending(false);
+  if (may_poll()) {
+    // Blocks freed after a device wait for a synchronize: a release is the time to make it.
+    if (order_.context_pending_bytes() != 0) order_.sync_contexts();
+    poll_pending(false);
+  }
   for (size_t i = 0; i < pages_.size();) {
     if (pages_[i] == 0 || users_[i] != 0) {
       ++i;
@@ -456,6 +461,16 @@ HostPoolStats HostPool::stats() const {
   s.limit_bytes = limit_ == SIZE_MAX ? UINT64_MAX : limit_;
   s.pending_blocks = order_.pending();
   return s;
+}
+
+bool HostPool::block_of(const void* p, void** base, size_t* size) const {
+  auto it = blocks_.upper_bound(addr(p));
+  if (it == blocks_.begin()) return false;
+  --it;
+  if (addr(p) >= it->first + it->second.size) return false;
+  *base = reinterpret_cast<void*>(it->first);
+  *size = it->second.size;
+  return true;
 }
 
 size_t HostPool::size_of(const void* p) const {

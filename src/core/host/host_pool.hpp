@@ -64,6 +64,7 @@ class HostPool final : public HostMemory {
 
   bool is_live(const void* p) const { return blocks_.count(addr(p)) != 0; }
   // Whether p lies in this pool's VA (a live block's start or not).
+  bool block_of(const void* p, void** base, size_t* size) const override;
   size_t size_of(const void* p) const override;
   bool contains(const void* p) const override {
     return addr(p) >= base_ && addr(p) < base_ + va_bytes_;
@@ -77,7 +78,7 @@ class HostPool final : public HostMemory {
   struct Block {
     size_t size = 0;    // as asked
     size_t extent = 0;  // as placed
-    std::vector<CUstream> streams;  // record_stream's
+    std::vector<NamedStream> streams;  // record_stream's, each with its context
     CUcontext ctx = nullptr;  // the caller's current context at allocation (else the pool's)
   };
   static uintptr_t addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }

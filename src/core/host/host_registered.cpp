@@ -134,7 +134,9 @@ void RegisteredHost::free(void* p, CUstream stream) {
   ContextScope in(t_, caller == nullptr ? ctx_ : nullptr);
   pending_extent_.emplace(a, it->second.extent);
   try {
-    order_.add(a, it->second.extent, stream, it->second.streams);
+    std::vector<NamedStream> streams{{stream, caller == nullptr ? ctx_ : caller}};
+    streams.insert(streams.end(), it->second.streams.begin(), it->second.streams.end());
+    order_.add(a, it->second.extent, streams);
   } catch (...) {
     pending_extent_.erase(a);
     throw;
@@ -156,13 +158,9 @@ void RegisteredHost::free_after_context(void* p, CUcontext ctx) {
   }
   pending_extent_.emplace(a, it->second.extent);
   try {
-    const std::vector<CUstream>& named = it->second.streams;
+    const std::vector<NamedStream>& named = it->second.streams;
     if (!named.empty()) {
-      CUcontext caller = nullptr;  // as free's: a NULL stream named is the caller's context's
-      if (t_.ctx_get_current(&caller) != CUDA_SUCCESS) caller = nullptr;
-      ContextScope in(t_, caller == nullptr ? ctx_ : nullptr);
-      order_.add(a, it->second.extent, named.front(),
-                 std::vector<CUstream>(named.begin() + 1, named.end()));
+      order_.add(a, it->second.extent, named);
     } else {
       order_.add_after_context(a, it->second.extent, ctx == nullptr ? it->second.ctx : ctx);
     }
@@ -184,13 +182,18 @@ void RegisteredHost::record_stream(void* p, CUstream stream) {
     throw usage_error("expanse: host record_stream of " + hex(a) + ": " + describe(a) +
                       "; nothing was changed");
   }
+  // A NULL or per-thread handle names the calling thread's context's stream (the block's own
+  // where the thread has none), whichever thread frees the block.
+  const NamedStream n{stream, current_or(t_, it->second.ctx)};
   auto& s = it->second.streams;
-  if (std::find(s.begin(), s.end(), stream) == s.end()) s.push_back(stream);
+  if (std::find(s.begin(), s.end(), n) == s.end()) s.push_back(n);
 }
 
 void RegisteredHost::release_cached() {
   ContextScope in(t_, ctx_);
-  if (may_poll()) order_.poll(false, [&](uintptr_t at, size_t extent) { give_back(at, extent); });
+  if (!may_poll()) return;
+  if (order_.context_pending_bytes() != 0) order_.sync_contexts();
+  order_.poll(false, [&](uintptr_t at, size_t extent) { give_back(at, extent); });
 }
 
 void RegisteredHost::reset_peak() { stats_.peak_pinned_bytes = pinned_; }
@@ -202,6 +205,17 @@ HostPoolStats RegisteredHost::stats() const {
   s.limit_bytes = limit_ == SIZE_MAX ? UINT64_MAX : limit_;
   s.pending_blocks = order_.pending();
   return s;
+}
+
+bool RegisteredHost::block_of(const void* p, void** base, size_t* size) const {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = blocks_.upper_bound(a);
+  if (it == blocks_.begin()) return false;
+  --it;
+  if (a >= it->first + it->second.size) return false;
+  *base = reinterpret_cast<void*>(it->first);
+  *size = it->second.size;
+  return true;
 }
 
 size_t RegisteredHost::size_of(const void* p) const {

@@ -35,6 +35,7 @@ class RegisteredHost final : public HostMemory {
   void set_limit(size_t bytes) override { limit_ = bytes; }
   void reset_peak() override;
   HostPoolStats stats() const override;
+  bool block_of(const void* p, void** base, size_t* size) const override;
   size_t size_of(const void* p) const override;
   bool contains(const void* p) const override;
   HostPath path() const override { return HostPath::registered; }
@@ -43,7 +44,7 @@ class RegisteredHost final : public HostMemory {
   struct Block {
     size_t size = 0;
     size_t extent = 0;
-    std::vector<CUstream> streams;
+    std::vector<NamedStream> streams;  // record_stream's, each with its context
     CUcontext ctx = nullptr;  // the caller's current context at allocation (else the pool's)
   };
   void give_back(uintptr_t at, size_t extent) noexcept;
