@@ -915,6 +915,14 @@ class CAbiFuzzer {
         const size_t k = c.pick(host_blocks_.size());
         const HostBlock h = host_blocks_[k];
         if (!holds(h.ptr, h.size, h.seed)) fail("host block " + hex(h.ptr) + " lost its bytes");
+        void* base = nullptr;
+        size_t size = 0;
+        const size_t inside = c.pick(h.size);
+        if (expanse_host_block_of(static_cast<char*>(h.ptr) + inside, &base, &size) != EXPANSE_OK ||
+            base != h.ptr || size != h.size) {
+          fail("host_block_of " + std::to_string(inside) + " bytes into " + hex(h.ptr) +
+               " found " + hex(base) + " of " + std::to_string(size) + " bytes");
+        }
         if (c.pick(3) == 0) ok_or_fault(expanse_host_record_stream(h.ptr, stream_of(c)), "host_record_stream");
         // Freed as a stream's user frees, as a tensor's deleter does (after the device), or
         // through a DLPack tensor's deleter.

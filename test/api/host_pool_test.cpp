@@ -605,3 +605,46 @@ TEST_F(HostPoolTest, ANamedNullStreamIsTheContextItWasNamedIn) {
   expanse::sim::sim_device_primary_ctx_release(dev0);
   expanse::sim::sim_device_primary_ctx_release(dev1);
 }
+
+// expanse_host_block_of: the live block holding a pointer, for a tensor library that holds a
+// slice; nothing else answers.
+TEST_F(HostPoolTest, TheBlockHoldingAPointerIsFoundFromInsideIt) {
+  start();
+  void* p = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&p, 3 * MiB + 5, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  void* base = nullptr;
+  size_t size = 0;
+  for (size_t off : {size_t{0}, size_t{4096}, 3 * MiB + 4}) {
+    ASSERT_EQ(expanse_host_block_of(static_cast<char*>(p) + off, &base, &size), EXPANSE_OK) << off;
+    EXPECT_EQ(base, p);
+    EXPECT_EQ(size, 3 * MiB + 5);
+  }
+  EXPECT_EQ(expanse_host_block_of(static_cast<char*>(p) + 3 * MiB + 5, &base, &size),
+            EXPANSE_EINVAL)
+      << "past its requested bytes";
+  EXPECT_EQ(base, nullptr);
+  int local = 0;
+  EXPECT_EQ(expanse_host_block_of(&local, &base, &size), EXPANSE_EINVAL);
+  EXPECT_EQ(expanse_host_block_of(p, nullptr, &size), EXPANSE_EINVAL);
+  EXPECT_TRUE(has("must not be NULL")) << expanse_last_error();
+  ASSERT_EQ(expanse_host_free(p, nullptr), EXPANSE_OK);
+  EXPECT_EQ(expanse_host_block_of(p, &base, &size), EXPANSE_EINVAL) << "freed";
+}
+
+// Blocks freed after the device wait for a synchronize, and releasing the cache is the time to
+// make it: their pages go back too.
+TEST_F(HostPoolTest, ReleasingTheCacheProvesFreesAfterTheDevice) {
+  for (const char* extra : {"", ",sim_host_numa:false"}) {
+    SCOPED_TRACE(extra);
+    start(extra);
+    void* p = nullptr;
+    ASSERT_EQ(expanse_host_malloc(&p, 6 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+    ASSERT_EQ(expanse_host_free_after_device(p, 0), EXPANSE_OK) << expanse_last_error();
+    EXPECT_EQ(host_stats().pending_blocks, 1u);
+    ASSERT_EQ(expanse_host_release_cached(), EXPANSE_OK) << expanse_last_error();
+    EXPECT_EQ(host_stats().pending_blocks, 0u);
+    EXPECT_EQ(host_stats().pinned_bytes, 0u);
+    EXPECT_EQ(expanse_shutdown(), EXPANSE_OK) << expanse_last_error();
+  }
+  start();
+}
