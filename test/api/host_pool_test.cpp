@@ -35,6 +35,27 @@ bool holds(const void* p, size_t n, unsigned char v) {
   return b[0] == v && b[n / 2] == v && b[n - 1] == v;
 }
 
+// Device d's primary context, retained for a test's own driver calls; current() makes it the
+// calling thread's. Released, and the thread left with none, at the end of the scope.
+class PrimaryContext {
+ public:
+  explicit PrimaryContext(int d) {
+    EXPECT_EQ(expanse::sim::sim_device_get(&dev_, d), CUDA_SUCCESS);
+    EXPECT_EQ(expanse::sim::sim_device_primary_ctx_retain(&ctx_, dev_), CUDA_SUCCESS);
+  }
+  ~PrimaryContext() {
+    expanse::sim::sim_ctx_set_current(nullptr);
+    expanse::sim::sim_device_primary_ctx_release(dev_);
+  }
+  PrimaryContext(const PrimaryContext&) = delete;
+  PrimaryContext& operator=(const PrimaryContext&) = delete;
+  void current() const { EXPECT_EQ(expanse::sim::sim_ctx_set_current(ctx_), CUDA_SUCCESS); }
+
+ private:
+  CUdevice dev_ = 0;
+  CUcontext ctx_ = nullptr;
+};
+
 class HostPoolTest : public ::testing::Test {
  protected:
   void start(const std::string& extra = "") {
@@ -300,11 +321,8 @@ TEST_F(HostPoolTest, ANullStreamIsTheCallersContextsNotThePools) {
   start();
   void* p = nullptr;
   ASSERT_EQ(expanse_host_malloc(&p, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
-  CUdevice dev1 = 0;
-  CUcontext ctx1 = nullptr;
-  ASSERT_EQ(expanse::sim::sim_device_get(&dev1, 1), CUDA_SUCCESS);
-  ASSERT_EQ(expanse::sim::sim_device_primary_ctx_retain(&ctx1, dev1), CUDA_SUCCESS);
-  ASSERT_EQ(expanse::sim::sim_ctx_set_current(ctx1), CUDA_SUCCESS);
+  PrimaryContext ctx1(1);
+  ctx1.current();
   expanse::sim::hold_stream(nullptr);  // device 1's legacy stream: a copy still running there
   ASSERT_EQ(expanse_host_free(p, nullptr), EXPANSE_OK) << expanse_last_error();
   void* q = nullptr;
@@ -313,8 +331,6 @@ TEST_F(HostPoolTest, ANullStreamIsTheCallersContextsNotThePools) {
   EXPECT_EQ(host_stats().pending_blocks, 1u);
   expanse::sim::release_all();
   EXPECT_EQ(expanse_host_free(q, nullptr), EXPANSE_OK);
-  expanse::sim::sim_ctx_set_current(nullptr);
-  expanse::sim::sim_device_primary_ctx_release(dev1);
 }
 
 // Found by review: a host request polled the freed blocks' events, and mapped and granted new
@@ -369,23 +385,18 @@ TEST_F(HostPoolTest, ShutdownWaitsForLiveHostBlocks) {
 // it (a PyTorch side stream: a legacy-stream event does not cover its work).
 class SideStream {
  public:
-  SideStream() {
-    EXPECT_EQ(expanse::sim::sim_device_get(&dev_, 0), CUDA_SUCCESS);
-    EXPECT_EQ(expanse::sim::sim_device_primary_ctx_retain(&ctx_, dev_), CUDA_SUCCESS);
-    EXPECT_EQ(expanse::sim::sim_ctx_set_current(ctx_), CUDA_SUCCESS);
-    EXPECT_EQ(expanse::sim::sim_stream_create(&s_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  explicit SideStream(unsigned flags = CU_STREAM_NON_BLOCKING) {
+    ctx_.current();
+    EXPECT_EQ(expanse::sim::sim_stream_create(&s_, flags), CUDA_SUCCESS);
   }
   ~SideStream() {
     expanse::sim::release_all();
     expanse::sim::sim_stream_destroy(s_);
-    expanse::sim::sim_ctx_set_current(nullptr);
-    expanse::sim::sim_device_primary_ctx_release(dev_);
   }
   CUstream get() const { return s_; }
 
  private:
-  CUdevice dev_ = 0;
-  CUcontext ctx_ = nullptr;
+  PrimaryContext ctx_{0};
   CUstream s_ = nullptr;
 };
 
@@ -546,13 +557,8 @@ TEST_F(HostPoolTest, ADLPackTensorCoversTheBlockAndItsDeleterFreesIt) {
 // and the capture survives. A later request, the capture over, synchronizes.
 TEST_F(HostPoolTest, AFreeAfterTheDeviceIsNotProvenByASynchronizeDuringACapture) {
   start();
-  CUdevice dev0 = 0;
-  CUcontext ctx0 = nullptr;
-  ASSERT_EQ(expanse::sim::sim_device_get(&dev0, 0), CUDA_SUCCESS);
-  ASSERT_EQ(expanse::sim::sim_device_primary_ctx_retain(&ctx0, dev0), CUDA_SUCCESS);
-  ASSERT_EQ(expanse::sim::sim_ctx_set_current(ctx0), CUDA_SUCCESS);
-  CUstream s = nullptr;
-  ASSERT_EQ(expanse::sim::sim_stream_create(&s, CU_STREAM_DEFAULT), CUDA_SUCCESS);  // blocking
+  SideStream blocking(CU_STREAM_DEFAULT);
+  const CUstream s = blocking.get();
   void* a = nullptr;
   ASSERT_EQ(expanse_host_malloc(&a, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
   ASSERT_EQ(expanse_host_free_after_device(a, 0), EXPANSE_OK) << expanse_last_error();
@@ -571,9 +577,6 @@ TEST_F(HostPoolTest, AFreeAfterTheDeviceIsNotProvenByASynchronizeDuringACapture)
   EXPECT_EQ(host_stats().pending_blocks, 0u);
   EXPECT_EQ(expanse_host_free(b, nullptr), EXPANSE_OK);
   EXPECT_EQ(expanse_host_free(c, nullptr), EXPANSE_OK);
-  expanse::sim::sim_stream_destroy(s);
-  expanse::sim::sim_ctx_set_current(nullptr);
-  expanse::sim::sim_device_primary_ctx_release(dev0);
 }
 
 // Found by review: record_stream with a NULL stream named the recording thread's context's
@@ -584,16 +587,11 @@ TEST_F(HostPoolTest, ANamedNullStreamIsTheContextItWasNamedIn) {
   start();
   void* p = nullptr;
   ASSERT_EQ(expanse_host_malloc(&p, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
-  CUdevice dev0 = 0, dev1 = 0;
-  CUcontext ctx0 = nullptr, ctx1 = nullptr;
-  ASSERT_EQ(expanse::sim::sim_device_get(&dev0, 0), CUDA_SUCCESS);
-  ASSERT_EQ(expanse::sim::sim_device_get(&dev1, 1), CUDA_SUCCESS);
-  ASSERT_EQ(expanse::sim::sim_device_primary_ctx_retain(&ctx0, dev0), CUDA_SUCCESS);
-  ASSERT_EQ(expanse::sim::sim_device_primary_ctx_retain(&ctx1, dev1), CUDA_SUCCESS);
-  ASSERT_EQ(expanse::sim::sim_ctx_set_current(ctx1), CUDA_SUCCESS);
+  PrimaryContext ctx0(0), ctx1(1);
+  ctx1.current();
   expanse::sim::hold_stream(nullptr);  // device 1's legacy stream: the copy still runs there
   ASSERT_EQ(expanse_host_record_stream(p, nullptr), EXPANSE_OK) << expanse_last_error();
-  ASSERT_EQ(expanse::sim::sim_ctx_set_current(ctx0), CUDA_SUCCESS);  // the deleter's thread
+  ctx0.current();  // the deleter's thread
   ASSERT_EQ(expanse_host_free_after_device(p, -1), EXPANSE_OK) << expanse_last_error();
   void* q = nullptr;
   ASSERT_EQ(expanse_host_malloc(&q, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
@@ -601,9 +599,6 @@ TEST_F(HostPoolTest, ANamedNullStreamIsTheContextItWasNamedIn) {
   EXPECT_EQ(host_stats().pending_blocks, 1u);
   expanse::sim::release_all();
   EXPECT_EQ(expanse_host_free(q, nullptr), EXPANSE_OK);
-  expanse::sim::sim_ctx_set_current(nullptr);
-  expanse::sim::sim_device_primary_ctx_release(dev0);
-  expanse::sim::sim_device_primary_ctx_release(dev1);
 }
 
 // expanse_host_block_of: the live block holding a pointer, for a tensor library that holds a

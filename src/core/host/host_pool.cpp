@@ -366,37 +366,25 @@ void* HostPool::allocate(size_t size, CUstream /*stream*/, int device) {
 }
 
 void HostPool::free(void* p, CUstream stream) {
-  auto it = blocks_.find(addr(p));
-  if (it == blocks_.end()) {
-    throw usage_error("expanse: host free of " + hex(addr(p)) + ": " + describe(p) +
-                      "; nothing was changed");
-  }
   // A NULL or per-thread stream is the calling thread's current context's (the copy that used the
   // block was issued there); the pool's context only when the thread has none.
-  CUcontext caller = nullptr;
-  if (t_.ctx_get_current(&caller) != CUDA_SUCCESS) caller = nullptr;
-  ContextScope current(t_, caller == nullptr ? ctx_ : nullptr);
-  std::vector<NamedStream> streams{{stream, caller == nullptr ? ctx_ : caller}};
-  streams.insert(streams.end(), it->second.streams.begin(), it->second.streams.end());
-  order_.add(it->first, it->second.extent, streams);
-  stats_.requested_bytes -= it->second.size;
-  stats_.allocated_bytes -= it->second.extent;
-  --stats_.live_blocks;
-  ++stats_.num_frees;
-  blocks_.erase(it);
+  retire(p, {{stream, current_or(t_, ctx_)}}, nullptr);
 }
 
-void HostPool::free_after_context(void* p, CUcontext ctx) {
+void HostPool::free_after_context(void* p, CUcontext ctx) { retire(p, {}, ctx); }
+
+void HostPool::retire(void* p, std::vector<NamedStream> streams, CUcontext after) {
   auto it = blocks_.find(addr(p));
   if (it == blocks_.end()) {
     throw usage_error("expanse: host free of " + hex(addr(p)) + ": " + describe(p) +
                       "; nothing was changed");
   }
-  const std::vector<NamedStream>& named = it->second.streams;
-  if (!named.empty()) {
-    order_.add(it->first, it->second.extent, named);
+  streams.insert(streams.end(), it->second.streams.begin(), it->second.streams.end());
+  if (!streams.empty()) {
+    order_.add(it->first, it->second.extent, streams);
   } else {
-    order_.add_after_context(it->first, it->second.extent, ctx == nullptr ? it->second.ctx : ctx);
+    order_.add_after_context(it->first, it->second.extent,
+                             after == nullptr ? it->second.ctx : after);
   }
   stats_.requested_bytes -= it->second.size;
   stats_.allocated_bytes -= it->second.extent;

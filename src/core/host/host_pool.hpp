@@ -93,6 +93,10 @@ class HostPool final : public HostMemory {
   bool back_pages(size_t first, size_t last, int device);
   bool mapped(size_t first, size_t last) const;  // every page mapped and granted
   size_t pages_lacking(size_t first, size_t last) const;  // pages of the range not mapped
+  // Frees the live block at p once the events on `streams` and the streams record_stream named
+  // have completed, or where there are none, once a synchronize of `after` (nullptr: the
+  // block's context) made later has.
+  void retire(void* p, std::vector<NamedStream> streams, CUcontext after);
   CUmemGenericAllocationHandle page_handle(size_t avoid_first, size_t avoid_last);
   void map_page(size_t i, CUmemGenericAllocationHandle h);
   void grant(uintptr_t va, size_t bytes);

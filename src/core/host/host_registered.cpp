@@ -123,46 +123,29 @@ std::string RegisteredHost::describe(uintptr_t a) const {
 }
 
 void RegisteredHost::free(void* p, CUstream stream) {
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  auto it = blocks_.find(a);
-  if (it == blocks_.end()) {
-    throw usage_error("expanse: host free of " + hex(a) + ": " + describe(a) +
-                      "; nothing was changed");
-  }
-  CUcontext caller = nullptr;  // a NULL stream is the calling thread's context's
-  if (t_.ctx_get_current(&caller) != CUDA_SUCCESS) caller = nullptr;
-  ContextScope in(t_, caller == nullptr ? ctx_ : nullptr);
-  pending_extent_.emplace(a, it->second.extent);
-  try {
-    std::vector<NamedStream> streams{{stream, caller == nullptr ? ctx_ : caller}};
-    streams.insert(streams.end(), it->second.streams.begin(), it->second.streams.end());
-    order_.add(a, it->second.extent, streams);
-  } catch (...) {
-    pending_extent_.erase(a);
-    throw;
-  }
-  stats_.requested_bytes -= it->second.size;
-  stats_.allocated_bytes -= it->second.extent;
-  --stats_.live_blocks;
-  ++stats_.num_frees;
-  blocks_.erase(it);
+  // A NULL stream is the calling thread's context's (the pool's where it has none).
+  const CUcontext caller = current_or(t_, nullptr);
+  retire(p, {{stream, caller == nullptr ? ctx_ : caller}}, nullptr);
+  ContextScope in(t_, caller == nullptr ? ctx_ : nullptr);  // unregistering needs a context
   if (may_poll()) order_.poll(false, [&](uintptr_t at, size_t extent) { give_back(at, extent); });
 }
 
-void RegisteredHost::free_after_context(void* p, CUcontext ctx) {
+void RegisteredHost::free_after_context(void* p, CUcontext ctx) { retire(p, {}, ctx); }
+
+void RegisteredHost::retire(void* p, std::vector<NamedStream> streams, CUcontext after) {
   const auto a = reinterpret_cast<uintptr_t>(p);
   auto it = blocks_.find(a);
   if (it == blocks_.end()) {
     throw usage_error("expanse: host free of " + hex(a) + ": " + describe(a) +
                       "; nothing was changed");
   }
+  streams.insert(streams.end(), it->second.streams.begin(), it->second.streams.end());
   pending_extent_.emplace(a, it->second.extent);
   try {
-    const std::vector<NamedStream>& named = it->second.streams;
-    if (!named.empty()) {
-      order_.add(a, it->second.extent, named);
+    if (!streams.empty()) {
+      order_.add(a, it->second.extent, streams);
     } else {
-      order_.add_after_context(a, it->second.extent, ctx == nullptr ? it->second.ctx : ctx);
+      order_.add_after_context(a, it->second.extent, after == nullptr ? it->second.ctx : after);
     }
   } catch (...) {
     pending_extent_.erase(a);

@@ -48,6 +48,10 @@ class RegisteredHost final : public HostMemory {
     CUcontext ctx = nullptr;  // the caller's current context at allocation (else the pool's)
   };
   void give_back(uintptr_t at, size_t extent) noexcept;
+  // Frees the live block at p once the events on `streams` and the streams record_stream named
+  // have completed, or where there are none, once a synchronize of `after` (nullptr: the
+  // block's context) made later has.
+  void retire(void* p, std::vector<NamedStream> streams, CUcontext after);
   std::string describe(uintptr_t a) const;
 
   const driver::DriverTable& t_;
