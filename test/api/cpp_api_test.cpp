@@ -64,6 +64,12 @@ TEST(CppHostApiTest, HostAllocateIsExactAndMisuseThrows) {
   EXPECT_THROW(expanse::host_record_stream(&local, nullptr), expanse::usage_error);
   EXPECT_THROW(expanse::host_allocate(0), expanse::usage_error);
   expanse::host_deallocate(p);
+  // A tensor's deleter frees after the device; releasing the cache proves it.
+  void* q = expanse::host_allocate(size_t{3} << 20);
+  EXPECT_THROW(expanse::host_deallocate_after_device(q, 9), expanse::usage_error);
+  expanse::host_deallocate_after_device(q);
+  EXPECT_EQ(expanse::host_stats().pending_blocks, 1u);
+  EXPECT_THROW(expanse::host_deallocate_after_device(q), expanse::usage_error);
   expanse::host_release_cached();
   EXPECT_EQ(expanse::host_stats().pinned_bytes, 0u);
   expanse::shutdown();

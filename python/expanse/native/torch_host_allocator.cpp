@@ -113,8 +113,15 @@ class ExpanseHostAllocator final : public at::HostAllocator {
       } catch (const c10::Error&) {
         before = -1;  // no CUDA runtime to ask: the current context stands
       }
-      const c10::cuda::CUDAStream cs(c10::cuda::CUDAStream::UNCHECKED, stream);
-      const int rc = expanse_host_record_stream(base, reinterpret_cast<CUstream_st*>(cs.stream()));
+      CUstream_st* raw = nullptr;  // PyTorch's default stream: the legacy one
+      bool known = true;
+      try {
+        const c10::cuda::CUDAStream cs(c10::cuda::CUDAStream::UNCHECKED, stream);
+        raw = reinterpret_cast<CUstream_st*>(cs.stream());
+      } catch (const c10::Error&) {
+        known = stream.id() == 0;  // no CUDA runtime to ask (newer PyTorch asks even for 0)
+      }
+      const int rc = known ? expanse_host_record_stream(base, raw) : EXPANSE_EINVAL;
       if (before >= 0) {
         try {
           c10::cuda::set_device(before);
