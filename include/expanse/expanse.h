@@ -444,16 +444,19 @@ EXPANSE_C_API int expanse_host_record_stream(void* ptr, struct CUstream_st* stre
  * they copy from). */
 EXPANSE_C_API int expanse_host_block_of(const void* ptr, void** base, size_t* size);
 /* Frees a block whose user cannot name the stream that last used it (a tensor's deleter): it is
- * reused once the streams expanse_host_record_stream named are done, or, where none was named,
- * once every stream of `device` has passed this call (-1: the block's own device, the context
- * current when it was allocated). No event can prove the latter, so a request that would pin
- * new memory while at least its size waits so synchronizes that context (cuCtxSynchronize)
- * first: name the streams to keep copies asynchronous. */
-EXPANSE_C_API int expanse_host_free_after_device(void* ptr, int device);
+ * reused once the streams expanse_host_record_stream named are done, or, where none was named
+ * (or flags has EXPANSE_HOST_EVERY_STREAM), once every stream of `device` has passed this call
+ * (-1: the block's own device, the context current when it was allocated). No event can prove
+ * the latter, so a request that would pin new memory while at least its size waits so
+ * synchronizes that context (cuCtxSynchronize) first: name the streams to keep copies
+ * asynchronous. A per-thread stream named by record_stream counts as none named (another
+ * thread's free cannot reach it). */
+#define EXPANSE_HOST_EVERY_STREAM 1u /* ignore the named streams: every stream of the device */
+EXPANSE_C_API int expanse_host_free_after_device(void* ptr, int device, unsigned flags);
 /* A DLPack tensor (a DLManagedTensor*, the unversioned DLPack ABI, as torch.from_dlpack and
  * numpy.from_dlpack take it in a "dltensor" capsule) over the live block at ptr: one dimension,
  * uint8, the block's requested size, on kDLCPU. The block is the tensor's from then on: its
- * deleter frees it as expanse_host_free_after_device(ptr, device) does. EXPANSE_EINVAL for a
+ * deleter frees it as expanse_host_free_after_device(ptr, device, 0) does. EXPANSE_EINVAL for a
  * pointer that is not a live block's start (named); nothing changes then. */
 EXPANSE_C_API int expanse_host_dlpack(void* ptr, int device, void** managed_tensor);
 /* Gives back every pinned page no live block (or block whose stream work is pending) uses. */

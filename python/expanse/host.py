@@ -46,7 +46,7 @@ def _lib():
                                               c.c_void_p]),
             "expanse_host_free": (c.c_int, [c.c_void_p, c.c_void_p]),
             "expanse_host_record_stream": (c.c_int, [c.c_void_p, c.c_void_p]),
-            "expanse_host_free_after_device": (c.c_int, [c.c_void_p, c.c_int]),
+            "expanse_host_free_after_device": (c.c_int, [c.c_void_p, c.c_int, c.c_uint]),
             "expanse_host_dlpack": (c.c_int, [c.c_void_p, c.c_int, c.POINTER(c.c_void_p)]),
             "expanse_host_release_cached": (c.c_int, []),
             "expanse_host_set_limit": (c.c_int, [c.c_size_t]),
@@ -75,12 +75,12 @@ def free(ptr, stream=0):
     check(_lib().expanse_host_free(ptr, stream), f"expanse.host.free({ptr:#x})")
 
 
-def free_after_device(ptr, device=-1):
+def free_after_device(ptr, device=-1, every_stream=False):
     """Frees a block whose last user named no stream: reused once the streams record_stream
-    named are done, or, where none was named, once every stream of `device` (-1: the block's own,
-    the CUDA context current when it was allocated) has passed this call; a later request that
-    would pin new memory synchronizes that device first to prove it."""
-    check(_lib().expanse_host_free_after_device(ptr, device),
+    named are done, or, where none was named (or every_stream), once every stream of `device`
+    (-1: the block's own, the CUDA context current when it was allocated) has passed this call;
+    a later request that would pin new memory synchronizes that device first to prove it."""
+    check(_lib().expanse_host_free_after_device(ptr, device, 1 if every_stream else 0),
           f"expanse.host.free_after_device({ptr:#x})")
 
 
@@ -178,6 +178,11 @@ class HostBuffer:
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         if dl_device is not None and tuple(dl_device) != (1, 0):
             raise BufferError(f"expanse.host.HostBuffer: host memory, not device {dl_device}")
+        if not self._owned and not (self._capsule is not None and
+                                    _capsule_is_named(self._capsule[0], _DLTENSOR)):
+            # A consumer owns the block (and may have freed it): nothing here to copy from.
+            raise BufferError(f"expanse.host.HostBuffer at {self.ptr:#x}: handed to a consumer "
+                              "already (a buffer has one owner)")
         if copy:
             # A copy in a block of its own, which the consumer owns as it would own this one.
             other = HostBuffer(self.size, device=self.device)
@@ -194,6 +199,7 @@ class HostBuffer:
             # is gone. An unconsumed capsule is settled by this object instead (__del__).
             capsule = _capsule_new(managed, _DLTENSOR, None)
         except BaseException:
+            self._owned = False  # the deleter below frees the block: __del__ must not again
             _DLManagedTensor.from_address(managed.value).deleter(managed.value)
             raise
         self._owned = False

@@ -47,7 +47,7 @@ void host_deallocate(void* ptr, stream_t stream) {
 
 void host_deallocate_after_device(void* ptr, int device) {
   if (ptr == nullptr) return;
-  Runtime::get().host().free_after_device(ptr, device);
+  Runtime::get().host().free_after_device(ptr, device, false);
 }
 
 void host_record_stream(void* ptr, stream_t stream) {

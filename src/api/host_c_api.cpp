@@ -1,6 +1,7 @@
 // expanse_host_*: pinned host memory (expanse.h, "Pinned host memory"; host_pools.hpp).
 #define EXPANSE_NULL_STREAM_IS_LEGACY 1
 #include "api/errors.hpp"
+#include "core/base/format.hpp"
 #include "api/host_pools.hpp"
 #include "api/runtime.hpp"
 #include "expanse/expanse.h"
@@ -33,9 +34,18 @@ EXPANSE_C_API int expanse_host_free(void* ptr, struct CUstream_st* stream) {
   return guarded([&] { Runtime::get().host().free(ptr, to_cu(stream)); });
 }
 
-EXPANSE_C_API int expanse_host_free_after_device(void* ptr, int device) {
+EXPANSE_C_API int expanse_host_free_after_device(void* ptr, int device, unsigned flags) {
   if (ptr == nullptr) return EXPANSE_OK;
-  return guarded([&] { Runtime::get().host().free_after_device(ptr, device); });
+  return guarded([&] {
+    if ((flags & ~EXPANSE_HOST_EVERY_STREAM) != 0) {
+      throw expanse::usage_error("expanse_host_free_after_device of " +
+                                 expanse::core::hex(reinterpret_cast<uintptr_t>(ptr)) +
+                                 ": unknown flags " + std::to_string(flags) +
+                                 "; nothing was changed");
+    }
+    Runtime::get().host().free_after_device(ptr, device,
+                                            (flags & EXPANSE_HOST_EVERY_STREAM) != 0);
+  });
 }
 
 EXPANSE_C_API int expanse_host_block_of(const void* ptr, void** base, size_t* size) {

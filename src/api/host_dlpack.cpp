@@ -56,7 +56,7 @@ extern "C" void delete_host_tensor(DLManagedTensor* self) {
   auto* t = static_cast<HostTensor*>(self->manager_ctx);
   // A failure (the runtime shut down meanwhile, a forked child) is in expanse_last_error; the
   // block stays the pool's, live, and nothing else is touched.
-  expanse_host_free_after_device(t->managed.dl_tensor.data, t->device);
+  expanse_host_free_after_device(t->managed.dl_tensor.data, t->device, 0);
   delete t;
 }
 

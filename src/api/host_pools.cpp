@@ -170,7 +170,7 @@ void HostPools::free(void* p, CUstream stream) {
   refuse(p, "expanse_host_free");
 }
 
-void HostPools::free_after_device(void* p, int device) {
+void HostPools::free_after_device(void* p, int device, bool every_stream) {
   CUcontext ctx = nullptr;
   if (device >= 0) {
     if (device >= rt_.device_count()) {
@@ -189,7 +189,7 @@ void HostPools::free_after_device(void* p, int device) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     check_not_staged_locked(p, "expanse_host_free_after_device");
-    if (core::HostMemory* pool = owner_locked(p)) return pool->free_after_context(p, ctx);
+    if (core::HostMemory* pool = owner_locked(p)) return pool->free_after_context(p, ctx, every_stream);
   }
   refuse(p, "expanse_host_free_after_device");
 }

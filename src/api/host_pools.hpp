@@ -28,7 +28,8 @@ class HostPools final : public core::HostStaging {
   // Frees p once the streams record_stream named are done, or where none was named, once every
   // stream of `device` (-1: the block's own, the context current when it was allocated) has
   // passed this call (core::HostMemory::free_after_context).
-  void free_after_device(void* p, int device);
+  // every_stream: the named streams are ignored, every stream of the device is waited for.
+  void free_after_device(void* p, int device, bool every_stream);
   void release_cached();
   void set_limit(size_t bytes);
   void reset_peak();

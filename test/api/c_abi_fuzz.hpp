@@ -928,7 +928,7 @@ class CAbiFuzzer {
         // through a DLPack tensor's deleter.
         const uint64_t how = c.pick(4);
         if (how == 0) {
-          if (!ok_or_fault(expanse_host_free_after_device(h.ptr, c.pick(3) == 0 ? 0 : -1),
+          if (!ok_or_fault(expanse_host_free_after_device(h.ptr, c.pick(3) == 0 ? 0 : -1, 0),
                            "host_free_after_device")) {
             break;
           }
@@ -976,12 +976,12 @@ class CAbiFuzzer {
           for (const HostBlock& h : host_blocks_) live = live || h.ptr == p;
           if (!live) expect_refused(expanse_host_free(p, nullptr), "a double host_free", "");
         }
-        expect_refused(expanse_host_free_after_device(&local, 0), "host_free_after_device of a "
+        expect_refused(expanse_host_free_after_device(&local, 0, 0), "host_free_after_device of a "
                        "foreign pointer", hex(&local));
         if (!host_blocks_.empty()) {
           void* managed = reinterpret_cast<void*>(1);
           const HostBlock& h = host_blocks_[c.pick(host_blocks_.size())];
-          expect_refused(expanse_host_free_after_device(h.ptr, 7), "host_free_after_device on "
+          expect_refused(expanse_host_free_after_device(h.ptr, 7, 0), "host_free_after_device on "
                          "device 7", "device 7");
           expect_refused(expanse_host_dlpack(h.ptr, -4, &managed), "host_dlpack on device -4",
                          "device -4");

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -417,7 +418,7 @@ TEST_F(HostPoolTest, ABlockFreedAfterTheDeviceWaitsForEveryStreamOfIt) {
   ASSERT_EQ(expanse::sim::sim_memcpy_htod_async(reinterpret_cast<CUdeviceptr>(d), a, 8 * MiB,
                                                 side.get()),
             CUDA_SUCCESS);
-  ASSERT_EQ(expanse_host_free_after_device(a, 0), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_host_free_after_device(a, 0, 0), EXPANSE_OK) << expanse_last_error();
   EXPECT_EQ(host_stats().pending_blocks, 1u);
   const uint64_t pinned = host_stats().pinned_bytes;
   void* b = nullptr;
@@ -445,7 +446,7 @@ TEST_F(HostPoolTest, AFreeAfterTheDeviceUsesTheStreamsTheUserNamed) {
   ASSERT_EQ(expanse_host_malloc(&a, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
   ASSERT_EQ(expanse_host_record_stream(a, side.get()), EXPANSE_OK) << expanse_last_error();
   expanse::sim::hold_stream(side.get());
-  ASSERT_EQ(expanse_host_free_after_device(a, 0), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_host_free_after_device(a, 0, 0), EXPANSE_OK) << expanse_last_error();
   void* b = nullptr;
   ASSERT_EQ(expanse_host_malloc(&b, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
   const auto ai = reinterpret_cast<uintptr_t>(a);
@@ -469,7 +470,7 @@ TEST_F(HostPoolTest, DeleterFreesDoNotGrowThePinnedMemory) {
     for (int i = 0; i < 8; ++i) {
       void* p = nullptr;
       ASSERT_EQ(expanse_host_malloc(&p, 6 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
-      ASSERT_EQ(expanse_host_free_after_device(p, -1), EXPANSE_OK) << expanse_last_error();
+      ASSERT_EQ(expanse_host_free_after_device(p, -1, 0), EXPANSE_OK) << expanse_last_error();
     }
     EXPECT_LE(host_stats().peak_pinned_bytes, 2 * 6 * MiB);
     EXPECT_GE(host_stats().num_waits, 6u);
@@ -483,18 +484,18 @@ TEST_F(HostPoolTest, AFreeAfterTheDeviceRefusesMisuseByName) {
   start();
   void* p = nullptr;
   ASSERT_EQ(expanse_host_malloc(&p, MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
-  EXPECT_EQ(expanse_host_free_after_device(p, 7), EXPANSE_EINVAL);
+  EXPECT_EQ(expanse_host_free_after_device(p, 7, 0), EXPANSE_EINVAL);
   EXPECT_TRUE(has("device 7")) << expanse_last_error();
-  EXPECT_EQ(expanse_host_free_after_device(p, -3), EXPANSE_EINVAL);
+  EXPECT_EQ(expanse_host_free_after_device(p, -3, 0), EXPANSE_EINVAL);
   EXPECT_TRUE(has("device -3")) << expanse_last_error();
-  EXPECT_EQ(expanse_host_free_after_device(static_cast<char*>(p) + 512, 0), EXPANSE_EINVAL);
+  EXPECT_EQ(expanse_host_free_after_device(static_cast<char*>(p) + 512, 0, 0), EXPANSE_EINVAL);
   EXPECT_TRUE(has("interior pointer")) << expanse_last_error();
   int local = 0;
-  EXPECT_EQ(expanse_host_free_after_device(&local, 0), EXPANSE_EINVAL);
+  EXPECT_EQ(expanse_host_free_after_device(&local, 0, 0), EXPANSE_EINVAL);
   EXPECT_TRUE(has("not memory expanse_host_malloc returned")) << expanse_last_error();
   EXPECT_EQ(host_stats().live_blocks, 1u) << "nothing was changed";
-  ASSERT_EQ(expanse_host_free_after_device(p, 0), EXPANSE_OK) << expanse_last_error();
-  EXPECT_EQ(expanse_host_free_after_device(p, 0), EXPANSE_EINVAL);
+  ASSERT_EQ(expanse_host_free_after_device(p, 0, 0), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(expanse_host_free_after_device(p, 0, 0), EXPANSE_EINVAL);
   EXPECT_TRUE(has("freed already")) << expanse_last_error();
 }
 
@@ -561,7 +562,7 @@ TEST_F(HostPoolTest, AFreeAfterTheDeviceIsNotProvenByASynchronizeDuringACapture)
   const CUstream s = blocking.get();
   void* a = nullptr;
   ASSERT_EQ(expanse_host_malloc(&a, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
-  ASSERT_EQ(expanse_host_free_after_device(a, 0), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_host_free_after_device(a, 0, 0), EXPANSE_OK) << expanse_last_error();
   ASSERT_EQ(expanse::sim::sim_stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED),
             CUDA_SUCCESS);
   void* b = nullptr;
@@ -592,7 +593,7 @@ TEST_F(HostPoolTest, ANamedNullStreamIsTheContextItWasNamedIn) {
   expanse::sim::hold_stream(nullptr);  // device 1's legacy stream: the copy still runs there
   ASSERT_EQ(expanse_host_record_stream(p, nullptr), EXPANSE_OK) << expanse_last_error();
   ctx0.current();  // the deleter's thread
-  ASSERT_EQ(expanse_host_free_after_device(p, -1), EXPANSE_OK) << expanse_last_error();
+  ASSERT_EQ(expanse_host_free_after_device(p, -1, 0), EXPANSE_OK) << expanse_last_error();
   void* q = nullptr;
   ASSERT_EQ(expanse_host_malloc(&q, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
   EXPECT_NE(q, p) << "handed out while device 1's work on it ran";
@@ -634,7 +635,7 @@ TEST_F(HostPoolTest, ReleasingTheCacheProvesFreesAfterTheDevice) {
     start(extra);
     void* p = nullptr;
     ASSERT_EQ(expanse_host_malloc(&p, 6 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
-    ASSERT_EQ(expanse_host_free_after_device(p, 0), EXPANSE_OK) << expanse_last_error();
+    ASSERT_EQ(expanse_host_free_after_device(p, 0, 0), EXPANSE_OK) << expanse_last_error();
     EXPECT_EQ(host_stats().pending_blocks, 1u);
     ASSERT_EQ(expanse_host_release_cached(), EXPANSE_OK) << expanse_last_error();
     EXPECT_EQ(host_stats().pending_blocks, 0u);
@@ -642,4 +643,51 @@ TEST_F(HostPoolTest, ReleasingTheCacheProvesFreesAfterTheDevice) {
     EXPECT_EQ(expanse_shutdown(), EXPANSE_OK) << expanse_last_error();
   }
   start();
+}
+
+// Found by review: a per-thread stream named by record_stream was resolved at the free on the
+// freeing thread's per-thread stream, not the one that copied. It now counts as no stream named:
+// the free waits for every stream of the device (a request that needs the memory synchronizes).
+TEST_F(HostPoolTest, APerThreadStreamNamedOnAnotherThreadMeansEveryStream) {
+  start();
+  void* p = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&p, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  PrimaryContext ctx0(0);
+  std::thread copier([&] {
+    ctx0.current();
+    expanse::sim::hold_stream(CU_STREAM_PER_THREAD);  // this thread's copy still runs
+    EXPECT_EQ((expanse_host_record_stream)(p, CU_STREAM_PER_THREAD), EXPANSE_OK)
+        << expanse_last_error();
+    expanse::sim::sim_ctx_set_current(nullptr);
+  });
+  copier.join();
+  ctx0.current();
+  ASSERT_EQ(expanse_host_free_after_device(p, -1, 0), EXPANSE_OK) << expanse_last_error();
+  void* q = nullptr;
+  ASSERT_EQ(expanse_host_malloc(&q, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+  EXPECT_EQ(host_stats().num_waits, 1u) << "reused without proof that the copier's stream passed";
+  expanse::sim::release_all();
+  EXPECT_EQ(expanse_host_free(q, nullptr), EXPANSE_OK);
+}
+
+// EXPANSE_HOST_EVERY_STREAM (a CUDA graph's block, which replays on any stream may read): the
+// named streams' events do not prove the free; a synchronize does. Unknown flags are refused.
+TEST_F(HostPoolTest, EveryStreamIgnoresTheNamedStreams) {
+  start();
+  SideStream side;
+  for (unsigned flags : {0u, EXPANSE_HOST_EVERY_STREAM}) {
+    SCOPED_TRACE(flags);
+    const uint64_t waits = host_stats().num_waits;
+    void* p = nullptr;
+    ASSERT_EQ(expanse_host_malloc(&p, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+    ASSERT_EQ(expanse_host_record_stream(p, side.get()), EXPANSE_OK);
+    EXPECT_EQ(expanse_host_free_after_device(p, 0, 4u), EXPANSE_EINVAL);
+    EXPECT_TRUE(has("unknown flags 4")) << expanse_last_error();
+    ASSERT_EQ(expanse_host_free_after_device(p, 0, flags), EXPANSE_OK) << expanse_last_error();
+    void* q = nullptr;
+    ASSERT_EQ(expanse_host_malloc(&q, 8 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
+    EXPECT_EQ(host_stats().num_waits - waits, flags == 0 ? 0u : 1u);
+    EXPECT_EQ(expanse_host_free(q, nullptr), EXPANSE_OK);
+    ASSERT_EQ(expanse_host_release_cached(), EXPANSE_OK);
+  }
 }

@@ -83,6 +83,8 @@ def test_a_dlpack_consumer_gets_the_exact_block_and_frees_it(ex):
     assert ctypes.c_int64.from_address(t.shape).value == 3 * MiB + 7
     with pytest.raises(BufferError, match="handed to a consumer already"):
         buf.__dlpack__()
+    with pytest.raises(BufferError, match="handed to a consumer already"):
+        buf.__dlpack__(copy=True)  # the consumer may have freed what a copy would read
     del buf  # the consumer owns the block now
     assert expanse.host.stats()["live_blocks"] == 1
     t.deleter(managed)  # the consumer's last reference

@@ -83,8 +83,13 @@ int main() {
     const uint64_t live = host_stats().live_blocks;
     g.clear();  // the capture's tensor dies: the graph still reads the block at every replay
     expect(host_stats().live_blocks == live, "a captured block is held after its deleter");
+    // A second graph shares the pool: the first one's release leaves the block to it.
+    a->begin_allocate_to_pool(pool, [](c10::Stream) { return false; });
+    a->end_allocate_to_pool(pool);
     a->release_pool(pool);
-    expect(host_stats().live_blocks == live - 1, "release_pool frees it");
+    expect(host_stats().live_blocks == live, "a pool another graph uses keeps its blocks");
+    a->release_pool(pool);
+    expect(host_stats().live_blocks == live - 1, "the pool's last release frees them");
     at::DataPtr after = a->allocate(MiB);
     after.clear();
     expect(host_stats().live_blocks == live - 1, "after the capture, blocks free as before");

@@ -64,7 +64,12 @@ class ExpanseHostAllocator final : public at::HostAllocator {
                        expanse_last_error());
     }
     TORCH_CHECK(rc == EXPANSE_OK, "expanse: pinned host memory: ", expanse_last_error());
-    tag_if_captured(p, current);
+    try {
+      tag_if_captured(p, current);
+    } catch (...) {
+      expanse_host_free(p, nullptr);  // PyTorch's filter asks the driver, which may throw
+      throw;
+    }
     return {p, p, &free_host_block, at::DeviceType::CPU};
   }
 
@@ -83,7 +88,7 @@ class ExpanseHostAllocator final : public at::HostAllocator {
         return;
       }
     }
-    expanse_host_free_after_device(p, -1);
+    expanse_host_free_after_device(p, -1, 0);
   }
 
   at::DeleterFnPtr raw_deleter() const override { return &free_host_block; }
@@ -139,16 +144,37 @@ class ExpanseHostAllocator final : public at::HostAllocator {
 #if EXPANSE_TORCH_HOST_ALLOCATOR_HAS_POOLS
   // CUDA graphs (CUDAGraph::capture_begin / capture_end / reset): pinned blocks allocated on a
   // capturing stream are the graph's until its pool is released.
+  // PyTorch counts a pool's uses (graphs share pools: g.pool(), graph_pool_handle(), cudagraph
+  // trees): each begin is one more, each release_pool one less, and the pool's blocks go only
+  // when none is left. Each capture is also announced to expanse (PyTorch calls begin before
+  // cudaStreamBeginCapture, on the capture stream, and end after cudaStreamEndCapture), so that
+  // no host request proves frees by a synchronize that would invalidate it.
   void begin_allocate_to_pool(c10::MempoolId_t pool_id,
                               std::function<bool(c10::Stream)> filter) override {
+    CUstream_st* stream = nullptr;
+    try {
+      stream = reinterpret_cast<CUstream_st*>(c10::cuda::getCurrentCUDAStream().stream());
+    } catch (const c10::Error&) {
+      stream = nullptr;  // no CUDA runtime: nothing can capture
+    }
     std::lock_guard<std::mutex> lock(mu_);
-    active_.emplace_back(pool_id, std::move(filter));
+    for (auto it = active_.begin(); it != active_.end(); ++it) {
+      if (it->pool == pool_id) {  // begun again without an end (a capture that failed)
+        if (it->announced) expanse_capture_end(it->stream);
+        active_.erase(it);
+        break;
+      }
+    }
+    const bool announced = stream != nullptr && expanse_capture_begin(stream) == EXPANSE_OK;
+    active_.push_back({pool_id, std::move(filter), stream, announced});
+    ++uses_[pool_id];
   }
 
   void end_allocate_to_pool(c10::MempoolId_t pool_id) override {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = active_.begin(); it != active_.end(); ++it) {
-      if (it->first == pool_id) {
+      if (it->pool == pool_id) {
+        if (it->announced) expanse_capture_end(it->stream);
         active_.erase(it);
         break;
       }
@@ -159,6 +185,9 @@ class ExpanseHostAllocator final : public at::HostAllocator {
     std::vector<void*> freed;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      auto u = uses_.find(pool_id);
+      if (u == uses_.end() || --u->second > 0) return;  // another graph still uses the pool
+      uses_.erase(u);
       auto h = held_.find(pool_id);
       if (h != held_.end()) {
         freed = std::move(h->second);
@@ -174,8 +203,9 @@ class ExpanseHostAllocator final : public at::HostAllocator {
         }
       }
     }
-    // The graph is gone, its replays issued before: after every stream of the device.
-    for (void* p : freed) expanse_host_free_after_device(p, -1);
+    // The graphs are gone, but replays issued before may still run, on any stream: after every
+    // stream of the device, whatever the capture recorded.
+    for (void* p : freed) expanse_host_free_after_device(p, -1, EXPANSE_HOST_EVERY_STREAM);
   }
 #endif  // EXPANSE_TORCH_HOST_ALLOCATOR_HAS_POOLS
 
@@ -222,9 +252,9 @@ class ExpanseHostAllocator final : public at::HostAllocator {
  private:
   void tag_if_captured(void* p, c10::Stream current) {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [pool_id, filter] : active_) {
-      if (filter(current)) {
-        captured_.emplace(p, pool_id);
+    for (const Routing& r : active_) {
+      if (r.filter(current)) {
+        captured_.emplace(p, r.pool);
         tagged_.fetch_add(1, std::memory_order_release);
         return;
       }
@@ -237,8 +267,16 @@ class ExpanseHostAllocator final : public at::HostAllocator {
   std::atomic<uint64_t> created_base_{0};
   std::atomic<uint64_t> released_base_{0};
 
+  struct Routing {
+    c10::MempoolId_t pool;
+    std::function<bool(c10::Stream)> filter;
+    CUstream_st* stream = nullptr;  // the capture stream, announced to expanse
+    bool announced = false;
+  };
+
   std::mutex mu_;
-  std::vector<std::pair<c10::MempoolId_t, std::function<bool(c10::Stream)>>> active_;
+  std::vector<Routing> active_;
+  std::map<c10::MempoolId_t, int> uses_;  // begins less releases, per pool
   std::map<void*, c10::MempoolId_t> captured_;                 // live blocks of a capture
   std::map<c10::MempoolId_t, std::vector<void*>> held_;        // freed, kept for their graph
   std::atomic<size_t> tagged_{0};                              // captured_.size()

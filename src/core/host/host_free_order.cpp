@@ -99,6 +99,7 @@ size_t HostFreeOrder::sync_contexts() {
     const CUresult pushed = t_.ctx_push_current(ctx);
     if (pushed == CUDA_ERROR_CONTEXT_IS_DESTROYED) {
       ++syncs_[ctx];  // a destroyed context runs nothing more: its blocks are free
+      idle_.erase(ctx);  // and its events are gone with it (a new context may reuse the handle)
       ++n;
       continue;
     }

@@ -51,7 +51,9 @@ class HostMemory {
   // this call. A request that would pin new memory while at least its size waits so
   // synchronizes those contexts first, which proves it (pinned memory then stays near the live
   // blocks instead of growing by every such free).
-  virtual void free_after_context(void* p, CUcontext ctx) = 0;
+  // every_stream: the named streams are ignored (a CUDA graph's block, which replays on any
+  // stream may read).
+  virtual void free_after_context(void* p, CUcontext ctx, bool every_stream) = 0;
   virtual void record_stream(void* p, CUstream stream) = 0;
   virtual void release_cached() = 0;
   virtual void set_limit(size_t bytes) = 0;

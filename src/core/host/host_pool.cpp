@@ -338,7 +338,7 @@ void* HostPool::allocate(size_t size, CUstream /*stream*/, int device) {
         throw;
       }
       if (backed) {
-        blocks_.emplace(base_ + offset, Block{size, extent, {}, caller});
+        blocks_.emplace(base_ + offset, Block{size, extent, {}, false, caller});
         stats_.requested_bytes += size;
         stats_.allocated_bytes += extent;
         ++stats_.live_blocks;
@@ -368,18 +368,25 @@ void* HostPool::allocate(size_t size, CUstream /*stream*/, int device) {
 void HostPool::free(void* p, CUstream stream) {
   // A NULL or per-thread stream is the calling thread's current context's (the copy that used the
   // block was issued there); the pool's context only when the thread has none.
-  retire(p, {{stream, current_or(t_, ctx_)}}, nullptr);
+  retire(p, {{stream, current_or(t_, ctx_)}}, nullptr, false);
 }
 
-void HostPool::free_after_context(void* p, CUcontext ctx) { retire(p, {}, ctx); }
+void HostPool::free_after_context(void* p, CUcontext ctx, bool every_stream) {
+  retire(p, {}, ctx, every_stream);
+}
 
-void HostPool::retire(void* p, std::vector<NamedStream> streams, CUcontext after) {
+void HostPool::retire(void* p, std::vector<NamedStream> streams, CUcontext after,
+                    bool every_stream) {
   auto it = blocks_.find(addr(p));
   if (it == blocks_.end()) {
     throw usage_error("expanse: host free of " + hex(addr(p)) + ": " + describe(p) +
                       "; nothing was changed");
   }
-  streams.insert(streams.end(), it->second.streams.begin(), it->second.streams.end());
+  if (every_stream || it->second.per_thread) {
+    streams.clear();
+  } else {
+    streams.insert(streams.end(), it->second.streams.begin(), it->second.streams.end());
+  }
   if (!streams.empty()) {
     order_.add(it->first, it->second.extent, streams);
   } else {
@@ -401,7 +408,13 @@ void HostPool::record_stream(void* p, CUstream stream) {
   }
   // A NULL or per-thread handle names the calling thread's context's stream (the block's own
   // where the thread has none), whichever thread frees the block.
-  const NamedStream n{stream, current_or(t_, it->second.ctx)};
+  if (stream == CU_STREAM_PER_THREAD) {
+    // Another thread's free could not name this thread's per-thread stream: every stream then.
+    it->second.per_thread = true;
+    return;
+  }
+  const bool special = stream == nullptr || stream == CU_STREAM_LEGACY;
+  const NamedStream n{stream, special ? current_or(t_, it->second.ctx) : nullptr};
   auto& s = it->second.streams;
   if (std::find(s.begin(), s.end(), n) == s.end()) s.push_back(n);
 }

@@ -53,7 +53,7 @@ class HostPool final : public HostMemory {
   void* allocate(size_t size, CUstream stream, int device) override;
   // Frees a live block (after the work on stream, and on the streams record_stream named).
   void free(void* p, CUstream stream) override;
-  void free_after_context(void* p, CUcontext ctx) override;
+  void free_after_context(void* p, CUcontext ctx, bool every_stream) override;
   void record_stream(void* p, CUstream stream) override;
   // Unmaps and releases every page no live or pending block touches.
   void release_cached() override;
@@ -79,6 +79,7 @@ class HostPool final : public HostMemory {
     size_t size = 0;    // as asked
     size_t extent = 0;  // as placed
     std::vector<NamedStream> streams;  // record_stream's, each with its context
+    bool per_thread = false;  // record_stream named a per-thread stream: every stream then
     CUcontext ctx = nullptr;  // the caller's current context at allocation (else the pool's)
   };
   static uintptr_t addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
@@ -95,8 +96,8 @@ class HostPool final : public HostMemory {
   size_t pages_lacking(size_t first, size_t last) const;  // pages of the range not mapped
   // Frees the live block at p once the events on `streams` and the streams record_stream named
   // have completed, or where there are none, once a synchronize of `after` (nullptr: the
-  // block's context) made later has.
-  void retire(void* p, std::vector<NamedStream> streams, CUcontext after);
+  // block's context) made later has; every_stream: the latter whatever was named.
+  void retire(void* p, std::vector<NamedStream> streams, CUcontext after, bool every_stream);
   CUmemGenericAllocationHandle page_handle(size_t avoid_first, size_t avoid_last);
   void map_page(size_t i, CUmemGenericAllocationHandle h);
   void grant(uintptr_t va, size_t bytes);

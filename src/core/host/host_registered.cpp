@@ -93,7 +93,7 @@ void* RegisteredHost::allocate(size_t size, CUstream /*stream*/, int /*device*/)
                          static_cast<int>(r));
   }
   try {
-    blocks_.emplace(reinterpret_cast<uintptr_t>(p), Block{size, extent, {}, caller});
+    blocks_.emplace(reinterpret_cast<uintptr_t>(p), Block{size, extent, {}, false, caller});
   } catch (...) {
     t_.mem_host_unregister(p);
     munmap(p, extent);
@@ -125,21 +125,28 @@ std::string RegisteredHost::describe(uintptr_t a) const {
 void RegisteredHost::free(void* p, CUstream stream) {
   // A NULL stream is the calling thread's context's (the pool's where it has none).
   const CUcontext caller = current_or(t_, nullptr);
-  retire(p, {{stream, caller == nullptr ? ctx_ : caller}}, nullptr);
+  retire(p, {{stream, caller == nullptr ? ctx_ : caller}}, nullptr, false);
   ContextScope in(t_, caller == nullptr ? ctx_ : nullptr);  // unregistering needs a context
   if (may_poll()) order_.poll(false, [&](uintptr_t at, size_t extent) { give_back(at, extent); });
 }
 
-void RegisteredHost::free_after_context(void* p, CUcontext ctx) { retire(p, {}, ctx); }
+void RegisteredHost::free_after_context(void* p, CUcontext ctx, bool every_stream) {
+  retire(p, {}, ctx, every_stream);
+}
 
-void RegisteredHost::retire(void* p, std::vector<NamedStream> streams, CUcontext after) {
+void RegisteredHost::retire(void* p, std::vector<NamedStream> streams, CUcontext after,
+                    bool every_stream) {
   const auto a = reinterpret_cast<uintptr_t>(p);
   auto it = blocks_.find(a);
   if (it == blocks_.end()) {
     throw usage_error("expanse: host free of " + hex(a) + ": " + describe(a) +
                       "; nothing was changed");
   }
-  streams.insert(streams.end(), it->second.streams.begin(), it->second.streams.end());
+  if (every_stream || it->second.per_thread) {
+    streams.clear();
+  } else {
+    streams.insert(streams.end(), it->second.streams.begin(), it->second.streams.end());
+  }
   pending_extent_.emplace(a, it->second.extent);
   try {
     if (!streams.empty()) {
@@ -167,7 +174,13 @@ void RegisteredHost::record_stream(void* p, CUstream stream) {
   }
   // A NULL or per-thread handle names the calling thread's context's stream (the block's own
   // where the thread has none), whichever thread frees the block.
-  const NamedStream n{stream, current_or(t_, it->second.ctx)};
+  if (stream == CU_STREAM_PER_THREAD) {
+    // Another thread's free could not name this thread's per-thread stream: every stream then.
+    it->second.per_thread = true;
+    return;
+  }
+  const bool special = stream == nullptr || stream == CU_STREAM_LEGACY;
+  const NamedStream n{stream, special ? current_or(t_, it->second.ctx) : nullptr};
   auto& s = it->second.streams;
   if (std::find(s.begin(), s.end(), n) == s.end()) s.push_back(n);
 }

@@ -29,7 +29,7 @@ class RegisteredHost final : public HostMemory {
 
   void* allocate(size_t size, CUstream stream, int device) override;
   void free(void* p, CUstream stream) override;
-  void free_after_context(void* p, CUcontext ctx) override;
+  void free_after_context(void* p, CUcontext ctx, bool every_stream) override;
   void record_stream(void* p, CUstream stream) override;
   void release_cached() override;
   void set_limit(size_t bytes) override { limit_ = bytes; }
@@ -45,13 +45,14 @@ class RegisteredHost final : public HostMemory {
     size_t size = 0;
     size_t extent = 0;
     std::vector<NamedStream> streams;  // record_stream's, each with its context
+    bool per_thread = false;  // record_stream named a per-thread stream: every stream then
     CUcontext ctx = nullptr;  // the caller's current context at allocation (else the pool's)
   };
   void give_back(uintptr_t at, size_t extent) noexcept;
   // Frees the live block at p once the events on `streams` and the streams record_stream named
   // have completed, or where there are none, once a synchronize of `after` (nullptr: the
-  // block's context) made later has.
-  void retire(void* p, std::vector<NamedStream> streams, CUcontext after);
+  // block's context) made later has; every_stream: the latter whatever was named.
+  void retire(void* p, std::vector<NamedStream> streams, CUcontext after, bool every_stream);
   std::string describe(uintptr_t a) const;
 
   const driver::DriverTable& t_;
