@@ -96,7 +96,7 @@ def _reserve_conf(conf, reserve):
     return ",".join(x for x in (base, "reserve:" + spec) if x)
 
 
-def use(conf=None, native=None, reserve=None):
+def use(conf=None, native=None, reserve=None, host=False):
     """Makes expanse PyTorch's CUDA allocator. conf: an EXPANSE_CONF-style string applied first
     (None: EXPANSE_CONF). native: None (default) = the native allocator, or the pluggable pair
     with a warning where it cannot be built; True = the native allocator or an error saying why
@@ -106,14 +106,18 @@ def use(conf=None, native=None, reserve=None):
     CUDAPluggableAllocator). Thread-safe: callers racing each other install once and all get that
     allocator. reserve: hold that much physical memory on every device from its first use
     (EXPANSE_CONF reserve: bytes, a fraction such as 0.9, "free" or a size such as "40GiB");
-    expanse.reserve() changes it later."""
+    expanse.reserve() changes it later. host=True: expanse becomes PyTorch's CUDA host (pinned)
+    allocator as well (use_host(); its NativeUnavailable is raised as is)."""
     import torch  # noqa: F401  (ImportError names the missing dependency)
 
     if reserve is not None:
         conf = _reserve_conf(conf, reserve)
 
     with _use_lock:
-        return _use_locked(torch, conf, native)
+        allocator = _use_locked(torch, conf, native)
+    if host:
+        use_host()
+    return allocator
 
 
 def _use_locked(torch, conf, native):

@@ -469,3 +469,13 @@ def test_use_host_on_the_installed_torch(ex):
     except et.NativeUnavailable as e:
         pytest.skip(f"the native extension cannot be built or installed here: {e}")
     assert et.host_in_use()
+
+
+def test_use_with_host_installs_the_host_allocator_too(native_torch, monkeypatch):
+    import expanse.torch as et
+    ext = FakeHostExtension(0)
+    monkeypatch.setattr(et, "_load_native", lambda torch: ("/fake.so", ext))
+    monkeypatch.setattr(et, "_native_ext", ("/fake.so", ext))
+    monkeypatch.setattr(et, "_install_native", lambda torch: et.NativeAllocator("/fake.so"))
+    et.use(host=True)
+    assert ext.installs == 1 and et.host_in_use()
