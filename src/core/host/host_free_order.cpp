@@ -76,6 +76,31 @@ void HostFreeOrder::add(uintptr_t at, size_t extent, const std::vector<NamedStre
   }
 }
 
+void BlockUsers::name(const driver::DriverTable& t, CUstream stream) {
+  if (stream == CU_STREAM_PER_THREAD) {
+    per_thread = true;
+    return;
+  }
+  const bool special = stream == nullptr || stream == CU_STREAM_LEGACY;
+  const NamedStream n{stream, special ? current_or(t, ctx) : nullptr};
+  if (std::find(streams.begin(), streams.end(), n) == streams.end()) streams.push_back(n);
+}
+
+void HostFreeOrder::add_free(uintptr_t at, size_t extent, const BlockUsers& users,
+                             std::vector<NamedStream> freeing, CUcontext after,
+                             bool every_stream) {
+  if (every_stream || users.per_thread) {
+    add_after_context(at, extent, after == nullptr ? users.ctx : after);
+    return;
+  }
+  freeing.insert(freeing.end(), users.streams.begin(), users.streams.end());
+  if (freeing.empty()) {
+    add_after_context(at, extent, after == nullptr ? users.ctx : after);
+  } else {
+    add(at, extent, freeing);
+  }
+}
+
 void HostFreeOrder::add_after_context(uintptr_t at, size_t extent, CUcontext ctx) {
   Pending p;
   p.at = at;

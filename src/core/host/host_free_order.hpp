@@ -26,6 +26,18 @@ struct NamedStream {
   bool operator==(const NamedStream& o) const { return stream == o.stream && ctx == o.ctx; }
 };
 
+// Who used a live block, as its free must know: the streams record_stream named, whether one was
+// a per-thread stream (no later free on another thread can reach it), and the context current
+// when the block was allocated. Kept by each pool's block.
+struct BlockUsers {
+  std::vector<NamedStream> streams;
+  bool per_thread = false;
+  CUcontext ctx = nullptr;
+  // record_stream: a NULL or legacy handle names the stream of the calling thread's current
+  // context (ctx where it has none), whichever thread frees the block later.
+  void name(const driver::DriverTable& t, CUstream stream);
+};
+
 class HostFreeOrder {
  public:
   explicit HostFreeOrder(const driver::DriverTable& t) : t_(t) {}
@@ -40,6 +52,11 @@ class HostFreeOrder {
   // The block at `at` is pending until a synchronize of ctx made after this call (by
   // sync_contexts) has completed.
   void add_after_context(uintptr_t at, size_t extent, CUcontext ctx);
+  // The free of the block at `at` that `users` used: pending on the events of `freeing` and of
+  // the streams users named, or where there are none (every_stream, or a per-thread stream
+  // named), on a synchronize of `after` (nullptr: users.ctx) made later. Throws as add does.
+  void add_free(uintptr_t at, size_t extent, const BlockUsers& users,
+                std::vector<NamedStream> freeing, CUcontext after, bool every_stream);
   // Bytes freed after a context and not proven yet: what a synchronize would give back.
   size_t context_pending_bytes() const noexcept { return context_pending_bytes_; }
   // Synchronizes each context a pending block waits for (made current around the call); a

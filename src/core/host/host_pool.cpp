@@ -338,7 +338,7 @@ void* HostPool::allocate(size_t size, CUstream /*stream*/, int device) {
         throw;
       }
       if (backed) {
-        blocks_.emplace(base_ + offset, Block{size, extent, {}, false, caller});
+        blocks_.emplace(base_ + offset, Block{size, extent, BlockUsers{{}, false, caller}});
         stats_.requested_bytes += size;
         stats_.allocated_bytes += extent;
         ++stats_.live_blocks;
@@ -382,17 +382,8 @@ void HostPool::retire(void* p, std::vector<NamedStream> streams, CUcontext after
     throw usage_error("expanse: host free of " + hex(addr(p)) + ": " + describe(p) +
                       "; nothing was changed");
   }
-  if (every_stream || it->second.per_thread) {
-    streams.clear();
-  } else {
-    streams.insert(streams.end(), it->second.streams.begin(), it->second.streams.end());
-  }
-  if (!streams.empty()) {
-    order_.add(it->first, it->second.extent, streams);
-  } else {
-    order_.add_after_context(it->first, it->second.extent,
-                             after == nullptr ? it->second.ctx : after);
-  }
+  order_.add_free(it->first, it->second.extent, it->second.users, std::move(streams), after,
+                  every_stream);
   stats_.requested_bytes -= it->second.size;
   stats_.allocated_bytes -= it->second.extent;
   --stats_.live_blocks;
@@ -406,17 +397,7 @@ void HostPool::record_stream(void* p, CUstream stream) {
     throw usage_error("expanse: host record_stream of " + hex(addr(p)) + ": " + describe(p) +
                       "; nothing was changed");
   }
-  // A NULL or per-thread handle names the calling thread's context's stream (the block's own
-  // where the thread has none), whichever thread frees the block.
-  if (stream == CU_STREAM_PER_THREAD) {
-    // Another thread's free could not name this thread's per-thread stream: every stream then.
-    it->second.per_thread = true;
-    return;
-  }
-  const bool special = stream == nullptr || stream == CU_STREAM_LEGACY;
-  const NamedStream n{stream, special ? current_or(t_, it->second.ctx) : nullptr};
-  auto& s = it->second.streams;
-  if (std::find(s.begin(), s.end(), n) == s.end()) s.push_back(n);
+  it->second.users.name(t_, stream);
 }
 
 void HostPool::release_cached() {

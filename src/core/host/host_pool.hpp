@@ -78,9 +78,7 @@ class HostPool final : public HostMemory {
   struct Block {
     size_t size = 0;    // as asked
     size_t extent = 0;  // as placed
-    std::vector<NamedStream> streams;  // record_stream's, each with its context
-    bool per_thread = false;  // record_stream named a per-thread stream: every stream then
-    CUcontext ctx = nullptr;  // the caller's current context at allocation (else the pool's)
+    BlockUsers users;  // record_stream's streams, and the context it was allocated in
   };
   static uintptr_t addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
@@ -94,9 +92,8 @@ class HostPool final : public HostMemory {
   bool back_pages(size_t first, size_t last, int device);
   bool mapped(size_t first, size_t last) const;  // every page mapped and granted
   size_t pages_lacking(size_t first, size_t last) const;  // pages of the range not mapped
-  // Frees the live block at p once the events on `streams` and the streams record_stream named
-  // have completed, or where there are none, once a synchronize of `after` (nullptr: the
-  // block's context) made later has; every_stream: the latter whatever was named.
+  // Frees the live block at p: its books, and its place in the free order
+  // (HostFreeOrder::add_free, which says what the free waits for).
   void retire(void* p, std::vector<NamedStream> streams, CUcontext after, bool every_stream);
   CUmemGenericAllocationHandle page_handle(size_t avoid_first, size_t avoid_last);
   void map_page(size_t i, CUmemGenericAllocationHandle h);

@@ -93,7 +93,7 @@ void* RegisteredHost::allocate(size_t size, CUstream /*stream*/, int /*device*/)
                          static_cast<int>(r));
   }
   try {
-    blocks_.emplace(reinterpret_cast<uintptr_t>(p), Block{size, extent, {}, false, caller});
+    blocks_.emplace(reinterpret_cast<uintptr_t>(p), Block{size, extent, BlockUsers{{}, false, caller}});
   } catch (...) {
     t_.mem_host_unregister(p);
     munmap(p, extent);
@@ -142,18 +142,10 @@ void RegisteredHost::retire(void* p, std::vector<NamedStream> streams, CUcontext
     throw usage_error("expanse: host free of " + hex(a) + ": " + describe(a) +
                       "; nothing was changed");
   }
-  if (every_stream || it->second.per_thread) {
-    streams.clear();
-  } else {
-    streams.insert(streams.end(), it->second.streams.begin(), it->second.streams.end());
-  }
   pending_extent_.emplace(a, it->second.extent);
   try {
-    if (!streams.empty()) {
-      order_.add(a, it->second.extent, streams);
-    } else {
-      order_.add_after_context(a, it->second.extent, after == nullptr ? it->second.ctx : after);
-    }
+    order_.add_free(a, it->second.extent, it->second.users, std::move(streams), after,
+                    every_stream);
   } catch (...) {
     pending_extent_.erase(a);
     throw;
@@ -172,17 +164,7 @@ void RegisteredHost::record_stream(void* p, CUstream stream) {
     throw usage_error("expanse: host record_stream of " + hex(a) + ": " + describe(a) +
                       "; nothing was changed");
   }
-  // A NULL or per-thread handle names the calling thread's context's stream (the block's own
-  // where the thread has none), whichever thread frees the block.
-  if (stream == CU_STREAM_PER_THREAD) {
-    // Another thread's free could not name this thread's per-thread stream: every stream then.
-    it->second.per_thread = true;
-    return;
-  }
-  const bool special = stream == nullptr || stream == CU_STREAM_LEGACY;
-  const NamedStream n{stream, special ? current_or(t_, it->second.ctx) : nullptr};
-  auto& s = it->second.streams;
-  if (std::find(s.begin(), s.end(), n) == s.end()) s.push_back(n);
+  it->second.users.name(t_, stream);
 }
 
 void RegisteredHost::release_cached() {

@@ -44,14 +44,11 @@ class RegisteredHost final : public HostMemory {
   struct Block {
     size_t size = 0;
     size_t extent = 0;
-    std::vector<NamedStream> streams;  // record_stream's, each with its context
-    bool per_thread = false;  // record_stream named a per-thread stream: every stream then
-    CUcontext ctx = nullptr;  // the caller's current context at allocation (else the pool's)
+    BlockUsers users;  // record_stream's streams, and the context it was allocated in
   };
   void give_back(uintptr_t at, size_t extent) noexcept;
-  // Frees the live block at p once the events on `streams` and the streams record_stream named
-  // have completed, or where there are none, once a synchronize of `after` (nullptr: the
-  // block's context) made later has; every_stream: the latter whatever was named.
+  // Frees the live block at p: its books, and its place in the free order
+  // (HostFreeOrder::add_free, which says what the free waits for).
   void retire(void* p, std::vector<NamedStream> streams, CUcontext after, bool every_stream);
   std::string describe(uintptr_t a) const;
 
