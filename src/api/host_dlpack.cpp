@@ -8,7 +8,6 @@
 
 #include <cstdint>
 #include <new>
-#include <string>
 
 using expanse::api::guarded;
 using expanse::api::Runtime;
@@ -71,11 +70,7 @@ EXPANSE_C_API int expanse_host_dlpack(void* ptr, int device, void** managed_tens
   }
   *managed_tensor = nullptr;
   return guarded([&] {
-    if (device < -1 || device >= Runtime::get().device_count()) {
-      throw expanse::usage_error("expanse_host_dlpack: device " + std::to_string(device) +
-                                 " (0 to " + std::to_string(Runtime::get().device_count() - 1) +
-                                 ", or -1 for the block's own); nothing was changed");
-    }
+    Runtime::get().host().check_device(device, ptr, "expanse_host_dlpack");
     const size_t size = Runtime::get().host().live_size(ptr, "expanse_host_dlpack");
     auto* t = new HostTensor;
     t->shape[0] = static_cast<int64_t>(size);

@@ -170,22 +170,17 @@ void HostPools::free(void* p, CUstream stream) {
   refuse(p, "expanse_host_free");
 }
 
+void HostPools::check_device(int device, const void* p, const char* what) const {
+  if (device >= -1 && device < rt_.device_count()) return;
+  throw usage_error(std::string("expanse: ") + what + " of " +
+                    core::hex(reinterpret_cast<uintptr_t>(p)) + ": device " +
+                    std::to_string(device) + " (0 to " + std::to_string(rt_.device_count() - 1) +
+                    ", or -1 for the block's own); nothing was changed");
+}
+
 void HostPools::free_after_device(void* p, int device, bool every_stream) {
-  CUcontext ctx = nullptr;
-  if (device >= 0) {
-    if (device >= rt_.device_count()) {
-      throw usage_error("expanse_host_free_after_device of " +
-                        core::hex(reinterpret_cast<uintptr_t>(p)) + ": device " +
-                        std::to_string(device) + " (this process sees " +
-                        std::to_string(rt_.device_count()) + "); nothing was changed");
-    }
-    ctx = rt_.device(device).driver().primary();
-  } else if (device != -1) {
-    throw usage_error("expanse_host_free_after_device of " +
-                      core::hex(reinterpret_cast<uintptr_t>(p)) + ": device " +
-                      std::to_string(device) +
-                      " (0 or more, or -1 for the block's own); nothing was changed");
-  }
+  check_device(device, p, "expanse_host_free_after_device");
+  const CUcontext ctx = device >= 0 ? rt_.device(device).driver().primary() : nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     check_not_staged_locked(p, "expanse_host_free_after_device");
@@ -322,8 +317,9 @@ size_t HostPools::live_size(const void* p, const char* what) {
     std::lock_guard<std::mutex> lock(mu_);
     check_not_staged_locked(p, what);
     if (core::HostMemory* pool = owner_locked(p)) {
-      const size_t n = pool->size_of(p);
-      if (n != 0) return n;
+      void* base = nullptr;
+      size_t n = 0;
+      if (pool->block_of(p, &base, &n) && base == p) return n;
       throw usage_error(std::string("expanse: ") + what + " of " +
                         core::hex(reinterpret_cast<uintptr_t>(p)) +
                         ": pinned host memory, but not the start of a live block (an interior "

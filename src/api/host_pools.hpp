@@ -30,6 +30,9 @@ class HostPools final : public core::HostStaging {
   // passed this call (core::HostMemory::free_after_context).
   // every_stream: the named streams are ignored, every stream of the device is waited for.
   void free_after_device(void* p, int device, bool every_stream);
+  // Refuses, naming `what` and p, a device that is neither -1 (the block's own) nor one of this
+  // process's.
+  void check_device(int device, const void* p, const char* what) const;
   void release_cached();
   void set_limit(size_t bytes);
   void reset_peak();

@@ -62,8 +62,6 @@ class HostMemory {
   virtual void reset_peak() = 0;
   // Whether p lies in memory this node's host memory handed out (live, pending or cached).
   virtual bool contains(const void* p) const = 0;
-  // The requested size of the live block starting at p; 0 where p is no live block's start.
-  virtual size_t size_of(const void* p) const = 0;
   // The live block holding p (its start and requested size); false where p is in none.
   virtual bool block_of(const void* p, void** base, size_t* size) const = 0;
   virtual HostPath path() const = 0;

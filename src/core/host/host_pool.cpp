@@ -455,11 +455,6 @@ bool HostPool::block_of(const void* p, void** base, size_t* size) const {
   return true;
 }
 
-size_t HostPool::size_of(const void* p) const {
-  auto it = blocks_.find(addr(p));
-  return it == blocks_.end() ? 0 : it->second.size;
-}
-
 std::string HostPool::describe(const void* p) const {
   const uintptr_t a = addr(p);
   auto it = blocks_.upper_bound(a);

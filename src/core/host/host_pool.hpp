@@ -65,7 +65,6 @@ class HostPool final : public HostMemory {
   bool is_live(const void* p) const { return blocks_.count(addr(p)) != 0; }
   // Whether p lies in this pool's VA (a live block's start or not).
   bool block_of(const void* p, void** base, size_t* size) const override;
-  size_t size_of(const void* p) const override;
   bool contains(const void* p) const override {
     return addr(p) >= base_ && addr(p) < base_ + va_bytes_;
   }

@@ -196,11 +196,6 @@ bool RegisteredHost::block_of(const void* p, void** base, size_t* size) const {
   return true;
 }
 
-size_t RegisteredHost::size_of(const void* p) const {
-  auto it = blocks_.find(reinterpret_cast<uintptr_t>(p));
-  return it == blocks_.end() ? 0 : it->second.size;
-}
-
 bool RegisteredHost::contains(const void* p) const {
   const auto a = reinterpret_cast<uintptr_t>(p);
   auto it = blocks_.upper_bound(a);

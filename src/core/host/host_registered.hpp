@@ -36,7 +36,6 @@ class RegisteredHost final : public HostMemory {
   void reset_peak() override;
   HostPoolStats stats() const override;
   bool block_of(const void* p, void** base, size_t* size) const override;
-  size_t size_of(const void* p) const override;
   bool contains(const void* p) const override;
   HostPath path() const override { return HostPath::registered; }
 
