@@ -57,6 +57,25 @@ class PrimaryContext {
   CUcontext ctx_ = nullptr;
 };
 
+// The device-0 context made current for a test's own driver calls, and a non-blocking stream of
+// it (a PyTorch side stream: a legacy-stream event does not cover its work).
+class SideStream {
+ public:
+  explicit SideStream(unsigned flags = CU_STREAM_NON_BLOCKING) {
+    ctx_.current();
+    EXPECT_EQ(expanse::sim::sim_stream_create(&s_, flags), CUDA_SUCCESS);
+  }
+  ~SideStream() {
+    expanse::sim::release_all();
+    expanse::sim::sim_stream_destroy(s_);
+  }
+  CUstream get() const { return s_; }
+
+ private:
+  PrimaryContext ctx_{0};
+  CUstream s_ = nullptr;
+};
+
 class HostPoolTest : public ::testing::Test {
  protected:
   void start(const std::string& extra = "") {
@@ -343,13 +362,8 @@ TEST_F(HostPoolTest, AHostRequestDuringAnAnnouncedCaptureDoesNotBreakIt) {
   void* a = nullptr;
   ASSERT_EQ(expanse_host_malloc(&a, 4 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
   ASSERT_EQ(expanse_host_free(a, nullptr), EXPANSE_OK);  // proven free only by a later poll
-  CUdevice dev0 = 0;
-  CUcontext ctx0 = nullptr;
-  ASSERT_EQ(expanse::sim::sim_device_get(&dev0, 0), CUDA_SUCCESS);
-  ASSERT_EQ(expanse::sim::sim_device_primary_ctx_retain(&ctx0, dev0), CUDA_SUCCESS);
-  ASSERT_EQ(expanse::sim::sim_ctx_set_current(ctx0), CUDA_SUCCESS);
-  CUstream s = nullptr;
-  ASSERT_EQ(expanse::sim::sim_stream_create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  SideStream side;
+  const CUstream s = side.get();
   ASSERT_EQ(expanse_capture_begin(s), EXPANSE_OK) << expanse_last_error();
   ASSERT_EQ(expanse::sim::sim_stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
             CUDA_SUCCESS);
@@ -361,12 +375,9 @@ TEST_F(HostPoolTest, AHostRequestDuringAnAnnouncedCaptureDoesNotBreakIt) {
   EXPECT_EQ(expanse::sim::sim_stream_end_capture(s, &g), CUDA_SUCCESS) << "the capture survived";
   ASSERT_EQ(expanse_capture_end(s), EXPANSE_OK);
   if (g != nullptr) expanse::sim::sim_graph_destroy(g);
-  expanse::sim::sim_stream_destroy(s);
   ASSERT_EQ(expanse_host_malloc(&b, 4 * MiB, 0, nullptr), EXPANSE_OK) << expanse_last_error();
   EXPECT_EQ(b, a) << "a's pages, proven free after the capture";
   EXPECT_EQ(expanse_host_free(b, nullptr), EXPANSE_OK);
-  expanse::sim::sim_ctx_set_current(nullptr);
-  expanse::sim::sim_device_primary_ctx_release(dev0);
 }
 
 // Shutdown refuses while host blocks are live (as for device blocks), and succeeds after.
@@ -381,25 +392,6 @@ TEST_F(HostPoolTest, ShutdownWaitsForLiveHostBlocks) {
 }  // namespace
 
 // ---- frees that name no stream (a tensor's deleter) --------------------------------------------
-
-// The device-0 context made current for a test's own driver calls, and a non-blocking stream of
-// it (a PyTorch side stream: a legacy-stream event does not cover its work).
-class SideStream {
- public:
-  explicit SideStream(unsigned flags = CU_STREAM_NON_BLOCKING) {
-    ctx_.current();
-    EXPECT_EQ(expanse::sim::sim_stream_create(&s_, flags), CUDA_SUCCESS);
-  }
-  ~SideStream() {
-    expanse::sim::release_all();
-    expanse::sim::sim_stream_destroy(s_);
-  }
-  CUstream get() const { return s_; }
-
- private:
-  PrimaryContext ctx_{0};
-  CUstream s_ = nullptr;
-};
 
 // A block freed after the device (no stream named) while a copy from it still runs on a side
 // stream is not handed out again until that copy is done: the request that needs its memory
